@@ -1,0 +1,176 @@
+"""Assemble PTX offline with ``ptxas -v``: resources, theoretical occupancy, SASS instruction mix.
+
+Sources: ``ptxas --help`` (``-arch``, ``-v`` report lines), CUDA Occupancy Calculator rules
+(register allocation per warp in units of 256, shared memory in units of 128 B plus 1 KiB reserved
+per block on sm_8x/sm_9x), ``cuobjdump -sass``.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .spec import ARCHS
+
+__all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas",
+           "theoretical_occupancy", "parse_ptxas_report", "sass_mix"]
+
+PTXAS_HINT = ("ptxas was not found. Install the CUDA toolkit (ptxas is in its bin/ folder) or "
+              "`pip install nvidia-cuda-nvcc` (CUDA 13: nvidia-cuda-nvcc; CUDA 12: "
+              "nvidia-cuda-nvcc-cu12), or set PTXAS=/path/to/ptxas.")
+
+
+class PtxasMissing(RuntimeError):
+    """No ptxas binary: the message says how to get one."""
+
+
+class PtxasError(RuntimeError):
+    """ptxas rejected the PTX. ``str()`` holds ptxas' message and the PTX lines around each error."""
+
+
+@dataclass
+class Assembly:
+    """What ``ptxas -v`` reports for one entry, plus derived figures.
+
+    registers: per thread; spill_stores/spill_loads/stack_frame: bytes per thread;
+    static_smem: bytes per block (the kernel's dynamic shared memory is not included);
+    occupancy: theoretical, fraction of the SM's warps (0..1) for the given dynamic smem.
+    """
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    static_smem: int
+    barriers: int
+    report: str
+    cubin: bytes = b""
+    occupancy: float | None = None
+    blocks_per_sm: int | None = None
+    occupancy_limiter: str | None = None
+    sass: str = ""
+    sass_counts: dict = field(default_factory=dict)
+
+
+def find_ptxas() -> str | None:
+    """Path of ptxas: $PTXAS, then PATH, then the nvidia-cuda-nvcc wheel's bin/."""
+    if os.environ.get("PTXAS"):
+        return os.environ["PTXAS"]
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for base in map(Path, sys.path):
+        for sub in ("nvidia/cuda_nvcc/bin/ptxas", "nvidia/cu13/bin/ptxas"):
+            if (base / sub).is_file():
+                return str(base / sub)
+    return None
+
+
+_NUM = r"(\d+)"
+
+
+def parse_ptxas_report(text: str, entry: str) -> dict:
+    """Parse the ``ptxas -v`` info lines of ``entry`` into integers (bytes, registers).
+
+    Returns keys registers, spill_stores, spill_loads, stack_frame, static_smem, barriers.
+    Raises ValueError when the report has no block for ``entry``.
+    """
+    start = text.find(f"Function properties for {entry}")
+    if start < 0:
+        start = text.find(f"'{entry}'")
+    if start < 0:
+        raise ValueError(f"no ptxas -v report for entry {entry!r}")
+    block = text[start:]
+    nxt = block.find("Compiling entry function", 10)
+    block = block if nxt < 0 else block[:nxt]
+
+    def grab(pattern: str) -> int:
+        m = re.search(pattern, block)
+        return int(m.group(1)) if m else 0
+    return dict(
+        registers=grab(r"Used " + _NUM + r" registers"),
+        spill_stores=grab(_NUM + r" bytes spill stores"),
+        spill_loads=grab(_NUM + r" bytes spill loads"),
+        stack_frame=grab(_NUM + r" bytes stack frame"),
+        static_smem=grab(_NUM + r" bytes smem"),
+        barriers=grab(r"used " + _NUM + r" barriers"),
+    )
+
+
+def _error_context(ptx: str, stderr: str, path: str, around: int = 3) -> str:
+    lines = ptx.splitlines()
+    parts = [stderr.strip(), f"PTX file: {path}"]
+    for ln in sorted({int(x) for x in re.findall(r"line (\d+);", stderr)})[:5]:
+        lo, hi = max(1, ln - around), min(len(lines), ln + around)
+        parts.append(f"--- PTX lines {lo}-{hi} ---")
+        parts += [f"{'>' if i == ln else ' '}{i:5d}  {lines[i - 1]}" for i in range(lo, hi + 1)]
+    return "\n".join(parts)
+
+
+def theoretical_occupancy(arch: str, threads: int, registers: int, smem_bytes: int):
+    """Theoretical occupancy of one kernel on ``arch``.
+
+    threads: per block; registers: per thread; smem_bytes: static + dynamic per block (bytes).
+    Returns (occupancy 0..1, resident blocks per SM, limiter in {'warps','registers','smem','blocks'}).
+    Follows the CUDA Occupancy Calculator's allocation granularities.
+    """
+    lim = ARCHS[arch]
+    warps = -(-threads // 32)
+    regs_warp = -(-max(registers, 1) * 32 // lim.reg_alloc_unit) * lim.reg_alloc_unit
+    by = {
+        "warps": lim.max_warps_sm // warps,
+        "registers": (lim.regs_sm // regs_warp) // warps,
+        "blocks": lim.max_blocks_sm,
+    }
+    smem = smem_bytes + lim.smem_reserved_block
+    smem = -(-smem // lim.smem_alloc_unit) * lim.smem_alloc_unit
+    by["smem"] = lim.smem_sm // smem
+    limiter = min(by, key=by.get)
+    blocks = by[limiter]
+    return blocks * warps / lim.max_warps_sm, blocks, limiter
+
+
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+
+
+def sass_mix(sass: str) -> dict:
+    """Count SASS opcodes (base name, e.g. IMMA, HMMA, LDSM, LDGSTS, BAR) in ``cuobjdump -sass`` text."""
+    return dict(collections.Counter(m.group(1) for m in _SASS_OP.finditer(sass)))
+
+
+def assemble(ptx: str, entry: str, arch: str, *, threads: int, dyn_smem: int,
+             workdir: str | Path | None = None, with_sass: bool = True) -> Assembly:
+    """Run ``ptxas -arch=<arch> -v`` on the PTX text and return the Assembly of ``entry``.
+
+    ``dyn_smem`` (bytes per block) enters the occupancy. With ``with_sass`` and cuobjdump on PATH,
+    the SASS text and its opcode counts are added.
+    Raises PtxasMissing (with install hints) or PtxasError (ptxas' message and PTX context).
+    """
+    ptxas = find_ptxas()
+    if ptxas is None:
+        raise PtxasMissing(PTXAS_HINT)
+    tmp = Path(workdir or tempfile.mkdtemp(prefix="ptxas_"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    src, out = tmp / f"{entry}.ptx", tmp / f"{entry}.{arch}.cubin"
+    src.write_text(ptx)
+    proc = subprocess.run([ptxas, f"-arch={arch}", "-v", str(src), "-o", str(out)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PtxasError(_error_context(ptx, proc.stderr or proc.stdout, str(src)))
+    report = (proc.stdout + proc.stderr).strip()
+    asm = Assembly(arch=arch, report=report, cubin=out.read_bytes(),
+                   **parse_ptxas_report(report, entry))
+    asm.occupancy, asm.blocks_per_sm, asm.occupancy_limiter = theoretical_occupancy(
+        arch, threads, asm.registers, asm.static_smem + dyn_smem)
+    cuobjdump = shutil.which("cuobjdump")
+    if with_sass and cuobjdump:
+        res = subprocess.run([cuobjdump, "-sass", str(out)], capture_output=True, text=True)
+        if res.returncode == 0:
+            asm.sass, asm.sass_counts = res.stdout, sass_mix(res.stdout)
+    return asm

@@ -1,0 +1,162 @@
+"""GPU work in a separate, long-lived process, restarted after a fault.
+
+The sweep process never touches CUDA: it renders, assembles and tracks. Loading, verifying and
+timing kernels happen in one worker process (``multiprocessing`` spawn) that is kept across jobs,
+so CuPy starts once per sweep. A kernel that faults (illegal address, sticky CUDA error), hangs
+past the timeout or kills the process fails its own run; the worker is replaced and the sweep goes on.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "device_info"]
+
+
+class WorkerError(RuntimeError):
+    """The GPU work failed: the text says why (remote exception, timeout, or crash)."""
+
+
+def nvml_gpu() -> dict | None:
+    """First GPU as NVML sees it, without initialising CUDA: name, compute capability (int, e.g.
+    90), driver, CUDA driver version, PCI bus id. None when no NVIDIA GPU/driver is present."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() < 1:
+            return None
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        name = pynvml.nvmlDeviceGetName(h)
+        return {"gpu": name.decode() if isinstance(name, bytes) else name,
+                "compute_capability": major * 10 + minor,
+                "driver": str(pynvml.nvmlSystemGetDriverVersion()),
+                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
+                "pci_bus_id": pynvml.nvmlDeviceGetPciInfo(h).busId}
+    except Exception:  # noqa: BLE001 - no driver, no NVML, no device
+        return None
+
+
+# ----------------------------------------------------------------------------- in the worker
+_KERNELS: dict = {}
+
+
+def device_info() -> dict:
+    """Device and library versions as CuPy sees them (worker side)."""
+    import cupy
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    rt = cupy.cuda.runtime.runtimeGetVersion()
+    return {"gpu": props["name"].decode(), "compute_capability": int(dev.compute_capability),
+            "cupy": cupy.__version__, "cuda_runtime": f"{rt // 1000}.{rt % 1000 // 10}",
+            "sm_count": props["multiProcessorCount"], "pci_bus_id": dev.pci_bus_id}
+
+
+def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing: dict,
+            rtol: float, seed: int, pci_bus_id: str | None = None) -> dict:
+    """Verify, then time, one kernel at one problem size (worker side).
+
+    Returns verified (bool), verify_* fields and, when verified, the timing dict of
+    :func:`experiments.timing.time_launches`, GPU state before/after and the JIT resources.
+    """
+    import cupy
+    import numpy as np
+
+    from .launch import GemmLaunch, load_kernel
+    from .spec import KernelSpec
+    from .timing import gpu_state, time_launches
+    from .verify import check, make_operands, poison
+
+    s = KernelSpec(**{**spec, "ptx_version": tuple(spec["ptx_version"])})
+    key = (s.entry, hash(ptx))
+    if key not in _KERNELS:
+        t0 = time.perf_counter()
+        kern = load_kernel(ptx, ptx_path, s.entry, s.smem_bytes)
+        _KERNELS[key] = (kern, time.perf_counter() - t0)
+    kern, jit_s = _KERNELS[key]
+    ops = make_operands(s.precision, m, n, k, seed)
+    c = cupy.empty((m, n), dtype=np.float32 if s.prec.is_float else np.int32)
+    poison(c)
+    launch = GemmLaunch(kern, s, ops.a, ops.b, c, m, n, k)
+    launch()
+    cupy.cuda.Device().synchronize()
+    res = check(c, ops, s.prec.is_float, rtol)
+    out = {"verified": res.ok, "verify_max_error": res.max_error, "verify_mismatches": res.mismatches,
+           "verify_message": "" if res.ok else res.message(), "jit_s": jit_s,
+           "jit_registers": kern.num_regs, "jit_local_bytes": kern.local_size_bytes}
+    del ops.a_ref, ops.b_ref
+    if not res.ok:
+        return out
+    cupy.get_default_memory_pool().free_all_blocks()
+    out["state_before"] = gpu_state(pci_bus_id)
+    out["timing"] = time_launches(launch, **timing)
+    out["state_after"] = gpu_state(pci_bus_id)
+    return out
+
+
+def _serve(conn) -> None:
+    funcs = {"measure": measure, "device_info": device_info}
+    while True:
+        try:
+            name, kwargs = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        try:
+            conn.send(("ok", funcs[name](**kwargs)))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the sweep
+            fatal = "CUDA" in type(exc).__name__ and type(exc).__module__.startswith("cupy")
+            conn.send(("err", f"{type(exc).__name__}: {exc}", traceback.format_exc(), fatal))
+            if fatal:   # a sticky CUDA error poisons the context: let the next call start afresh
+                return
+
+
+# ----------------------------------------------------------------------------- in the sweep
+class GpuWorker:
+    """Runs worker functions in a spawned process; restarts it after a crash, hang or CUDA fault."""
+
+    def __init__(self):
+        self._proc = None
+        self._conn = None
+
+    def _ensure(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            return
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="gpu-worker")
+        self._proc.start()
+        child.close()
+
+    def stop(self) -> None:
+        """Terminate the worker process (a new one starts at the next call)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(5)
+        self._proc = self._conn = None
+
+    def call(self, name: str, timeout: float, **kwargs):
+        """Call worker function ``name`` (measure, device_info); wait at most ``timeout`` seconds.
+
+        Raises WorkerError with the remote exception text, or saying that the worker timed out
+        (it is killed: a hung kernel cannot be interrupted otherwise) or died (exit code).
+        """
+        self._ensure()
+        self._conn.send((name, kwargs))
+        if not self._conn.poll(timeout):
+            self.stop()
+            raise WorkerError(f"no answer from the GPU worker within {timeout:g} s (the kernel may "
+                              "hang); the worker was killed. Raise timing.timeout_s if it is just slow.")
+        try:
+            reply = self._conn.recv()
+        except (EOFError, ConnectionError):
+            code = self._proc.exitcode if self._proc else None
+            self.stop()
+            raise WorkerError(f"the GPU worker died (exit code {code}) while running {name}") from None
+        if reply[0] == "ok":
+            return reply[1]
+        _, text, tb, fatal = reply
+        if fatal:
+            self.stop()
+        raise WorkerError(f"{text}\n--- worker traceback ---\n{tb}")
