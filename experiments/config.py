@@ -37,6 +37,7 @@ class Backend(Enum):
 class TileConf:
     block: List[int] = field(default_factory=lambda: [128, 128])   # BM, BN
     warps: List[int] = field(default_factory=lambda: [2, 4])       # warps along M, along N
+    group_m: int = 8            # block rasterization: block rows per group (1 = row-major)
 
 
 @dataclass

@@ -83,7 +83,7 @@ def template_context(s: KernelSpec) -> dict:
         MT=wtm // 16, NT=wtn // 8, RB=s.row_bytes, CPR=cpr, LOG_CPR=cpr.bit_length() - 1,
         LOG_BK=s.ktile.bit_length() - 1,
         KBYTES_SHIFT={16: "shl.b32", 8: "", 4: "shr.u32"}[p.bits],
-        STRIDE=s.smem_stride, STAGE=s.stage_bytes, S=s.stages, cache=s.cache_op,
+        STRIDE=s.smem_stride, STAGE=s.stage_bytes, S=s.stages, GROUP_M=s.group_m, cache=s.cache_op,
         a_copies=max(1, a_chunks // t), b_copies=max(1, b_chunks // t),
         a_pred=a_chunks < t, b_pred=b_chunks < t, ROWS_PER_PASS=t // cpr,
         wide=s.row_bytes % 32 == 0, chunks=_fragment_plan(s), mma_op=mma_op,

@@ -107,6 +107,7 @@ class KernelSpec:
     cache_op: str
     arch: str
     ptx_version: tuple = field(default=(0, 0))
+    group_m: int = 8
 
     def __post_init__(self):
         _validate(self)
@@ -158,7 +159,7 @@ class KernelSpec:
     def entry(self) -> str:
         """PTX entry name, unique per spec (DESIGN.md, Kernel contract)."""
         return (f"gemm_{self.precision}_bk{self.ktile}_{self.mma_shape}_ldx4x2_{self.cache_op}_bcol"
-                f"_s{self.stages}_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}")
+                f"_s{self.stages}_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}_g{self.group_m}")
 
     def as_kwargs(self) -> dict:
         """Constructor arguments (picklable), e.g. to rebuild the spec in the GPU worker."""
@@ -215,6 +216,8 @@ def _validate(s: KernelSpec) -> None:
             f"tile.block={[s.bm, s.bn]} with tile.warps={[s.warps_m, s.warps_n]} gives a warp tile "
             f"of {s.bm / s.warps_m:g}x{s.bn / s.warps_n:g}; it must be a multiple of 16x8 "
             "(m16n8 MMA tiles). Valid examples: block [128,128] warps [2,4]; [64,64] [2,2].")
+    if not 1 <= s.group_m <= 64:
+        raise SpecError(f"tile.group_m={s.group_m} must be between 1 (row-major) and 64")
     if s.threads > 1024:
         raise SpecError(f"tile.warps={[s.warps_m, s.warps_n]} gives {s.threads} threads; at most 1024")
     if s.row_bytes == 16 and ((wm // 16) % 2 or (wn // 8) % 2):
@@ -290,5 +293,5 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
         precision=p.name, ktile=ktile, mma_k=mma_k, bm=int(block[0]), bn=int(block[1]),
         warps_m=int(warps[0]), warps_n=int(warps[1]), stages=int(cfg.pipeline.stages),
         cache_op=value(cfg.eviction.cache), arch=resolve_arch(str(cfg.target.arch), gpu_cc),
-        ptx_version=_parse_version(str(cfg.target.ptx_version)),
+        ptx_version=_parse_version(str(cfg.target.ptx_version)), group_m=int(cfg.tile.group_m),
     )

@@ -156,3 +156,11 @@ def test_cli_small_sweep_on_gpu(tmp_path):
         assert r.info.status == "FINISHED", r.data.tags.get("error")
         assert r.data.tags["verified"] == "true" and r.data.metrics["throughput"] > 0
         assert r.data.metrics["min_us"] <= r.data.metrics["median_us"] <= r.data.metrics["max_us"]
+
+
+@pytest.mark.parametrize("group_m", [1, 2, 3, 8])
+def test_rasterization_groups_cover_every_block(group_m, tmp_path):
+    """5 x 3 blocks: the last group of block rows is partial for group_m 2, 3 and 8."""
+    spec = KernelSpec("int8", 32, 32, 64, 64, 2, 2, 2, "cg", "sm_90", group_m=group_m)
+    _, _, res = _run(spec, 5 * 64, 3 * 64, 256, 99, tmp_path)
+    assert res.ok and res.max_error == 0, res.message()
