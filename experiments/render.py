@@ -27,7 +27,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
-def _fragment_plan(s: KernelSpec) -> list[dict]:
+def _fragment_plan(s: KernelSpec, rset: int) -> list[dict]:
     """Per K chunk of one stage: ldmatrix loads for A and B and the mma.sync operands.
 
     Wide mode (row bytes a multiple of 32): one chunk = 32 bytes of K. ``ldmatrix.x4`` per m16 tile
@@ -37,10 +37,12 @@ def _fragment_plan(s: KernelSpec) -> list[dict]:
     b0 = K bytes 0-15, b1 = 16-31 of columns 0-7.
     Narrow mode (16-byte rows): one chunk = the whole stage; ``.x4`` covers two m16 tiles
     ((r0, r1) for the first, (r2, r3) for the second) and ``.x2`` two n8 tiles.
+    ``rset`` (0 or 1) names the fragment register set, so that one chunk can be read while the
+    previous one is multiplied.
     """
     mt_n, nt_n = s.warp_tile[0] // 16, s.warp_tile[1] // 8
-    a = lambda mt, i: f"%a{mt}_{i}"  # noqa: E731
-    b = lambda nt, i: f"%b{nt}_{i}"  # noqa: E731
+    a = lambda mt, i: f"%a{rset}m{mt}_{i}"  # noqa: E731
+    b = lambda nt, i: f"%b{rset}n{nt}_{i}"  # noqa: E731
     acc = lambda mt, nt: [f"%acc{mt}_{nt}_{i}" for i in range(4)]  # noqa: E731
     stride = s.smem_stride
     chunks = []
@@ -86,7 +88,10 @@ def template_context(s: KernelSpec) -> dict:
         STRIDE=s.smem_stride, STAGE=s.stage_bytes, S=s.stages, GROUP_M=s.group_m, cache=s.cache_op,
         a_copies=max(1, a_chunks // t), b_copies=max(1, b_chunks // t),
         a_pred=a_chunks < t, b_pred=b_chunks < t, ROWS_PER_PASS=t // cpr,
-        wide=s.row_bytes % 32 == 0, chunks=_fragment_plan(s), mma_op=mma_op,
+        wide=s.row_bytes % 32 == 0, chunks=[_fragment_plan(s, 0), _fragment_plan(s, 1)],
+        frag_moves=[(f"%a0m{mt}_{i}", f"%a1m{mt}_{i}") for mt in range(wtm // 16) for i in range(4)]
+        + [(f"%b0n{nt}_{i}", f"%b1n{nt}_{i}") for nt in range(wtn // 8) for i in range(2)],
+        mma_op=mma_op,
         mma_shape=s.mma_shape, mma_k=s.mma_k, acc_type=p.acc, ptype=p.ptx, bits=p.bits,
         a_regs=s.mma_k_bytes // 8, b_regs=s.mma_k_bytes // 16,
     )

@@ -173,17 +173,14 @@ class KernelSpec:
         return d
 
     def check_problem(self, m: int, n: int, k: int) -> None:
-        """Raise SpecError unless M, N, K fit this kernel: multiples of BM, BN, BK (no tails),
-        at least ``stages-1`` K tiles, and below 2^31 bytes per operand row/offset."""
+        """Raise SpecError unless M, N, K fit this kernel: multiples of BM, BN, BK (no tails)
+        and below 2^31 bytes per operand row/offset."""
         bad = [f"{name}={v} is not a multiple of {name_t}={t}"
                for name, v, name_t, t in (("M", m, "BM", self.bm), ("N", n, "BN", self.bn),
                                           ("K", k, "BK", self.ktile)) if v <= 0 or v % t]
         if bad:
             raise SpecError(f"{self.entry} handles no tails: " + "; ".join(bad)
                             + ". Choose problem sizes that are multiples of the block tile.")
-        if k // self.ktile < self.stages - 1:
-            raise SpecError(f"K={k} gives {k // self.ktile} K tiles; pipeline.stages={self.stages} "
-                            f"needs at least {self.stages - 1}")
         if max(m, n) * k * self.prec.bits // 8 >= 2 ** 32 or m * n * 4 >= 2 ** 40:
             raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}")
 
@@ -225,9 +222,10 @@ def _validate(s: KernelSpec) -> None:
             f"ktile={s.ktile} gives 16-byte rows, read with ldmatrix.x4 over two m16 tiles and .x2 "
             f"over two n8 tiles; the warp tile {wm}x{wn} needs an even number of both. "
             "Use a larger ktile or a warp tile of 32x16 multiples.")
-    if (wm // 16) * (wn // 8) * 4 > 160:
-        raise SpecError(f"warp tile {wm}x{wn} needs {(wm // 16) * (wn // 8) * 4} accumulator "
-                        "registers per thread; at most 160 fit beside the fragments. Use more warps.")
+    acc, frags = (wm // 16) * (wn // 8) * 4, 2 * ((wm // 16) * 4 + (wn // 8) * 2)
+    if acc + frags > 224:
+        raise SpecError(f"warp tile {wm}x{wn} needs {acc} accumulator and {frags} fragment registers "
+                        "per thread; more than 224 leave too few of the 255 for addresses. Use more warps.")
     lim = ARCHS[s.arch]
     if s.smem_bytes > lim.max_smem_block:
         raise SpecError(

@@ -164,3 +164,11 @@ def test_rasterization_groups_cover_every_block(group_m, tmp_path):
     spec = KernelSpec("int8", 32, 32, 64, 64, 2, 2, 2, "cg", "sm_90", group_m=group_m)
     _, _, res = _run(spec, 5 * 64, 3 * 64, 256, 99, tmp_path)
     assert res.ok and res.max_error == 0, res.message()
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_k_shorter_than_the_pipeline(stages, tmp_path):
+    """K = one K tile: the prologue must not copy tiles past K for any stage count."""
+    spec = KernelSpec("fp16", 32, 16, 64, 64, 2, 2, stages, "cg", "sm_90")
+    _, _, res = _run(spec, 128, 64, 32, 5, tmp_path)
+    assert res.ok, res.message()
