@@ -35,14 +35,14 @@ class Backend(Enum):
 
 @dataclass
 class TileConf:
-    block: List[int] = field(default_factory=lambda: [128, 128])   # BM, BN
-    warps: List[int] = field(default_factory=lambda: [2, 4])       # warps along M, along N
+    block: List[int] = field(default_factory=lambda: [256, 128])   # BM, BN
+    warps: List[int] = field(default_factory=lambda: [4, 2])       # warps along M, along N
     group_m: int = 8            # block rasterization: block rows per group (1 = row-major)
 
 
 @dataclass
 class PipelineConf:
-    stages: int = 2
+    stages: int = 3             # cp.async stages in flight (1 = load, wait, compute)
 
 
 @dataclass

@@ -90,10 +90,20 @@ def test_warp_tile_not_multiple_of_16x8():
 
 
 def test_too_many_accumulators():
-    # warp tile 128x128 = 8 m16 x 16 n8 tiles x 4 registers = 512 > 160
+    # warp tile 128x128: 8 m16 x 16 n8 tiles x 4 = 512 accumulators; fragments, two register
+    # sets of (8 x 4 + 16 x 2): 128
     msg = spec_error("tile.block=[256,256]", "tile.warps=[2,2]")
-    assert msg.startswith("warp tile 128x128 needs 512 accumulator registers per thread")
-    assert "at most 160" in msg
+    assert msg == ("warp tile 128x128 needs 512 accumulator and 128 fragment registers per thread; "
+                   "more than 224 leave too few of the 255 for addresses. Use more warps.")
+
+
+def test_register_budget_boundary():
+    # one m16 tile by 27 n8 tiles: 108 accumulators + 2 x (4 + 54) = 116 fragment registers = 224
+    s = spec("tile.block=[16,216]", "tile.warps=[1,1]")
+    assert s.warp_tile == (16, 216)
+    # 28 n8 tiles: 112 + 2 x (4 + 56) = 232 > 224
+    msg = spec_error("tile.block=[16,224]", "tile.warps=[1,1]")
+    assert msg.startswith("warp tile 16x224 needs 112 accumulator and 120 fragment registers per thread")
 
 
 def test_too_many_threads():
@@ -254,9 +264,16 @@ def test_check_problem_names_every_bad_dimension():
             "K=300 is not a multiple of BK=64") in msg
 
 
-def test_check_problem_needs_k_tiles_for_the_pipeline():
+def test_check_problem_allows_fewer_k_tiles_than_stages():
+    # the prologue skips the copies of tiles past K: one K tile with 4 stages is a valid problem
     s = spec("precision=int8", "ktile=64", "pipeline.stages=4")
+    s.check_problem(128, 128, 64)
+
+
+def test_check_problem_too_large_for_32_bit_offsets():
+    s = spec("precision=int8", "ktile=64")
     with pytest.raises(SpecError) as err:
-        s.check_problem(512, 512, 128)
-    assert str(err.value) == "K=128 gives 2 K tiles; pipeline.stages=4 needs at least 3"
-    s.check_problem(512, 512, 192)
+        s.check_problem(65536, 128, 65536)     # 65536 x 65536 bytes of A = 2**32
+    assert str(err.value) == ("problem 65536x128x65536 is too large for 32-bit offsets in "
+                              "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s2_128x128_w2x4_g8")
+    s.check_problem(65536, 128, 65472)          # 65536 x 65472 < 2**32
