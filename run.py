@@ -9,7 +9,11 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
     from experiments.job import run_job
-    run_job(cfg)
+    from experiments.spec import SpecError
+    try:
+        run_job(cfg)
+    except SpecError as exc:   # single run: an impossible configuration stops before any work
+        raise SystemExit(f"Invalid configuration: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -103,8 +103,7 @@ class Config:
 
 
 def register() -> None:
-    """Store the schema as ``config_schema`` (used first in conf/config.yaml's defaults)."""
+    """Store the schema as ``config_schema`` (first in conf/config.yaml's defaults); the presets in
+    conf/tile/ and conf/problem/ merge into its typed ``tile`` and ``problem`` nodes."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    cs.store(group="tile", name="tile_schema", node=TileConf)
-    cs.store(group="problem", name="problem_schema", node=ProblemConf)

@@ -70,7 +70,6 @@ def run_job(cfg) -> dict:
     use_gpu = gpu is not None
     uri = track.resolve_uri(cfg.tracking.uri)
     tr = track.Tracker(uri, cfg.tracking.experiment)
-    parent = os.environ.get(track.PARENT_ENV)
     params = track.flatten(cfg)
     overrides = " ".join(HydraConfig.get().overrides.task) if HydraConfig.initialized() else ""
     try:
@@ -78,10 +77,12 @@ def run_job(cfg) -> dict:
     except SpecError as exc:
         if not multirun:
             raise
-        rid = tr.start(f"skipped {overrides}", params, {"backend": "gpu" if use_gpu else "static"}, parent)
+        rid = tr.start(f"skipped {overrides}", params, {"backend": "gpu" if use_gpu else "static"},
+                       track.open_parent(tr))
         tr.end(rid, "KILLED", str(exc))
         console.print(f"{label} [yellow]skipped[/] {overrides}: {exc}")
         return {"skipped": 1}
+    parent = track.open_parent(tr)
 
     out_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
     ptx = render(spec)
@@ -167,7 +168,8 @@ def run_job(cfg) -> dict:
         t = res["timing"]
         thr = tflops(m, n, k, t["median_us"])
         metrics = {**ver, "median_us": t["median_us"], "min_us": t["min_us"], "max_us": t["max_us"],
-                   "spread": t["spread"], "throughput": thr, ("tflops" if spec.prec.is_float else "tops"): thr,
+                   "spread": t["spread"], "throughput": thr,
+                   ("tflops" if spec.prec.is_float else "tops"): thr,
                    "launches_per_batch": t["launches_per_batch"], "batches": t["batches"]}
         for when in ("before", "after"):
             metrics.update({f"{k}_{when}": v for k, v in res[f"state_{when}"].items()})

@@ -85,7 +85,7 @@ def load_kernel(ptx: str, ptx_path: str, entry: str, dyn_smem: int):
                                 f"this GPU allows {limit}. Reduce pipeline.stages, ktile or tile.block.")
     try:
         kern = cupy.RawModule(path=ptx_path).get_function(entry)
-        kern.num_regs  # forces cuModuleLoad + cuModuleGetFunction now
+        _ = kern.num_regs  # forces cuModuleLoad + cuModuleGetFunction now
     except cupy.cuda.driver.CUDADriverError as exc:
         raise PtxJitError(f"the driver could not load {ptx_path}: {exc}\n"
                           f"driver JIT log:\n{driver_jit_log(ptx)}") from None

@@ -185,18 +185,18 @@ class KernelSpec:
             raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}")
 
 
-def _choose(key: str, value, valid) -> None:
+def _choose(key: str, value, valid, given: str = "") -> None:
     if value not in valid:
-        raise SpecError(f"{key}={value} is not valid here; valid values: "
+        raise SpecError(f"{key}={value} is not valid{' with ' + given if given else ''}; valid values: "
                         + ", ".join(str(v) for v in valid))
 
 
 def _validate(s: KernelSpec) -> None:
     _choose("precision", s.precision, list(PRECISIONS))
     p = PRECISIONS[s.precision]
-    _choose(f"ktile (precision={s.precision})", s.ktile, valid_ktiles(p))
+    _choose("ktile", s.ktile, valid_ktiles(p), f"precision={s.precision}")
     shapes = [f"m16n8k{k}" for k in p.mma_k]
-    _choose(f"mma (precision={s.precision})", f"m16n8k{s.mma_k}", shapes)
+    _choose("mma", f"m16n8k{s.mma_k}", shapes, f"precision={s.precision}")
     if s.ktile % s.mma_k:
         ok = [f"m16n8k{k}" for k in p.mma_k if s.ktile % k == 0]
         raise SpecError(f"mma=m16n8k{s.mma_k} does not divide ktile={s.ktile}: ktile must be a "
@@ -276,12 +276,12 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
     if mma == "auto":
         fits = [k for k in p.mma_k if ktile % k == 0]
         if not fits:
-            _choose(f"ktile (precision={p.name})", ktile, valid_ktiles(p))
+            _choose("ktile", ktile, valid_ktiles(p), f"precision={p.name}")
         mma_k = fits[-1]
     else:
         shapes = {f"m16n8k{k}": k for k in p.mma_k}
         if mma not in shapes:
-            _choose(f"mma (precision={p.name})", mma, ["auto"] + list(shapes))
+            _choose("mma", mma, ["auto"] + list(shapes), f"precision={p.name}")
         mma_k = shapes[mma]
     block, warps = list(cfg.tile.block), list(cfg.tile.warps)
     if len(block) != 2 or len(warps) != 2:

@@ -19,10 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from .spec import value
 
 __all__ = ["PROJECT_ROOT", "resolve_uri", "Tracker", "SweepCallback", "flatten", "run_key",
-           "count_jobs"]
+           "count_jobs", "open_parent"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PARENT_ENV, TOTAL_ENV, BACKEND_ENV = "TCA_PARENT_RUN_ID", "TCA_SWEEP_JOBS", "TCA_BACKEND_LINE"
+PARENT_ENV, TOTAL_ENV = "TCA_PARENT_RUN_ID", "TCA_SWEEP_JOBS"
+NAME_ENV, OVERRIDES_ENV = "TCA_SWEEP_NAME", "TCA_SWEEP_OVERRIDES"
 
 
 def resolve_uri(uri: str | None, base: Path | None = None) -> str:
@@ -73,7 +74,9 @@ def git_commit() -> str:
                              text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else "unknown"
+        if out.returncode != 0:
+            return "unknown"
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 
@@ -96,7 +99,7 @@ class Tracker:
 
     def start(self, name: str, params: dict, tags: dict, parent: str | None = None) -> str:
         """Create a RUNNING run with params and tags; returns its run id."""
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
         tags = {k: str(v) for k, v in tags.items()}
         if parent:
             tags["mlflow.parentRunId"] = parent
@@ -149,14 +152,31 @@ def count_jobs(task_overrides) -> int:
     return total
 
 
-class SweepCallback(Callback):
-    """Resolves the store, opens the parent run, prints where results go and how to browse them."""
+def open_parent(tracker: Tracker) -> str:
+    """Id of this sweep's parent run, created on first use (name and tags from the callback)."""
+    rid = os.environ.get(PARENT_ENV)
+    if not rid:
+        name = os.environ.get(NAME_ENV, "run")
+        rid = tracker.start(name, {}, {"kind": "sweep", "git_commit": git_commit(),
+                                       "jobs": os.environ.get(TOTAL_ENV, "1"),
+                                       "overrides": os.environ.get(OVERRIDES_ENV, "")})
+        os.environ[PARENT_ENV] = rid
+    return rid
 
-    def _open(self, config: DictConfig, name: str, jobs: int) -> None:
+
+class SweepCallback(Callback):
+    """Resolves the store once, prints the GPU and where results go, and ends the parent run.
+
+    A multirun's parent run is opened at its start; a single run's when its configuration has
+    been validated, so an impossible configuration leaves nothing in the store.
+    """
+
+    def _open(self, config: DictConfig, name: str, jobs: int, eager: bool) -> None:
         from .worker import nvml_gpu
         uri = resolve_uri(config.tracking.uri)
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-        os.environ[TOTAL_ENV] = str(jobs)
+        os.environ.pop(PARENT_ENV, None)
+        os.environ.update({"MLFLOW_TRACKING_URI": uri, TOTAL_ENV: str(jobs), NAME_ENV: name,
+                           OVERRIDES_ENV: " ".join(config.hydra.overrides.task)})
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
@@ -166,29 +186,27 @@ class SweepCallback(Callback):
             line = ("No NVIDIA GPU found: rendering and assembling with ptxas for the target arch "
                     "only (runs tagged backend=static).")
         print(line, flush=True)
-        tracker = Tracker(uri, config.tracking.experiment)
-        tags = {"mlflow.runName": name, "kind": "sweep", "git_commit": git_commit(), "jobs": jobs,
-                "overrides": " ".join(config.hydra.overrides.task)}
-        self.parent = tracker.start(name, {}, tags)
-        self.tracker = tracker
-        os.environ[PARENT_ENV] = self.parent
-        print(f"Tracking {jobs} job(s) in {uri} (parent run {self.parent}).", flush=True)
+        self.tracker = Tracker(uri, config.tracking.experiment)
+        where = f"Tracking {jobs} job(s) in {uri}"
+        if eager:
+            where += f" (parent run {open_parent(self.tracker)})"
+        print(where + ".", flush=True)
 
     def _close(self) -> None:
-        if getattr(self, "parent", None):
-            self.tracker.end(self.parent)
+        rid = os.environ.pop(PARENT_ENV, None)
+        if rid:
+            self.tracker.end(rid)
             print(f"Browse the results:  mlflow ui --backend-store-uri {self.tracker.uri}", flush=True)
-            os.environ.pop(PARENT_ENV, None)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._open(config, f"sweep {Path(config.hydra.sweep.dir).name}",
-                   count_jobs(config.hydra.overrides.task))
+                   count_jobs(config.hydra.overrides.task), eager=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._close()
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        self._open(config, f"run {Path(config.hydra.run.dir).name}", 1)
+        self._open(config, f"run {Path(config.hydra.run.dir).name}", 1, eager=False)
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         self._close()
