@@ -81,12 +81,11 @@ def parse_ptxas_report(text: str, entry: str) -> dict:
     Returns keys registers, spill_stores, spill_loads, stack_frame, static_smem, barriers.
     Raises ValueError when the report has no block for ``entry``.
     """
-    start = text.find(f"Function properties for {entry}")
-    if start < 0:
-        start = text.find(f"'{entry}'")
-    if start < 0:
+    m = re.search(rf"Compiling entry function '{re.escape(entry)}'", text) or \
+        re.search(rf"Function properties for {re.escape(entry)}$", text, re.M)
+    if m is None:
         raise ValueError(f"no ptxas -v report for entry {entry!r}")
-    block = text[start:]
+    block = text[m.start():]
     nxt = block.find("Compiling entry function", 10)
     block = block if nxt < 0 else block[:nxt]
 
@@ -125,7 +124,8 @@ def theoretical_occupancy(arch: str, threads: int, registers: int, smem_bytes: i
     regs_warp = -(-max(registers, 1) * 32 // lim.reg_alloc_unit) * lim.reg_alloc_unit
     by = {
         "warps": lim.max_warps_sm // warps,
-        "registers": (lim.regs_sm // regs_warp) // warps,
+        # registers live in 4 SM sub-partitions: warps fit per partition, then blocks per SM
+        "registers": 4 * ((lim.regs_sm // 4) // regs_warp) // warps,
         "blocks": lim.max_blocks_sm,
     }
     smem = smem_bytes + lim.smem_reserved_block

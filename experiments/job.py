@@ -62,7 +62,7 @@ def run_job(cfg) -> dict:
     in a multirun the job is recorded as a skipped (KILLED) run with the reason instead.
     """
     label = _job_label()
-    multirun = os.environ.get(track.TOTAL_ENV, "1") != "1"
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN"
     backend = value(cfg.backend)
     gpu = nvml_gpu() if backend != "static" else None
     if backend == "gpu" and gpu is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import numbers
 import os
 import subprocess
 from pathlib import Path
@@ -117,7 +118,7 @@ class Tracker:
         from mlflow.entities import Metric, RunTag
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
-              if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
+              if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
         ts = [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
         for i in range(0, max(len(ms), len(ts), 1), 200):
             self.client.log_batch(rid, metrics=ms[i:i + 200], tags=ts[i:i + 200])

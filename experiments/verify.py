@@ -43,9 +43,12 @@ def unpack_int4(packed):
 
 
 def bf16_bits(x32):
-    """float32 array -> uint16 bfloat16 bit patterns, round to nearest even."""
+    """float32 array -> uint16 bfloat16 bit patterns, round to nearest even; NaN stays NaN."""
+    xp = _xp(x32)
     u = x32.view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    quiet_nan = ((u >> 16) | 0x40).astype(np.uint16)     # keep sign and payload, force quiet
+    return xp.where((u & 0x7FFFFFFF) > 0x7F800000, quiet_nan, rounded)
 
 
 def bf16_values(bits):

@@ -185,9 +185,7 @@ def test_ptxas_error_shows_line_and_context(need_ptxas, tmp_path):
     assert f"PTX file: {path}" in msg
     assert f"--- PTX lines {line - 3}-{line + 3} ---" in msg
     marked = [x for x in msg.splitlines() if x.startswith(">")]
-    assert marked == [f">{line:5d}      mma.sync.bogus.m16n8k32.row.col.s32.s8.s8.s32 "
-                      "{%acc0_0_0, %acc0_0_1, %acc0_0_2, %acc0_0_3}, {%a0_0, %a0_1, %a0_2, %a0_3}, "
-                      "{%b0_0, %b0_1}, {%acc0_0_0, %acc0_0_1, %acc0_0_2, %acc0_0_3};"]
+    assert marked == [f">{line:5d}  {bad.splitlines()[line - 1]}"]
 
 
 def _no_ptxas(monkeypatch, tmp_path):
@@ -256,23 +254,11 @@ VALID_SPECS = {"sm_80": 1568 - 176, "sm_89": 1568 - 448, "sm_90": 1568 - 80}
 # tile 64x64, 1 stage, cache ca; 64x64 fits every arch: 28 more per arch.
 ROW_MAJOR_SPECS = 28
 
-# Kernels for which ptxas 13.0 reports spill stores: all use the 64x64 tile with 2 x 2 warps
-# (128 threads), where ptxas keeps to 56-64 registers and spills a few bytes.
-SPILL_PTXAS_RELEASE = "13.0"
-_F = "gemm_{}_bk{}_m16n8k{}_ldx4x2_{}_bcol_s{}_64x64_w2x2_g{}"
-
-
-def _names(precisions, ktile, mma_k, caches, stages, group_m):
-    return {_F.format(p, ktile, mma_k, c, s, group_m)
-            for p in precisions for c in caches for s in stages}
-
-
-SPILLS = {}  # filled below once the report shows which kernels spill
 
 
 def _space(arch):
-    """(specs, number rejected with SpecError) for one arch: the whole axis product with the
-    default group_m, then the row-major (group_m=1) set."""
+    """(specs, number rejected with SpecError, row-major specs) for one arch: the whole axis
+    product with the default group_m, then the row-major (group_m=1) set."""
     specs, rejected = [], 0
     for prec, p in PRECISIONS.items():
         for ktile in valid_ktiles(p):
@@ -318,27 +304,25 @@ def _ptxas(ptxas, arch, path):
 
 @pytest.fixture(scope="module")
 def space_reports(tmp_path_factory):
-    """Assemble every spec of every arch: 3 modules per arch, 2 ptxas processes at a time.
+    """Assemble every spec of every arch: 4 modules per arch, 2 ptxas processes at a time.
     Returns {arch: (specs, rejected, row_major, {entry: parsed report}, chunk reports)}."""
     ptxas = find_ptxas()
     if ptxas is None:
         pytest.skip("ptxas not found (CUDA toolkit or pip install nvidia-cuda-nvcc)")
     tmp = tmp_path_factory.mktemp("space")
     t0 = time.perf_counter()
-    jobs, per_arch = [], {}
-    for arch in ARCHS_TESTED:
-        specs, rejected, row_major = _space(arch)
-        per_arch[arch] = (specs, rejected, row_major)
-        every = specs + row_major
-        for i in range(3):
-            part = every[i::3]
-            path = tmp / f"{arch}_{i}.ptx"
-            path.write_text(_module(render(s) for s in part))
-            jobs.append((arch, part, path))
-    jobs.sort(key=lambda j: -j[2].stat().st_size)    # largest first: the two workers end together
+    out = {}
     with ThreadPoolExecutor(2) as pool:
-        futures = [(arch, part, pool.submit(_ptxas, ptxas, arch, path)) for arch, part, path in jobs]
-        out = {arch: (*per_arch[arch], {}, []) for arch in ARCHS_TESTED}
+        futures = []
+        for arch in ("sm_90", "sm_80", "sm_89"):     # the largest modules first
+            specs, rejected, row_major = _space(arch)
+            out[arch] = (specs, rejected, row_major, {}, [])
+            every = specs + row_major
+            for i in range(4):
+                part = every[i::4]
+                path = tmp / f"{arch}_{i}.ptx"
+                path.write_text(_module(render(s) for s in part))
+                futures.append((arch, part, pool.submit(_ptxas, ptxas, arch, path)))
         for arch, part, fut in futures:
             report, _ = fut.result()
             out[arch][4].append(report)
@@ -377,26 +361,47 @@ def test_every_kernel_assembles(space_reports, arch):
         r = parsed[s.entry]
         assert 16 <= r["registers"] <= 255, (s.entry, r)
         assert r["barriers"] == 1 and r["static_smem"] == 0, (s.entry, r)
-        assert r["spill_loads"] <= r["stack_frame"] and r["spill_stores"] <= r["stack_frame"]
+        if r["spill_stores"] or r["spill_loads"]:
+            assert r["stack_frame"] > 0, (s.entry, r)     # spilled values live in the stack frame
 
 
-def _spill_set(parsed):
-    return {e for e, r in parsed.items() if r["spill_stores"] or r["spill_loads"]}
-
-
-def _ptxas_release():
-    out = subprocess.run([find_ptxas(), "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release (\d+\.\d+)", out)
-    return m.group(1) if m else "?"
+def _spilled(parsed):
+    return {e: r for e, r in parsed.items() if r["spill_stores"] or r["spill_loads"]}
 
 
 @pytest.mark.parametrize("arch", ARCHS_TESTED)
-def test_spill_set(space_reports, arch):
-    parsed = space_reports[arch][3]
-    spilled = _spill_set(parsed)
-    # wherever ptxas spills, it is in the 128-thread 64x64 tile
-    assert all("_64x64_w2x2_" in e for e in spilled), sorted(spilled)
-    release = _ptxas_release()
-    if release != SPILL_PTXAS_RELEASE:
-        pytest.skip(f"spill set recorded for ptxas {SPILL_PTXAS_RELEASE}; this is {release}")
-    assert spilled == SPILLS[arch], sorted(spilled ^ SPILLS[arch])
+def test_no_spills_with_64x64_warp_tiles(space_reports, arch):
+    """The presets with 64 x 64 warp tiles (the default 256x128, 128x256, 128x128_w2x2) keep their
+    128 accumulators and two fragment sets in registers for every precision, ktile and stage count."""
+    spilled = _spilled(space_reports[arch][3])
+    wide = [e for e in spilled if any(t in e for t in ("_256x128_w4x2_", "_128x256_w2x4_", "_128x128_w2x2_"))]
+    assert wide == []
+
+
+@pytest.mark.parametrize("arch", ARCHS_TESTED)
+def test_spills_elsewhere_stay_small(space_reports, arch):
+    """Other presets may spill a little (512-thread blocks are capped at 128 registers)."""
+    worst = max((r["spill_stores"] for r in _spilled(space_reports[arch][3]).values()), default=0)
+    assert worst <= 256
+
+
+def test_parse_report_matches_the_whole_entry_name():
+    """An entry whose name is a prefix of another's gets its own figures, in either order."""
+    long_first = """\
+ptxas info    : Compiling entry function 'k_long' for 'sm_90'
+ptxas info    : Function properties for k_long
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers
+ptxas info    : Compiling entry function 'k' for 'sm_90'
+ptxas info    : Function properties for k
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 12 registers, used 0 barriers
+"""
+    assert parse_ptxas_report(long_first, "k")["registers"] == 12
+    assert parse_ptxas_report(long_first, "k_long")["registers"] == 40
+
+
+def test_occupancy_counts_registers_per_sm_subpartition():
+    # 1 warp at 104 regs: 3328 registers per warp; 16384 per sub-partition hold 4 warps -> 16 blocks
+    # (the whole-SM count 65536 // 3328 = 19 would overstate it)
+    assert theoretical_occupancy("sm_90", 32, 104, 0) == (0.25, 16, "registers")

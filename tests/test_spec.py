@@ -7,9 +7,15 @@ from experiments.spec import (ARCHS, PRECISIONS, KernelSpec, SpecError, resolve_
                               spec_from_config, valid_ktiles)
 
 
+# Axes the numbers below depend on, pinned so that a change of a default does not move them
+BASE = ["tile.block=[128,128]", "tile.warps=[2,4]", "tile.group_m=8", "pipeline.stages=2",
+        "eviction.cache=cg", "mma=auto", "target.arch=auto", "target.ptx_version=auto"]
+
+
 def cfg(*overrides):
-    """The typed default config with dotted overrides, as Hydra would compose it."""
-    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist(list(overrides)))
+    """The typed config with the pinned axes and dotted overrides, as Hydra would compose it."""
+    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist(BASE),
+                           OmegaConf.from_dotlist(list(overrides)))
 
 
 def spec(*overrides, gpu_cc=None):
@@ -20,6 +26,13 @@ def spec_error(*overrides, gpu_cc=None) -> str:
     with pytest.raises(SpecError) as err:
         spec_from_config(cfg(*overrides), gpu_cc)
     return str(err.value)
+
+
+def assert_names(msg: str, key: str, value, valid, given: str = "") -> None:
+    """The message names key=value, the setting it conflicts with, and ends with the valid values."""
+    assert f"{key}={value} is not valid" in msg, msg
+    assert given in msg, msg
+    assert msg.endswith("; valid values: " + ", ".join(map(str, valid))), msg
 
 
 # -- valid K tiles and the automatic MMA shape -------------------------------------------------
@@ -62,8 +75,9 @@ def test_explicit_mma_shape_is_kept():
 
 def test_mma_not_native_for_precision():
     msg = spec_error("precision=int8", "mma=m16n8k64")
-    assert msg == ("mma (precision=int8)=m16n8k64 is not valid here; valid values: "
-                   "auto, m16n8k16, m16n8k32")
+    assert_names(msg, "mma", "m16n8k64", ["auto", "m16n8k16", "m16n8k32"], "precision=int8")
+    msg = spec_error("precision=fp16", "mma=m16n8k32")
+    assert_names(msg, "mma", "m16n8k32", ["auto", "m16n8k8", "m16n8k16"], "precision=fp16")
 
 
 def test_mma_that_does_not_divide_ktile():
@@ -73,14 +87,16 @@ def test_mma_that_does_not_divide_ktile():
 
 
 def test_bad_ktile_lists_valid_ones():
-    msg = spec_error("precision=int4", "ktile=16")
-    assert msg == "ktile (precision=int4)=16 is not valid here; valid values: 32, 64, 128"
+    assert_names(spec_error("precision=int4", "ktile=16"), "ktile", 16, [32, 64, 128],
+                 "precision=int4")
+    assert_names(spec_error("precision=fp16", "ktile=8"), "ktile", 8, [16, 32, 64, 128],
+                 "precision=fp16")
 
 
 def test_ktile_not_a_power_of_two_is_rejected_with_auto_mma():
     # ktile 48 is a multiple of k16, so auto picks m16n8k16; the ktile check then rejects it
-    msg = spec_error("precision=int8", "ktile=48")
-    assert msg == "ktile (precision=int8)=48 is not valid here; valid values: 16, 32, 64, 128"
+    assert_names(spec_error("precision=int8", "ktile=48"), "ktile", 48, [16, 32, 64, 128],
+                 "precision=int8")
 
 
 def test_warp_tile_not_multiple_of_16x8():
@@ -136,10 +152,15 @@ def test_bad_ptx_version_string():
 
 
 def test_direct_construction_validates_stages_and_cache():
-    with pytest.raises(SpecError, match=r"pipeline.stages=5 is not valid here; valid values: 1, 2, 3, 4"):
+    with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 5, "cg", "sm_90")
-    with pytest.raises(SpecError, match=r"eviction.cache=cs is not valid here; valid values: ca, cg"):
+    assert_names(str(err.value), "pipeline.stages", 5, [1, 2, 3, 4])
+    with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cs", "sm_90")
+    assert_names(str(err.value), "eviction.cache", "cs", ["ca", "cg"])
+    with pytest.raises(SpecError) as err:
+        KernelSpec("int8", 64, 64, 128, 128, 2, 4, 2, "cg", "sm_90")
+    assert_names(str(err.value), "mma", "m16n8k64", ["m16n8k16", "m16n8k32"], "precision=int8")
 
 
 # -- shared memory per architecture --------------------------------------------------------------

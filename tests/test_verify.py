@@ -185,3 +185,10 @@ def test_check_float_poison_fails():
     assert not res.ok
     assert res.where == (0, 15) and res.mismatches == 1
     assert res.max_error == float("inf") and np.isnan(res.got)
+
+
+def test_bf16_bits_keeps_nan():
+    x = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800001], dtype=np.uint32).view(np.float32)
+    bits = bf16_bits(x)
+    assert bits.tolist() == [0x7FFF, 0xFFFF, 0x7FC0, 0x7FC0]
+    assert np.isnan(bf16_values(bits)).all()

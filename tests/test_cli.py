@@ -1,0 +1,192 @@
+"""run.py end to end without a GPU: Hydra sweeps, static runs in MLflow, errors before any work."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = "cli-tests"
+
+pytestmark = pytest.mark.usefixtures("need_ptxas")
+
+
+def run_cli(cwd, *args, env=None, timeout=300):
+    """``python run.py ARGS`` in ``cwd``; stdout and stderr together."""
+    if env is None:
+        env = dict(os.environ)
+    for key in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+    return proc.returncode, proc.stdout
+
+
+def store_args(tmp, multirun=True):
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    out = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    return [f"tracking.uri={uri}", f"tracking.experiment={EXPERIMENT}", f"{out}={tmp}/out"]
+
+
+def all_runs(tmp):
+    """(parent runs, child runs) of the store in ``tmp``."""
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    runs = client.search_runs([exp.experiment_id], max_results=1000) if exp else []
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) + len(children) == len(runs)
+    return parents, children
+
+
+MMA_K64_INT8 = "mma=m16n8k64 is not valid with precision=int8"
+
+# mma=auto: the largest native K that divides ktile
+AUTO_MMA = {("int4", "32"): "m16n8k32", ("int4", "64"): "m16n8k64",
+            ("int8", "32"): "m16n8k32", ("int8", "64"): "m16n8k32"}
+
+
+@pytest.fixture(scope="module")
+def headline(tmp_path_factory):
+    """The README's sweep, run twice into the same store; the store is read after each run."""
+    tmp = tmp_path_factory.mktemp("headline")
+    args = ["-m", "precision=int4,int8", "ktile=32,64", *store_args(tmp)]
+    first = run_cli(tmp, *args)
+    after_first = all_runs(tmp)
+    second = run_cli(tmp, *args)
+    after_second = all_runs(tmp)
+    return tmp, first, after_first, second, after_second
+
+
+def test_headline_sweep(headline):
+    tmp, (rc, out), (parents, children), _, _ = headline
+    assert rc == 0, out
+    assert "No NVIDIA GPU found" in out
+    assert f"Tracking 4 job(s) in sqlite:///{tmp}/mlflow.db" in out
+    for i in range(1, 5):
+        assert f"[{i}/4] gemm_" in out
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["jobs"] == "4"
+    assert len(children) == 4
+    seen = set()
+    for r in children:
+        p, t, m = r.data.params, r.data.tags, r.data.metrics
+        assert r.info.status == "FINISHED"
+        assert t["mlflow.parentRunId"] == parent.info.run_id
+        assert t["backend"] == "static" and t["ptxas"] == "ok"
+        assert m["registers"] > 0
+        assert m["spill_stores_bytes"] >= 0 and 0 < m["theoretical_occupancy"] <= 1
+        key = (p["precision"], p["ktile"])
+        seen.add(key)
+        assert p["spec.mma"] == AUTO_MMA[key]
+        assert t["kernel"].startswith(f"gemm_{key[0]}_bk{key[1]}_{AUTO_MMA[key]}_ldx4x2_")
+        assert t["kernel"] == r.info.run_name
+        assert len(t["ptx_sha256"]) == 64
+    assert seen == set(AUTO_MMA)
+
+
+def test_headline_again_tracks_nothing_new(headline):
+    tmp, _, (_, first_children), (rc, out), (parents, children) = headline
+    assert rc == 0, out
+    assert out.count("already tracked") == 4
+    assert sorted(r.info.run_id for r in children) == sorted(r.info.run_id for r in first_children)
+    assert len(parents) == 2
+
+
+@pytest.mark.parametrize("override, texts", [
+    ("ktile=32.5", ["Value '32.5' of type 'float' could not be converted to Integer", "full_key: ktile"]),
+    ("ktile=abc", ["Value 'abc' of type 'str' could not be converted to Integer", "full_key: ktile"]),
+    ("precision=int5", ["Invalid value 'int5', expected one of [fp16, bf16, int8, int4]",
+                        "full_key: precision"]),
+    ("precsion=int8", ["Could not override 'precsion'", "Key 'precsion' not in 'Config'"]),
+])
+def test_bad_override_stops_before_any_run(tmp_path, override, texts):
+    rc, out = run_cli(tmp_path, "-m", override, "pipeline.stages=1,2", *store_args(tmp_path))
+    assert rc != 0
+    for text in texts:
+        assert text in out, out
+    assert not (tmp_path / "mlflow.db").exists()
+    assert "Launching" not in out
+
+
+def test_impossible_single_run_fails_with_the_reason(tmp_path):
+    rc, out = run_cli(tmp_path, "precision=int8", "mma=m16n8k64", *store_args(tmp_path, False))
+    assert rc != 0
+    assert MMA_K64_INT8 in out and "valid values: auto, m16n8k16, m16n8k32" in out, out
+    parents, children = all_runs(tmp_path)
+    assert children == [] and parents == []        # nothing in the store
+    assert not list((tmp_path / "out").glob("*.ptx"))
+
+
+def test_impossible_combination_in_a_sweep_is_skipped(tmp_path):
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32", "mma=m16n8k32,m16n8k64",
+                      *store_args(tmp_path))
+    assert rc == 0, out
+    assert "[2/2] skipped" in out
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1 and len(children) == 2
+    by_status = {r.info.status: r for r in children}
+    assert sorted(by_status) == ["FINISHED", "KILLED"]
+    done, skipped = by_status["FINISHED"], by_status["KILLED"]
+    assert done.data.params["spec.mma"] == "m16n8k32"
+    assert done.data.tags["kernel"].startswith("gemm_int8_bk32_m16n8k32_")
+    assert skipped.data.params["mma"] == "m16n8k64"
+    reason = skipped.data.tags["skip_reason"]
+    assert MMA_K64_INT8 in reason and reason.endswith("valid values: auto, m16n8k16, m16n8k32")
+    assert skipped.data.tags["backend"] == "static"
+    assert skipped.data.metrics == {}
+
+
+def test_without_ptxas_and_ktile_with_leading_zero(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PTXAS"}
+    env["PATH"] = str(empty)
+    rc, out = run_cli(tmp_path, "precision=fp16", "ktile=032", *store_args(tmp_path, False), env=env)
+    assert rc == 0, out
+    assert "ptxas was not found" in out and "nvidia-cuda-nvcc" in out
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1 and len(children) == 1
+    r = children[0]
+    assert r.info.status == "FINISHED"
+    assert r.data.tags["ptxas"] == "missing" and r.data.tags["backend"] == "static"
+    # ktile=032 is the integer 32
+    assert r.data.params["ktile"] == "32" and r.data.params["spec.ktile"] == "32"
+    assert r.data.tags["kernel"].startswith("gemm_fp16_bk32_m16n8k16_")
+    assert "registers" not in r.data.metrics and r.data.metrics["threads"] > 0
+
+
+def test_help(tmp_path):
+    rc, out = run_cli(tmp_path, "--help")
+    assert rc == 0, out
+    assert "\nprecision: " in out and "\nktile: " in out
+    tile_line = next(x for x in out.splitlines() if x.startswith("tile: "))
+    presets = sorted(p.stem for p in (ROOT / "conf" / "tile").glob("*.yaml"))
+    assert len(presets) >= 5
+    for name in presets:
+        assert name in tile_line.split(": ", 1)[1].split(", "), tile_line
+    assert "python run.py -m precision=int4,int8 ktile=32,64" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cfg_job(tmp_path):
+    rc, out = run_cli(tmp_path, "--cfg", "job", "precision=int4", "ktile=032")
+    assert rc == 0, out
+    lines = out.splitlines()
+    assert "precision: int4" in lines and "ktile: 32" in lines
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):
+    """A multirun of one job is still a multirun: the combination is recorded as skipped."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "mma=m16n8k64", *store_args(tmp_path))
+    assert rc == 0, out
+    assert "[1/1] skipped" in out
+    parents, children = all_runs(tmp_path)
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    assert [c.info.status for c in children] == ["KILLED"]
+    assert MMA_K64_INT8 in children[0].data.tags["skip_reason"]

@@ -1,0 +1,185 @@
+"""experiments/track.py: tracking URI resolution, flattened params, job counting, the Tracker."""
+import math
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.config import Config
+from experiments.track import Tracker, count_jobs, flatten, resolve_uri, run_key
+
+# -- resolve_uri ---------------------------------------------------------------------------------
+
+def test_relative_sqlite_becomes_absolute(tmp_path):
+    uri = resolve_uri("sqlite:///stores/a/mlflow.db", base=tmp_path)
+    assert uri == f"sqlite:///{tmp_path}/stores/a/mlflow.db"
+    assert (tmp_path / "stores" / "a").is_dir()       # the folder of the database exists
+
+
+def test_relative_sqlite_with_dotdot(tmp_path):
+    (tmp_path / "x").mkdir()
+    uri = resolve_uri("sqlite:///../y/m.db", base=tmp_path / "x")
+    assert uri == f"sqlite:///{tmp_path}/y/m.db"
+
+
+def test_absolute_sqlite_kept(tmp_path):
+    uri = f"sqlite:///{tmp_path}/abs/m.db"           # four slashes: an absolute path
+    assert uri.startswith("sqlite:////")
+    assert resolve_uri(uri, base=Path("/elsewhere")) == uri
+    assert (tmp_path / "abs").is_dir()
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:5000", "https://mlflow.example.org/x",
+                                 "databricks", "databricks://profile"])
+def test_remote_uris_kept(uri, tmp_path):
+    assert resolve_uri(uri, base=tmp_path) == uri
+
+
+def test_plain_relative_path_becomes_file_uri(tmp_path):
+    assert resolve_uri("mlruns", base=tmp_path) == f"file://{tmp_path}/mlruns"
+    assert resolve_uri("/data/mlruns", base=tmp_path) == "file:///data/mlruns"
+
+
+def test_env_used_when_uri_is_none(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///from_env/m.db")
+    assert resolve_uri(None, base=tmp_path) == f"sqlite:///{tmp_path}/from_env/m.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
+    assert resolve_uri(None, base=tmp_path) == "http://tracking:5000"
+    # an explicit uri wins over the environment
+    assert resolve_uri("sqlite:///explicit.db", base=tmp_path) == f"sqlite:///{tmp_path}/explicit.db"
+
+
+# -- flatten, run_key, count_jobs ----------------------------------------------------------------
+
+def test_flatten_config():
+    cfg = OmegaConf.merge(OmegaConf.structured(Config),
+                          OmegaConf.from_dotlist(["precision=int8", "ktile=64", "eviction.cache=ca",
+                                                  "tile.block=[128,128]", "tile.warps=[2,4]",
+                                                  "pipeline.stages=2", "problem.sizes=[512,1024]",
+                                                  "problem.shapes=[]", "backend=auto",
+                                                  "timing.cuda_graph=true", "verify.rtol=0.001",
+                                                  "verify.seed=null", "tracking.uri=null"]))
+    flat = flatten(cfg)
+    assert flat["tile.block"] == "[128, 128]"
+    assert flat["tile.warps"] == "[2, 4]"
+    assert flat["precision"] == "int8"
+    assert flat["eviction.cache"] == "ca"
+    assert flat["backend"] == "auto"
+    assert flat["ktile"] == "64"
+    assert flat["pipeline.stages"] == "2"
+    assert flat["problem.sizes"] == "[512, 1024]"
+    assert flat["problem.shapes"] == "[]"
+    assert flat["verify.seed"] == "null"
+    assert flat["tracking.uri"] == "null"
+    assert flat["timing.cuda_graph"] == "True"
+    assert flat["verify.rtol"] == "0.001"
+    assert all(isinstance(v, str) for v in flat.values())
+    assert not any(isinstance(v, dict) for v in flat.values())
+    assert "tile" not in flat and "tracking" not in flat
+
+
+def test_flatten_plain_dict():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": None}) == {"a.b": "1", "a.c": "[1, 2]", "d": "null"}
+
+
+def test_run_key():
+    k = run_key("abc", 512, "sm_90")
+    assert len(k) == 24 and k == run_key("abc", 512, "sm_90")
+    assert k != run_key("abc", 513, "sm_90")
+
+
+@pytest.mark.parametrize("overrides, n", [
+    (["precision=int4,int8", "ktile=32,64", "tracking.uri=x"], 4),
+    (["precision=fp16,bf16,int8,int4", "pipeline.stages=range(1,5)"], 16),
+    (["precision=int8"], 1),
+    ([], 1),
+    (["tile.block=[128,128],[64,128]", "eviction.cache=ca,cg"], 4),
+])
+def test_count_jobs(overrides, n):
+    assert count_jobs(overrides) == n
+
+
+# -- Tracker on a SQLite store --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory):
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    return Tracker(f"sqlite:///{db}", "track-tests")
+
+
+def test_tracker_experiment_and_artifact_location(tracker):
+    exp = tracker.client.get_experiment(tracker.experiment_id)
+    assert exp.name == "track-tests"
+    db = Path(tracker.uri[len("sqlite:///"):])
+    assert exp.artifact_location == (db.parent / "artifacts").as_uri()
+    # a second Tracker on the same store finds the experiment
+    assert Tracker(tracker.uri, "track-tests").experiment_id == tracker.experiment_id
+
+
+def test_log_drops_non_finite_metrics(tracker):
+    rid = tracker.start("metrics", {"precision": "int8", "tile.block": [128, 128]}, {"kind": "t"})
+    tracker.log(rid, {"registers": 98, "occupancy": 0.25, "inf": math.inf, "ninf": -math.inf,
+                      "nan": math.nan, "none": None, "text": "12"}, {"ptxas": "ok"})
+    run = tracker.client.get_run(rid)
+    assert run.data.metrics == {"registers": 98.0, "occupancy": 0.25}
+    assert run.data.params == {"precision": "int8", "tile.block": "[128, 128]"}
+    assert run.data.tags["ptxas"] == "ok" and run.data.tags["kind"] == "t"
+    assert run.info.status == "RUNNING"
+    tracker.end(rid)
+    assert tracker.client.get_run(rid).info.status == "FINISHED"
+
+
+def test_start_with_parent(tracker):
+    parent = tracker.start("parent", {}, {"kind": "sweep"})
+    child = tracker.start("child", {"x": 1}, {}, parent=parent)
+    assert tracker.client.get_run(child).data.tags["mlflow.parentRunId"] == parent
+
+
+def test_many_params_are_logged_in_batches(tracker):
+    params = {f"p{i:03d}": i for i in range(250)}
+    rid = tracker.start("params", params, {})
+    assert len(tracker.client.get_run(rid).data.params) == 250
+
+
+def test_finished_run_by_key(tracker):
+    done = tracker.start("done", {}, {"run_key": "key-finished"})
+    tracker.end(done)
+    failed = tracker.start("failed", {}, {"run_key": "key-failed"})
+    tracker.end(failed, "FAILED", "verification failed: 3 elements")
+    skipped = tracker.start("skipped", {}, {"run_key": "key-killed"})
+    tracker.end(skipped, "KILLED", "mma=m16n8k64 is not valid")
+    running = tracker.start("running", {}, {"run_key": "key-running"})
+
+    assert tracker.finished_run("key-finished") == done
+    assert tracker.finished_run("key-failed") is None
+    assert tracker.finished_run("key-killed") is None
+    assert tracker.finished_run("key-running") is None
+    assert tracker.finished_run("key-unknown") is None
+    assert running
+    f = tracker.client.get_run(failed)
+    assert f.info.status == "FAILED" and f.data.tags["error"] == "verification failed: 3 elements"
+    k = tracker.client.get_run(skipped)
+    assert k.info.status == "KILLED" and k.data.tags["skip_reason"] == "mma=m16n8k64 is not valid"
+    # a FAILED run and a FINISHED run with the same key: the FINISHED one is found
+    again = tracker.start("done again", {}, {"run_key": "key-failed"})
+    tracker.end(again)
+    assert tracker.finished_run("key-failed") == again
+
+
+def test_artifact_text(tracker, tmp_path):
+    rid = tracker.start("artifacts", {}, {})
+    tracker.artifact_text(rid, "ptxas info : Used 98 registers", "ptxas_report.txt")
+    f = tmp_path / "k.ptx"
+    f.write_text(".version 7.8\n")
+    tracker.artifact_file(rid, f)
+    names = sorted(a.path for a in tracker.client.list_artifacts(rid))
+    assert names == ["k.ptx", "ptxas_report.txt"]
+    local = tracker.client.download_artifacts(rid, "ptxas_report.txt", str(tmp_path / "dl"))
+    assert Path(local).read_text() == "ptxas info : Used 98 registers"
+
+
+def test_log_keeps_numpy_scalars(tracker):
+    import numpy as np
+    rid = tracker.start("numpy", {}, {})
+    tracker.log(rid, {"registers": np.int64(98), "occupancy": np.float32(0.25), "bad": np.float64("inf")})
+    assert tracker.client.get_run(rid).data.metrics == {"registers": 98.0, "occupancy": 0.25}
