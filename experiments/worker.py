@@ -8,6 +8,7 @@ past the timeout or kills the process fails its own run; the worker is replaced 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 import traceback
 
@@ -19,14 +20,23 @@ class WorkerError(RuntimeError):
 
 
 def nvml_gpu() -> dict | None:
-    """First GPU as NVML sees it, without initialising CUDA: name, compute capability (int, e.g.
-    90), driver, CUDA driver version, PCI bus id. None when no NVIDIA GPU/driver is present."""
+    """The GPU that CUDA will use, as NVML sees it, without initialising CUDA: name, compute
+    capability (int, e.g. 90), driver, CUDA driver version, PCI bus id. None when no NVIDIA
+    GPU/driver is present or ``CUDA_VISIBLE_DEVICES`` hides every device ('' or -1); otherwise its
+    first entry (an index or a GPU-UUID) selects the device."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = None if visible is None else visible.split(",")[0].strip()
+    if first is not None and (first == "" or first.startswith("-")):
+        return None
     try:
         import pynvml
         pynvml.nvmlInit()
         if pynvml.nvmlDeviceGetCount() < 1:
             return None
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        if first and first.startswith(("GPU-", "MIG-")):
+            h = pynvml.nvmlDeviceGetHandleByUUID(first)
+        else:
+            h = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first else 0)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
         cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
         name = pynvml.nvmlDeviceGetName(h)

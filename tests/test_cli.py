@@ -13,11 +13,12 @@ pytestmark = pytest.mark.usefixtures("need_ptxas")
 
 
 def run_cli(cwd, *args, env=None, timeout=300):
-    """``python run.py ARGS`` in ``cwd``; stdout and stderr together."""
+    """``python run.py ARGS`` in ``cwd`` with every GPU hidden; stdout and stderr together."""
     if env is None:
         env = dict(os.environ)
     for key in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR"):
         env.pop(key, None)
+    env["CUDA_VISIBLE_DEVICES"] = ""     # the same static path on machines with and without a GPU
     proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)

@@ -183,3 +183,10 @@ def test_log_keeps_numpy_scalars(tracker):
     rid = tracker.start("numpy", {}, {})
     tracker.log(rid, {"registers": np.int64(98), "occupancy": np.float32(0.25), "bad": np.float64("inf")})
     assert tracker.client.get_run(rid).data.metrics == {"registers": 98.0, "occupancy": 0.25}
+
+
+@pytest.mark.parametrize("visible", ["", "-1"])
+def test_cuda_visible_devices_can_hide_every_gpu(monkeypatch, visible):
+    from experiments.worker import nvml_gpu
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert nvml_gpu() is None
