@@ -122,7 +122,13 @@ def run_job(cfg) -> dict:
         return {"finished": 1}
 
     if not _DEVICE:
-        _DEVICE.update(_WORKER.call("device_info", timeout=120))
+        try:
+            _DEVICE.update(_WORKER.call("device_info", timeout=120))
+        except WorkerError as exc:
+            raise RuntimeError(
+                f"{gpu['gpu']} was found, but CuPy could not use it. Install the CuPy build for your "
+                "CUDA major (pip install -e '.[cuda13]' or '.[cuda12]'), or run with backend=static.\n"
+                f"{exc}") from None
     dev = _DEVICE
     tags.update(gpu=dev["gpu"], compute_capability=dev["compute_capability"], driver=gpu["driver"],
                 cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
@@ -172,7 +178,7 @@ def run_job(cfg) -> dict:
                    ("tflops" if spec.prec.is_float else "tops"): thr,
                    "launches_per_batch": t["launches_per_batch"], "batches": t["batches"]}
         for when in ("before", "after"):
-            metrics.update({f"{k}_{when}": v for k, v in res[f"state_{when}"].items()})
+            metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
         tr.log(rid, metrics, {"verified": "true", "timing_method": t["method"],
                               "l2_flush": t["l2_flush"], "throughput_unit": unit})
         tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), "batch_us.txt")

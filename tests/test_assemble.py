@@ -1,6 +1,5 @@
 """experiments/assemble.py: ptxas report parsing, occupancy, SASS mix, errors, and every kernel of
 the config space assembled by ptxas for sm_80, sm_89 and sm_90."""
-import os
 import re
 import subprocess
 import sys

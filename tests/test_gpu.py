@@ -1,5 +1,4 @@
 """GPU tests: kernels verified exactly / within tolerance, int4 nibble order, JIT log, fault isolation."""
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -22,7 +22,7 @@ def test_valid_ints_become_uint32():
     out = pack_args(vals)
     assert len(out) == 6
     assert out[0] is vals["A"] and out[1] is vals["B"] and out[2] is vals["C"]   # arrays pass as is
-    for got, want in zip(out[3:], (512, 2 ** 32 - 1, 0)):
+    for got, want in zip(out[3:], (512, 2 ** 32 - 1, 0), strict=True):
         assert type(got) is np.uint32
         assert int(got) == want
 
