@@ -69,7 +69,7 @@ def run_job(cfg) -> dict:
         raise RuntimeError("backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or static")
     use_gpu = gpu is not None
     uri = track.resolve_uri(cfg.tracking.uri)
-    tr = track.Tracker(uri, cfg.tracking.experiment)
+    tr = track.get_tracker(uri, cfg.tracking.experiment)
     params = track.flatten(cfg)
     overrides = " ".join(HydraConfig.get().overrides.task) if HydraConfig.initialized() else ""
     try:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from .spec import value
 
 __all__ = ["PROJECT_ROOT", "resolve_uri", "Tracker", "SweepCallback", "flatten", "run_key",
-           "count_jobs", "open_parent"]
+           "count_jobs", "open_parent", "get_tracker"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PARENT_ENV, TOTAL_ENV = "TCA_PARENT_RUN_ID", "TCA_SWEEP_JOBS"
@@ -143,6 +143,12 @@ class Tracker:
         return runs[0].info.run_id if runs else None
 
 
+@functools.lru_cache(maxsize=8)
+def get_tracker(uri: str, experiment: str) -> Tracker:
+    """One Tracker per (store, experiment) and process: jobs of a sweep share its connection."""
+    return Tracker(uri, experiment)
+
+
 def count_jobs(task_overrides) -> int:
     """Number of jobs the basic sweeper makes from the task overrides (product of sweep lengths)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -187,7 +193,7 @@ class SweepCallback(Callback):
             line = ("No NVIDIA GPU found: rendering and assembling with ptxas for the target arch "
                     "only (runs tagged backend=static).")
         print(line, flush=True)
-        self.tracker = Tracker(uri, config.tracking.experiment)
+        self.tracker = get_tracker(uri, config.tracking.experiment)
         where = f"Tracking {jobs} job(s) in {uri}"
         if eager:
             where += f" (parent run {open_parent(self.tracker)})"
