@@ -7,15 +7,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .track import Tracker, resolve_uri
+from .track import StoreError, Tracker, resolve_uri
 
 __all__ = ["results_table", "main"]
 
 
 def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
     """Markdown table of every GPU run (FINISHED and FAILED) in the store, sorted by kernel and
-    size; throughput is TFLOP/s for float types and TOP/s for integer types."""
-    tr = Tracker(uri, experiment)
+    size; throughput is TFLOP/s for float types and TOP/s for integer types.
+
+    Read-only: raises StoreError when the store or the experiment does not exist."""
+    tr = Tracker(uri, experiment, create=False)
     runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu'", max_results=50000)
     rows = []
     for r in runs:
@@ -44,7 +46,10 @@ def main(argv=None) -> None:
     ap.add_argument("--experiment", default="tensor-core-ablations")
     ap.add_argument("--out", default=None, help="also write the table to this file")
     args = ap.parse_args(argv)
-    text = results_table(resolve_uri(args.uri), args.experiment)
+    try:
+        text = results_table(resolve_uri(args.uri, create=False), args.experiment)
+    except StoreError as exc:
+        raise SystemExit(f"Store error: {exc}") from None
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,57 +1,96 @@
 """MLflow tracking: one parent run per sweep, one child run per (kernel config, problem size).
 
-The tracking URI is resolved once, to an absolute location, by :class:`SweepCallback` at the start
-of a run or multirun and exported as ``MLFLOW_TRACKING_URI`` so every job (and every launcher
-process) writes to the same store. Default: ``sqlite:///<project>/outputs/mlflow.db``.
+The store is resolved once, to an absolute location, by :class:`SweepCallback` at the start of a run
+or multirun and exported as ``MLFLOW_TRACKING_URI`` so every job (and every launcher process) writes
+to the same store. Default: ``sqlite:///<project>/outputs/mlflow.db``.
+
+What the store guarantees (README, "Interruptions, concurrent sweeps, parallel launchers"):
+- every run ends FINISHED, FAILED (reason in tag ``error``) or KILLED (tag ``skip_reason``); runs a
+  process leaves open (Ctrl-C, SIGTERM, a crash) are closed by :func:`abort_open_runs`, and runs of a
+  process that died without closing them are closed by the next sweep on the same host;
+- a measurement is identified by its run key; a key FINISHED, or RUNNING in a live process, is never
+  measured again (:meth:`Tracker.claim`), so concurrent or repeated sweeps add no duplicates;
+- a sweep's parent run is found again by its sweep key (the sweep's overrides) and created only when
+  the sweep adds its first run, so a re-run continues under the same parent and no parent is empty.
+On a SQLite store the read-check-write steps run under a file lock beside the database.
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
 import math
 import numbers
 import os
-import subprocess
+import socket
+import time
 from pathlib import Path
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
-
-from .spec import value
-
-__all__ = ["PROJECT_ROOT", "resolve_uri", "Tracker", "SweepCallback", "flatten", "run_key",
-           "count_jobs", "open_parent", "get_tracker"]
+__all__ = ["PROJECT_ROOT", "StoreError", "resolve_uri", "store_lock", "Tracker", "flatten", "run_key",
+           "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PARENT_ENV, TOTAL_ENV = "TCA_PARENT_RUN_ID", "TCA_SWEEP_JOBS"
-NAME_ENV, OVERRIDES_ENV = "TCA_SWEEP_NAME", "TCA_SWEEP_OVERRIDES"
+HOST, PID = socket.gethostname(), os.getpid()
+# what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
+SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
+             "overrides": "TCA_SWEEP_OVERRIDES"}
 
 
-def resolve_uri(uri: str | None, base: Path | None = None) -> str:
+class StoreError(RuntimeError):
+    """The tracking store cannot be used as asked; the message says why and what to do."""
+
+
+def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) -> str:
     """Absolute tracking URI: ``uri``, else $MLFLOW_TRACKING_URI, else the project's SQLite store.
 
-    A relative ``sqlite:///path`` or plain path is made absolute against ``base`` (the directory
-    the command was started from); ``http(s)://`` and ``databricks`` URIs are kept as they are.
+    A relative ``sqlite:///path`` is made absolute against ``base`` (default: the current directory)
+    and, with ``create``, its folder is made. ``http(s)://`` and ``databricks`` URIs are kept.
+    Raises StoreError for a file store (``file:...`` or a plain folder): MLflow 3 keeps runs in a
+    database; the message gives the SQLite URI to use instead.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     base = Path(base or os.getcwd())
     if not uri:
         path = PROJECT_ROOT / "outputs" / "mlflow.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
-    if uri.startswith("sqlite:///"):
+    elif uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
         path = path if path.is_absolute() else (base / path).resolve()
+    elif uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
+        return uri
+    else:
+        folder = uri[len("file:"):].lstrip("/") if uri.startswith("file:") else uri
+        raise StoreError(
+            f"tracking.uri={uri} is a file store; MLflow 3 keeps runs in a database store. Use a SQLite "
+            f"file instead, e.g. tracking.uri=sqlite:///{Path(folder).name or 'mlruns'}.db (relative to "
+            "the current folder), or a tracking server (http://host:port).")
+    if create:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
-    if "://" not in uri and not uri.startswith("databricks"):
-        path = Path(uri)
-        return (path if path.is_absolute() else (base / path).resolve()).as_uri()
-    return uri
+    return f"sqlite:///{path}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+_LOCKS: dict = {}
+
+
+def store_lock(uri: str):
+    """Inter-process lock of a SQLite store (``<db>.lock``); a no-op for servers, which serialise.
+
+    One lock object per store and process, so that it is re-entrant within the process."""
+    db = sqlite_path(uri)
+    if db is None:
+        return contextlib.nullcontext()
+    if uri not in _LOCKS:
+        from filelock import FileLock
+        _LOCKS[uri] = FileLock(str(db) + ".lock", timeout=600)
+    return _LOCKS[uri]
 
 
 def flatten(cfg, prefix: str = "") -> dict:
     """Dotted scalar params of a config: lists become their string form (``tile.block`` -> '[128, 128]')."""
+    from omegaconf import DictConfig, OmegaConf
     data = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
     out = {}
     for key, val in data.items():
@@ -64,48 +103,88 @@ def flatten(cfg, prefix: str = "") -> dict:
 
 
 def run_key(*parts) -> str:
-    """Identity of a measurement (PTX hash, size, GPU, backend) for resuming sweeps."""
+    """Identity of a measurement: a hash of everything that changes its result (the kernel's spec
+    and PTX, the size, GPU, driver, toolchain versions, timing and verification settings)."""
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
 
 
-@functools.lru_cache(maxsize=1)
-def git_commit() -> str:
+def _alive(tags: dict) -> bool:
+    """Whether the process that owns a RUNNING run may still run (unknown hosts count as alive)."""
+    if tags.get("owner_host") != HOST or not tags.get("owner_pid", "").isdigit():
+        return True
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
-        if out.returncode != 0:
-            return "unknown"
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+        os.kill(int(tags["owner_pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Tracker:
-    """Thin layer over ``mlflow.MlflowClient`` for this project's run structure."""
+    """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
-    def __init__(self, uri: str, experiment: str):
+    ``create=False`` opens an existing store and experiment only (for read-only commands).
+    Raises StoreError when the store does not exist (``create=False``), or the experiment was deleted.
+    """
+
+    def __init__(self, uri: str, experiment: str, create: bool = True):
         import mlflow
-        self.client = mlflow.MlflowClient(tracking_uri=uri)
-        self.uri = uri
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            artifacts = None
-            if uri.startswith("sqlite:///"):   # keep artifacts beside the database, absolute
-                artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
-        else:
-            self.experiment_id = exp.experiment_id
+        db = sqlite_path(uri)
+        if not create and db is not None and not db.is_file():
+            raise StoreError(f"no store at {db} (tracking URI {uri}); give the URI that run.py printed")
+        self.uri, self.experiment, self.open = uri, experiment, set()
+        self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
+        self.finished = 0
+        with store_lock(uri):       # the first client of a new store migrates its schema
+            self.client = mlflow.MlflowClient(tracking_uri=uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None and not create:
+                names = [e.name for e in self.client.search_experiments()]
+                raise StoreError(f"experiment {experiment!r} is not in {uri}; it holds: "
+                                 + (", ".join(names) or "no experiment"))
+            if exp is None:
+                artifacts = (db.parent / "artifacts").as_uri() if db else None
+                self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+            elif exp.lifecycle_stage == "deleted":
+                raise StoreError(
+                    f"experiment {experiment!r} (id {exp.experiment_id}) in {uri} was deleted. Restore it "
+                    f"with `mlflow experiments restore --experiment-id {exp.experiment_id}` "
+                    f"(MLFLOW_TRACKING_URI={uri}), or use another name: tracking.experiment=NAME.")
+            else:
+                self.experiment_id = exp.experiment_id
+                if db is not None:
+                    self._relocate(exp, db)
 
+    def _relocate(self, exp, db: Path) -> None:
+        """A SQLite store moved to another folder keeps its artifacts beside the database: point the
+        experiment's and its runs' artifact URIs at ``<db folder>/artifacts`` (MLflow stores them
+        absolute, so new artifacts would otherwise go to the old folder)."""
+        new = (db.parent / "artifacts").as_uri()
+        old = exp.artifact_location
+        if old == new or not old.startswith("file://") or not old.endswith("/artifacts") \
+                or not (db.parent / "artifacts").is_dir():
+            return
+        import sqlite3
+        with sqlite3.connect(db) as con:
+            con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
+                        (new, int(exp.experiment_id)))
+            con.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+                        "WHERE experiment_id = ? AND artifact_uri LIKE ? || '%'",
+                        (new, len(old) + 1, int(exp.experiment_id), old))
+        print(f"The store moved from {old[len('file://'):-len('/artifacts')]} to {db.parent}: "
+              "artifact locations updated.", flush=True)
+
+    # -- runs ---------------------------------------------------------------------------------
     def start(self, name: str, params: dict, tags: dict, parent: str | None = None) -> str:
-        """Create a RUNNING run with params and tags; returns its run id."""
+        """Create a RUNNING run with params and tags, owned by this process; returns its run id."""
         from mlflow.entities import Param
         tags = {k: str(v) for k, v in tags.items()}
+        tags.update(owner_host=HOST, owner_pid=str(PID))
         if parent:
             tags["mlflow.parentRunId"] = parent
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        rid = run.info.run_id
+        rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+        self.open.add(rid)
         items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(rid, params=items[i:i + 100])
@@ -113,8 +192,6 @@ class Tracker:
 
     def log(self, rid: str, metrics: dict | None = None, tags: dict | None = None) -> None:
         """Log finite numeric metrics (inf/NaN are dropped, never logged) and string tags."""
-        import time
-
         from mlflow.entities import Metric, RunTag
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
@@ -130,90 +207,113 @@ class Tracker:
         self.client.log_artifact(rid, str(path))
 
     def end(self, rid: str, status: str = "FINISHED", reason: str | None = None) -> None:
-        """Terminate a run: FINISHED, FAILED (with ``reason`` as tag ``error``) or KILLED (skipped)."""
+        """Terminate a run: FINISHED, FAILED (``reason`` as tag ``error``) or KILLED (``skip_reason``)."""
         if reason:
             self.log(rid, tags={"error" if status == "FAILED" else "skip_reason": reason})
         self.client.set_terminated(rid, status)
+        self.open.discard(rid)
+        self.finished += status == "FINISHED"
+
+    def _runs(self, filter_string: str, max_results: int = 1000) -> list:
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string,
+                                       max_results=max_results)
 
     def finished_run(self, key: str) -> str | None:
         """Id of a FINISHED run with tag run_key == key, or None."""
-        runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.run_key = '{key}' and attributes.status = 'FINISHED'",
-            max_results=1)
+        runs = self._runs(f"tags.run_key = '{key}' and attributes.status = 'FINISHED'", 1)
         return runs[0].info.run_id if runs else None
 
+    def claim(self, key: str, name: str, params: dict, tags: dict, parent) -> tuple[str, str]:
+        """Start the run of measurement ``key`` unless it is done or under way elsewhere.
 
-@functools.lru_cache(maxsize=8)
+        ``parent`` is a callable returning the parent run id (called only when a run is created).
+        Returns ("done", id) for a FINISHED run, ("busy", id) for a run RUNNING in a live process,
+        or ("new", id) for a run started here. A RUNNING run whose process on this host is gone is
+        closed as KILLED first. Check and create happen under the store's lock.
+        """
+        with store_lock(self.uri):
+            for r in self._runs(f"tags.run_key = '{key}'"):
+                if r.info.status == "FINISHED":
+                    return "done", r.info.run_id
+                if r.info.status == "RUNNING":
+                    if _alive(r.data.tags):
+                        return "busy", r.info.run_id
+                    self.client.set_tag(r.info.run_id, "skip_reason", "its process ended without closing it")
+                    self.client.set_terminated(r.info.run_id, "KILLED")
+            return "new", self.start(name, params, {**tags, "run_key": key}, parent())
+
+    def parent(self, sweep: dict) -> str:
+        """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
+
+        ``sweep`` holds key, name, jobs, overrides (strings) as :func:`experiments.sweep.sweep_info`
+        gives them. The id is remembered for later jobs of this process.
+        """
+        if sweep["key"] in self.parents:
+            return self.parents[sweep["key"]]
+        with store_lock(self.uri):
+            found = self._runs(f"tags.sweep_key = '{sweep['key']}' and tags.kind = 'sweep'", 1)
+            if found:
+                rid = found[0].info.run_id
+                if found[0].info.status != "RUNNING":
+                    self.client.update_run(rid, status="RUNNING")
+                self.open.add(rid)
+                self.log(rid, tags={"owner_host": HOST, "owner_pid": PID, "jobs": sweep["jobs"]})
+            else:
+                rid = self.start(sweep["name"], {}, {"kind": "sweep", "sweep_key": sweep["key"],
+                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"]})
+        self.parents[sweep["key"]] = rid
+        return rid
+
+    def find_parent(self, key: str) -> str | None:
+        """Id of the parent run with sweep key ``key``, or None."""
+        found = self._runs(f"tags.sweep_key = '{key}' and tags.kind = 'sweep'", 1)
+        return found[0].info.run_id if found else None
+
+    def children(self, parent: str) -> list:
+        """Child runs of ``parent`` (mlflow Run objects)."""
+        return self._runs(f"tags.mlflow.parentRunId = '{parent}'", 50000)
+
+    def close_stale(self) -> int:
+        """Close (KILLED) the RUNNING runs whose process on this host is gone; returns how many."""
+        n = 0
+        with store_lock(self.uri):
+            for r in self._runs("attributes.status = 'RUNNING'", 50000):
+                if r.info.run_id not in self.open and not _alive(r.data.tags):
+                    self.client.set_tag(r.info.run_id, "skip_reason", "its process ended without closing it")
+                    self.client.set_terminated(r.info.run_id, "KILLED")
+                    n += 1
+        return n
+
+
+_TRACKERS: dict = {}     # one Tracker per (store, experiment) and process: jobs share its connection
+
+
+def trackers() -> list:
+    """The Trackers this process has opened."""
+    return list(_TRACKERS.values())
+
+
 def get_tracker(uri: str, experiment: str) -> Tracker:
-    """One Tracker per (store, experiment) and process: jobs of a sweep share its connection."""
-    return Tracker(uri, experiment)
+    """The process's Tracker for (store, experiment), created on first use."""
+    if (uri, experiment) not in _TRACKERS:
+        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment)
+    return _TRACKERS[(uri, experiment)]
 
 
-def count_jobs(task_overrides) -> int:
-    """Number of jobs the basic sweeper makes from the task overrides (product of sweep lengths)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    total = 1
-    for ov in OverridesParser.create().parse_overrides(list(task_overrides)):
-        if ov.is_sweep_override():
-            total *= sum(1 for _ in ov.sweep_iterator())
-    return total
+def abort_open_runs(status: str, reason: str) -> tuple[int, int]:
+    """End every run this process started and has not ended (children first, then parents).
 
-
-def open_parent(tracker: Tracker) -> str:
-    """Id of this sweep's parent run, created on first use (name and tags from the callback)."""
-    rid = os.environ.get(PARENT_ENV)
-    if not rid:
-        name = os.environ.get(NAME_ENV, "run")
-        rid = tracker.start(name, {}, {"kind": "sweep", "git_commit": git_commit(),
-                                       "jobs": os.environ.get(TOTAL_ENV, "1"),
-                                       "overrides": os.environ.get(OVERRIDES_ENV, "")})
-        os.environ[PARENT_ENV] = rid
-    return rid
-
-
-class SweepCallback(Callback):
-    """Resolves the store once, prints the GPU and where results go, and ends the parent run.
-
-    A multirun's parent run is opened at its start; a single run's when its configuration has
-    been validated, so an impossible configuration leaves nothing in the store.
+    Returns (runs ended, runs FINISHED by this process before). Used on Ctrl-C, SIGTERM and crashes,
+    so that no run is left RUNNING; errors of an unreachable store are ignored.
     """
-
-    def _open(self, config: DictConfig, name: str, jobs: int, eager: bool) -> None:
-        from .worker import nvml_gpu
-        uri = resolve_uri(config.tracking.uri)
-        os.environ.pop(PARENT_ENV, None)
-        os.environ.update({"MLFLOW_TRACKING_URI": uri, TOTAL_ENV: str(jobs), NAME_ENV: name,
-                           OVERRIDES_ENV: " ".join(config.hydra.overrides.task)})
-        gpu = nvml_gpu() if value(config.backend) != "static" else None
-        if value(config.backend) == "static":
-            line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
-        elif gpu:
-            line = f"GPU: {gpu['gpu']} (sm_{gpu['compute_capability']}, driver {gpu['driver']})."
-        else:
-            line = ("No NVIDIA GPU found: rendering and assembling with ptxas for the target arch "
-                    "only (runs tagged backend=static).")
-        print(line, flush=True)
-        self.tracker = get_tracker(uri, config.tracking.experiment)
-        where = f"Tracking {jobs} job(s) in {uri}"
-        if eager:
-            where += f" (parent run {open_parent(self.tracker)})"
-        print(where + ".", flush=True)
-
-    def _close(self) -> None:
-        rid = os.environ.pop(PARENT_ENV, None)
-        if rid:
-            self.tracker.end(rid)
-            print(f"Browse the results:  mlflow ui --backend-store-uri {self.tracker.uri}", flush=True)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self._open(config, f"sweep {Path(config.hydra.sweep.dir).name}",
-                   count_jobs(config.hydra.overrides.task), eager=True)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self._close()
-
-    def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        self._open(config, f"run {Path(config.hydra.run.dir).name}", 1, eager=False)
-
-    def on_run_end(self, config: DictConfig, **kwargs) -> None:
-        self._close()
+    ended = finished = 0
+    for tr in _TRACKERS.values():
+        finished += tr.finished
+        parents = set(tr.parents.values())
+        for rid in sorted(tr.open, key=lambda r: r in parents):
+            try:
+                tr.end(rid, status, reason)
+                ended += 1
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+    return ended, finished

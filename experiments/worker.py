@@ -7,12 +7,15 @@ past the timeout or kills the process fails its own run; the worker is replaced 
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import socket
+import tempfile
 import time
 import traceback
 
-__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "device_info"]
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "device_info", "gpu_lock"]
 
 
 class WorkerError(RuntimeError):
@@ -107,6 +110,8 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
 
 
 def _serve(conn) -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the sweep's to handle; it kills us
     funcs = {"measure": measure, "device_info": device_info}
     while True:
         try:
@@ -123,6 +128,36 @@ def _serve(conn) -> None:
 
 
 # ----------------------------------------------------------------------------- in the sweep
+@contextlib.contextmanager
+def gpu_lock(pci_bus_id: str | None, on_wait=None):
+    """Hold the GPU for verification and timing: one holder per device at a time on this host.
+
+    An inter-process file lock per PCI bus id (in the system's temporary folder), so that jobs of a
+    parallel launcher (or two sweeps) never time kernels on the same GPU at once; they wait their
+    turn. ``on_wait(holder)`` is called once when the GPU is busy (holder: 'pid N on HOST').
+    """
+    from filelock import FileLock, Timeout
+    name = "".join(c if c.isalnum() else "_" for c in (pci_bus_id or "default"))
+    path = os.path.join(tempfile.gettempdir(), f"tensorcore-ablations-gpu-{name}.lock")
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0.05)
+    except Timeout:
+        if on_wait:
+            try:
+                holder = open(path + ".owner").read().strip()
+            except OSError:
+                holder = "another process"
+            on_wait(holder)
+        lock.acquire()
+    try:
+        with open(path + ".owner", "w") as f:
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        yield
+    finally:
+        lock.release()
+
+
 class GpuWorker:
     """Runs worker functions in a spawned process; restarts it after a crash, hang or CUDA fault."""
 

@@ -6,7 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.config import Config
-from experiments.track import Tracker, count_jobs, flatten, resolve_uri, run_key
+from experiments.sweep import count_jobs
+from experiments.track import StoreError, Tracker, flatten, resolve_uri, run_key
 
 # -- resolve_uri ---------------------------------------------------------------------------------
 
@@ -35,9 +36,12 @@ def test_remote_uris_kept(uri, tmp_path):
     assert resolve_uri(uri, base=tmp_path) == uri
 
 
-def test_plain_relative_path_becomes_file_uri(tmp_path):
-    assert resolve_uri("mlruns", base=tmp_path) == f"file://{tmp_path}/mlruns"
-    assert resolve_uri("/data/mlruns", base=tmp_path) == "file:///data/mlruns"
+@pytest.mark.parametrize("uri", ["mlruns", "/data/mlruns", "file:./mlruns", "file:///data/mlruns"])
+def test_file_store_is_refused_with_the_sqlite_uri_to_use(uri, tmp_path):
+    with pytest.raises(StoreError, match=r"file store; MLflow 3 keeps runs in a database store\. "
+                                         r"Use a SQLite file instead, e.g\. tracking\.uri=sqlite:///mlruns\.db"):
+        resolve_uri(uri, base=tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_env_used_when_uri_is_none(monkeypatch, tmp_path):
@@ -190,3 +194,113 @@ def test_cuda_visible_devices_can_hide_every_gpu(monkeypatch, visible):
     from experiments.worker import nvml_gpu
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert nvml_gpu() is None
+
+
+# -- run lifecycle: claims, parents, stale runs, aborts --------------------------------------------
+
+def test_claim_measures_a_key_once(tracker):
+    parents = []
+    parent = lambda: parents.append(1) or "p-none"  # noqa: E731
+    state, rid = tracker.claim("claim-1", "first", {"a": 1}, {"kernel": "k"}, lambda: None)
+    assert state == "new" and tracker.client.get_run(rid).data.tags["run_key"] == "claim-1"
+    # RUNNING in this (live) process: busy, not started again
+    assert tracker.claim("claim-1", "again", {}, {}, parent) == ("busy", rid)
+    tracker.end(rid)
+    assert tracker.claim("claim-1", "again", {}, {}, parent) == ("done", rid)
+    assert parents == []                     # the parent is asked for only when a run is created
+
+
+def test_claim_closes_the_run_of_a_dead_process(tracker):
+    rid = tracker.start("orphan", {}, {"run_key": "claim-2"})
+    tracker.log(rid, tags={"owner_pid": "999999999"})          # no such process on this host
+    state, new = tracker.claim("claim-2", "retry", {}, {}, lambda: None)
+    assert state == "new" and new != rid
+    old = tracker.client.get_run(rid)
+    assert old.info.status == "KILLED"
+    assert old.data.tags["skip_reason"] == "its process ended without closing it"
+
+
+def test_claim_keeps_runs_of_other_hosts(tracker):
+    rid = tracker.start("elsewhere", {}, {"run_key": "claim-3"})
+    tracker.log(rid, tags={"owner_host": "another-host", "owner_pid": "999999999"})
+    assert tracker.claim("claim-3", "x", {}, {}, lambda: None) == ("busy", rid)
+    assert tracker.close_stale() == 0 or tracker.client.get_run(rid).info.status == "RUNNING"
+
+
+def test_close_stale(tracker):
+    rid = tracker.start("stale", {}, {})
+    tracker.log(rid, tags={"owner_pid": "999999998"})
+    tracker.open.discard(rid)               # as if another process of this host had started it
+    assert tracker.close_stale() >= 1
+    assert tracker.client.get_run(rid).info.status == "KILLED"
+
+
+def test_parent_found_again_and_reopened(tracker):
+    sweep = {"key": "sweep-a", "name": "sweep precision=int8", "jobs": "2", "overrides": "precision=int8"}
+    first = tracker.parent(sweep)
+    run = tracker.client.get_run(first)
+    assert run.info.run_name == "sweep precision=int8" and run.data.tags["kind"] == "sweep"
+    assert tracker.parent(sweep) == first                   # remembered within the process
+    tracker.end(first, "KILLED", "interrupted by Ctrl-C")
+    tracker.parents.clear()                                 # as in the next command
+    assert tracker.find_parent("sweep-a") == first
+    again = tracker.parent(sweep)
+    assert again == first and tracker.client.get_run(first).info.status == "RUNNING"
+    tracker.end(first)
+    assert tracker.find_parent("sweep-b") is None
+
+
+def test_abort_open_runs_ends_everything_this_process_started(tmp_path, monkeypatch):
+    from experiments import track
+    monkeypatch.setattr(track, "_TRACKERS", {})
+    tr = track.get_tracker(f"sqlite:///{tmp_path}/m.db", "abort")
+    parent = tr.parent({"key": "k", "name": "sweep", "jobs": "3", "overrides": ""})
+    done = tr.start("done", {}, {}, parent)
+    tr.end(done)
+    running = tr.start("running", {}, {}, parent)
+    assert track.abort_open_runs("KILLED", "interrupted by Ctrl-C") == (2, 1)
+    for rid, status in ((parent, "KILLED"), (running, "KILLED"), (done, "FINISHED")):
+        assert tr.client.get_run(rid).info.status == status
+    assert tr.client.get_run(running).data.tags["skip_reason"] == "interrupted by Ctrl-C"
+    assert track.abort_open_runs("FAILED", "x") == (0, 1)      # nothing left open
+
+
+def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
+    with pytest.raises(StoreError, match="no store at .*typo.db"):
+        Tracker(f"sqlite:///{tmp_path}/typo.db", "x", create=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_open_of_a_missing_experiment(tracker):
+    with pytest.raises(StoreError, match="experiment 'nope' is not in .* it holds: .*track-tests"):
+        Tracker(tracker.uri, "nope", create=False)
+
+
+def test_deleted_experiment_says_how_to_restore(tmp_path):
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "gone")
+    tr.client.delete_experiment(tr.experiment_id)
+    with pytest.raises(StoreError) as err:
+        Tracker(tr.uri, "gone")
+    msg = str(err.value)
+    assert f"experiment 'gone' (id {tr.experiment_id})" in msg and "was deleted" in msg
+    assert f"mlflow experiments restore --experiment-id {tr.experiment_id}" in msg
+    assert "tracking.experiment=NAME" in msg
+
+
+def test_moved_store_keeps_its_artifacts_beside_the_database(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    tr = Tracker(f"sqlite:///{a}/m.db", "moving")
+    rid = tr.start("old", {}, {})
+    tr.artifact_text(rid, "old artifact", "note.txt")
+    tr.end(rid)
+    a.rename(b)
+    moved = Tracker(f"sqlite:///{b}/m.db", "moving")
+    assert "The store moved from" in capsys.readouterr().out
+    exp = moved.client.get_experiment(moved.experiment_id)
+    assert exp.artifact_location == (b / "artifacts").as_uri()
+    got = moved.client.download_artifacts(rid, "note.txt", str(tmp_path / "dl"))
+    assert Path(got).read_text() == "old artifact"
+    new = moved.start("new", {}, {})
+    moved.artifact_text(new, "new artifact", "note.txt")
+    assert (b / "artifacts" / new / "artifacts" / "note.txt").read_text() == "new artifact"
+    assert not a.exists()

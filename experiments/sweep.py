@@ -1,0 +1,154 @@
+"""The sweep around the jobs: what identifies it, how many jobs it has, and the Hydra callback that
+opens the store at its start and closes the parent run at its end with a summary.
+
+A sweep is identified by its overrides (``hydra.sweeper.params`` of a preset plus the command line,
+``tracking.*`` left out) and the experiment: the same command run again continues under the same
+parent run. The callback hands the identity to the jobs through environment variables
+(:data:`experiments.track.SWEEP_ENV`), which also reach the processes of a parallel launcher.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import time
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from .spec import value
+from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
+
+__all__ = ["count_jobs", "sweep_info", "current_sweep", "SweepCallback"]
+
+
+def count_jobs(overrides) -> int:
+    """Number of jobs the basic sweeper makes from ``overrides`` (product of the sweep lengths).
+
+    Handles every sweep form of Hydra's override grammar (``a,b``, ``range()``, ``choice()``, and
+    ``glob()`` over a config group when Hydra is initialised). Raises HydraException / ValueError
+    on overrides the basic sweeper cannot expand.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
+    return len(BasicSweeper.split_arguments(parsed, None)[0])
+
+
+def _tracking_key(override: str) -> bool:
+    return override.lstrip("+~").startswith("tracking.")
+
+
+def sweep_info(config: DictConfig, multirun: bool) -> dict:
+    """Identity of the sweep (or single run) of ``config`` (the composed config with its hydra node).
+
+    Returns strings: key (hash of experiment, mode and the sorted overrides without ``tracking.*``),
+    name (``sweep precision=int4,int8 ktile=32,64``), jobs (count, or '?' for a sweeper whose jobs
+    cannot be counted beforehand) and overrides (the command line's task overrides).
+    """
+    task = [str(o) for o in config.hydra.overrides.task]
+    params = config.hydra.sweeper.get("params") if multirun else None
+    given = [f"{k}={v}" for k, v in (params or {}).items()] + task
+    kept = [o for o in given if not _tracking_key(o)]
+    jobs = "1"
+    if multirun:
+        try:
+            jobs = str(count_jobs(given))
+        except Exception:  # noqa: BLE001 - another sweeper's syntax: the count is unknown
+            jobs = "?"
+    key = hashlib.sha256("|".join([config.tracking.experiment, str(multirun), *sorted(kept)])
+                         .encode()).hexdigest()[:24]
+    name = ("sweep " if multirun else "run ") + (" ".join(kept) or "(defaults)")
+    return {"key": key, "name": name, "jobs": jobs, "overrides": " ".join(task)}
+
+
+def current_sweep() -> dict:
+    """The sweep identity the callback exported, for a job (key, name, jobs, overrides)."""
+    info = {k: os.environ.get(env) for k, env in SWEEP_ENV.items()}
+    if not info["key"]:
+        raise RuntimeError("no sweep identity in the environment: run jobs through run.py, whose "
+                           "config registers experiments.sweep.SweepCallback")
+    return info
+
+
+class SweepCallback(Callback):
+    """Resolves the store once, prints the GPU and where results go, and closes the parent run.
+
+    The parent run itself is created by the first job that tracks a run (so a sweep that adds
+    nothing leaves no empty parent), or found again when the same sweep ran before.
+    """
+
+    def _open(self, config: DictConfig, multirun: bool) -> None:
+        from .worker import nvml_gpu
+        try:
+            uri = resolve_uri(config.tracking.uri)
+            tracker = get_tracker(uri, config.tracking.experiment)
+        except StoreError as exc:
+            raise SystemExit(f"Store error: {exc}") from None
+        info = sweep_info(config, multirun)
+        self.uri, self.experiment = uri, config.tracking.experiment
+        self.key, self.t0 = info["key"], time.time()
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
+        gpu = nvml_gpu() if value(config.backend) != "static" else None
+        if value(config.backend) == "static":
+            line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
+        elif gpu:
+            line = f"GPU: {gpu['gpu']} (sm_{gpu['compute_capability']}, driver {gpu['driver']})."
+        else:
+            line = ("No NVIDIA GPU found: rendering and assembling with ptxas for the target arch "
+                    "only (runs tagged backend=static).")
+        print(line, flush=True)
+        if stale := tracker.close_stale():
+            print(f"Closed {stale} run(s) left RUNNING by a process that has ended (status KILLED).")
+        where = f"Tracking {info['jobs']} job(s) in {uri}"
+        if parent := tracker.find_parent(self.key):
+            where += f", continuing parent run {parent}"
+        print(where + ".", flush=True)
+
+    def _close(self, failed_job: bool = False) -> None:
+        """End the parent run(s) this sweep added runs to (one per store and experiment: a sweep over
+        ``tracking.*`` keys writes to several), with a summary; exit 1 when a job could not run."""
+        crashed, closed = [], 0
+        stores = {(self.uri, self.experiment)} | {(t.uri, t.experiment) for t in trackers()}
+        for uri, experiment in sorted(stores):
+            tracker = get_tracker(uri, experiment)
+            parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
+            runs = tracker.children(parent) if parent else []
+            new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
+            if parent is None or (parent not in tracker.open and not new):
+                continue
+            counts = collections.Counter(r.info.status for r in runs)
+            mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
+            crashed += mine
+            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            tracker.log(parent, tags={"runs": summary})
+            if mine or failed_job:
+                tracker.end(parent, "FAILED",
+                            f"{len(mine) or 1} job(s) could not run; see their runs' error tag")
+            else:
+                tracker.end(parent)
+            closed += 1
+            where = f" ({experiment} in {uri})" if len(stores) > 1 else ""
+            print(f"Parent run {parent}{where}: {summary}.", flush=True)
+            print(f"Browse the results:  mlflow ui --backend-store-uri {uri}", flush=True)
+        if not closed:
+            print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
+        if crashed:
+            raise SystemExit(f"{len(crashed)} job(s) could not run: "
+                             + "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in crashed[:3]))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._open(config, multirun=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._close()
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._open(config, multirun=False)
+
+    def on_run_end(self, config: DictConfig, job_return=None, **kwargs) -> None:
+        from hydra.core.utils import JobStatus
+        self._close(failed_job=job_return is not None and job_return.status == JobStatus.FAILED)

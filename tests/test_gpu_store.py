@@ -1,0 +1,34 @@
+"""On a GPU: jobs of a parallel launcher take turns on the GPU (never two timings at once), and a
+Ctrl-C during GPU work closes the run in progress."""
+import os
+import subprocess
+import sys
+
+import pytest
+from test_cli import ROOT, all_runs, store_args
+
+pytestmark = pytest.mark.gpu
+
+
+def run_gpu_cli(cwd, *args, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env, timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, proc.stdout
+
+
+def test_parallel_jobs_take_turns_on_the_gpu(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    rc, out = run_gpu_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                          "precision=fp16,int8", "ktile=32,64", "problem.sizes=[1024,2048]",
+                          "timing.batches=5", *store_args(tmp_path))
+    assert rc == 0, out
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert sorted(c.info.status for c in children) == ["FINISHED"] * 8, out
+    assert len({c.data.tags["owner_pid"] for c in children}) == 2      # two job processes
+    windows = sorted((float(c.data.tags["gpu_start_unix"]), float(c.data.tags["gpu_end_unix"]))
+                     for c in children)
+    for (s0, e0), (s1, e1) in zip(windows[:-1], windows[1:], strict=True):
+        assert e0 <= s1, f"GPU windows overlap: [{s0}, {e0}] and [{s1}, {e1}]"
+    print("GPU windows (s):", [(round(s - windows[0][0], 2), round(e - windows[0][0], 2)) for s, e in windows])

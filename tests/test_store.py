@@ -1,0 +1,244 @@
+"""The store stays true under misuse: failing and crashing jobs, Ctrl-C, concurrent sweeps, parallel
+launchers, deleted experiments, file stores, moved stores, changed toolchains, sizes that do not fit.
+
+Each test runs ``run.py`` as a user would (without a GPU: the static path) and asserts on the store:
+every run ends FINISHED, FAILED or KILLED with a reason; no measurement is tracked twice; a re-run
+continues under the same parent; no parent is empty.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_cli import EXPERIMENT, ROOT, all_runs, run_cli, store_args
+
+pytestmark = pytest.mark.usefixtures("need_ptxas")
+
+
+def cli_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    env.update(CUDA_VISIBLE_DEVICES="", **extra)
+    return env
+
+
+def popen(cwd, *args, env=None):
+    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env or cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def assert_store_is_true(tmp):
+    """No run is RUNNING, every FAILED run has an error and every KILLED one a reason, no run key is
+    FINISHED twice, every parent has children. Returns (parents, children)."""
+    parents, children = all_runs(tmp)
+    for r in parents + children:
+        assert r.info.status in ("FINISHED", "FAILED", "KILLED"), (r.info.run_name, r.info.status)
+    for r in children:
+        if r.info.status == "FAILED":
+            assert r.data.tags.get("error"), r.info.run_name
+        if r.info.status == "KILLED":
+            assert r.data.tags.get("skip_reason"), r.info.run_name
+    keys = Counter(r.data.tags["run_key"] for r in children if r.info.status == "FINISHED")
+    assert [k for k, n in keys.items() if n > 1] == []
+    for p in parents:
+        assert any(c.data.tags["mlflow.parentRunId"] == p.info.run_id for c in children), p.info.run_name
+    return parents, children
+
+
+def test_failing_job_fails_its_own_run_and_the_sweep_goes_on(tmp_path):
+    rc, out = run_cli(tmp_path, "-m", "backend=gpu,static", "precision=int4", "ktile=64", *store_args(tmp_path))
+    assert rc == 1, out
+    assert "backend=gpu but no NVIDIA GPU was found" in out and "1 job(s) could not run" in out
+    parents, children = assert_store_is_true(tmp_path)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    by = {c.data.params["backend"]: c for c in children}
+    assert by["gpu"].info.status == "FAILED" and by["gpu"].data.tags["failed_stage"] == "job"
+    assert by["gpu"].data.tags["error"].startswith("backend=gpu but no NVIDIA GPU was found")
+    assert by["static"].info.status == "FINISHED"
+
+
+def test_crash_inside_a_job_fails_that_run_only(tmp_path):
+    """An unexpected exception in one job (here: rendering int4) fails that job's run with the
+    exception and its traceback; the other jobs finish; the command exits 1 with a summary."""
+    script = textwrap.dedent(f"""
+        import runpy, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import experiments.job as job
+        real = job.render
+        def render(spec):
+            if spec.precision == "int4":
+                raise ZeroDivisionError("boom in render")
+            return real(spec)
+        job.render = render
+        sys.argv = ["run.py", *sys.argv[1:]]
+        runpy.run_path({str(ROOT / "run.py")!r}, run_name="__main__")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, "-m", "precision=int4,int8", "ktile=64",
+                           *store_args(tmp_path)], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "[1/2] job failed precision=int4 ktile=64: ZeroDivisionError: boom in render" in out
+    parents, children = assert_store_is_true(tmp_path)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+    crashed = next(c for c in children if c.info.status == "FAILED")
+    assert crashed.data.tags["error"] == "ZeroDivisionError: boom in render"
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    tb = Path(client.download_artifacts(crashed.info.run_id, "traceback.txt", str(tmp_path)))
+    assert "in render" in tb.read_text() and "ZeroDivisionError" in tb.read_text()
+
+
+def test_ctrl_c_keeps_what_finished_and_a_rerun_resumes_under_the_same_parent(tmp_path):
+    args = ["-m", "precision=fp16,bf16,int8", "ktile=32,64", "pipeline.stages=1,2,3,4", *store_args(tmp_path)]
+    proc = popen(tmp_path, *args)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("[3/24]"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out = "".join(seen) + proc.stdout.read()
+    assert proc.wait(120) == 130, out
+    assert out.count("Interrupted:") == 1 and "Traceback" not in out, out
+    assert "Run the same command again to resume" in out
+    parents, children = assert_store_is_true(tmp_path)
+    assert [p.info.status for p in parents] == ["KILLED"]
+    done = {c.data.tags["run_key"] for c in children if c.info.status == "FINISHED"}
+    assert 3 <= len(done) < 24
+    assert all(c.data.tags["skip_reason"] == "interrupted by Ctrl-C"
+               for c in children if c.info.status == "KILLED")
+
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 0, out
+    assert out.count("already tracked") == len(done)
+    assert f"continuing parent run {parents[0].info.run_id}" in out
+    parents2, children2 = assert_store_is_true(tmp_path)
+    assert [p.info.run_id for p in parents2] == [parents[0].info.run_id]
+    assert parents2[0].info.status == "FINISHED"
+    assert len([c for c in children2 if c.info.status == "FINISHED"]) == 24
+
+
+def test_sweep_over_a_glob_is_counted_and_named(tmp_path):
+    presets = sorted(p.stem for p in (ROOT / "conf" / "tile").glob("128*.yaml"))
+    rc, out = run_cli(tmp_path, "-m", "tile=glob(128*)", "precision=int8", "ktile=64", *store_args(tmp_path))
+    assert rc == 0, out
+    n = len(presets)
+    assert "Callback" not in out
+    for i in range(1, n + 1):
+        assert f"[{i}/{n}] " in out, out
+    parents, children = assert_store_is_true(tmp_path)
+    assert len(parents) == 1 and len(children) == n
+    p = parents[0]
+    assert p.info.run_name == "sweep tile=glob(128*) precision=int8 ktile=64"
+    assert p.data.tags["jobs"] == str(n) and p.info.status == "FINISHED"
+
+
+def test_sweep_defined_in_a_preset_is_counted(tmp_path):
+    """``hydra.sweeper.params`` of an experiment preset (another way of defining a sweep)."""
+    extra = tmp_path / "extra" / "experiment"
+    extra.mkdir(parents=True)
+    (extra / "tiny.yaml").write_text("# @package _global_\nhydra:\n  sweeper:\n    params:\n"
+                                     "      precision: int4,int8\n      ktile: 32,64\n")
+    rc, out = run_cli(tmp_path, "-m", f"--config-dir={tmp_path / 'extra'}", "+experiment=tiny",
+                      *store_args(tmp_path))
+    assert rc == 0, out
+    assert "[4/4] " in out and "Tracking 4 job(s)" in out
+    parents, children = assert_store_is_true(tmp_path)
+    assert len(children) == 4 and parents[0].data.tags["jobs"] == "4"
+
+
+def test_two_sweeps_at_once_on_a_new_then_an_existing_store(tmp_path):
+    """Each command gets its own output folder; the store holds the union, nothing twice."""
+    uri = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.experiment={EXPERIMENT}"]
+    for sweep in (["precision=int4,int8", "ktile=32,64"], ["precision=fp16,int8", "ktile=32,64"]):
+        procs = [popen(tmp_path, "-m", *sweep, *uri) for _ in range(2)]
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert all("Traceback" not in o and "alembic" not in o for o in outs), outs
+    parents, children = assert_store_is_true(tmp_path)
+    finished = [c for c in children if c.info.status == "FINISHED"]
+    kernels = {c.data.tags["kernel"] for c in finished}
+    assert len(finished) == len(kernels) == 6          # int4 x2, int8 x2, fp16 x2
+    assert len(parents) == 2                           # one per distinct sweep
+    sweep_dirs = list((tmp_path / "outputs" / "multirun").glob("*/*"))
+    assert len(sweep_dirs) == 4, sweep_dirs            # one folder per command
+    for d in sweep_dirs:
+        for job in d.iterdir():
+            assert "tracking" not in job.name and "\\" not in job.name
+
+
+def test_parallel_launcher_jobs_share_one_parent(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    rc, out = run_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                      "precision=int4,int8", "ktile=32,64", *store_args(tmp_path))
+    assert rc == 0, out
+    parents, children = assert_store_is_true(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert sorted(c.info.status for c in children) == ["FINISHED"] * 4
+    assert len({c.data.tags["owner_pid"] for c in children}) >= 1
+
+
+def test_deleted_experiment_is_explained(tmp_path):
+    rc, out = run_cli(tmp_path, "precision=int8", "ktile=64", *store_args(tmp_path, False))
+    assert rc == 0, out
+    import mlflow
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    client.delete_experiment(exp.experiment_id)
+    rc, out = run_cli(tmp_path, "precision=int8", "ktile=64", *store_args(tmp_path, False))
+    assert rc == 1 and "Traceback" not in out, out
+    assert f"Store error: experiment '{EXPERIMENT}' (id {exp.experiment_id})" in out
+    assert f"mlflow experiments restore --experiment-id {exp.experiment_id}" in out
+
+
+def test_file_store_uri_gets_one_clear_line(tmp_path):
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "tracking.uri=file:./mlruns")
+    assert rc == 1 and "Traceback" not in out, out
+    assert "MLflow 3 keeps runs in a database store" in out and "tracking.uri=sqlite:///mlruns.db" in out
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "file:").exists()
+
+
+def test_report_is_read_only(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.report", "--uri", f"sqlite:///{tmp_path}/typo.db"],
+                          cwd=ROOT, env=cli_env(), capture_output=True, text=True)
+    assert proc.returncode != 0 and "no store at" in proc.stderr and "typo.db" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_another_ptxas_is_another_run(tmp_path):
+    """The ptxas version is a tag and part of the run key: results of another toolchain are kept apart."""
+    from experiments.assemble import find_ptxas
+    from experiments.toolchain import tool_version
+    fake = tmp_path / "ptxas"
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then\n'
+                    f'  echo "Cuda compilation tools, release 11.7, V11.7.99"; exit 0\nfi\n'
+                    f'exec {find_ptxas()} "$@"\n')
+    fake.chmod(0o755)
+    args = ["precision=int8", "ktile=64", *store_args(tmp_path, False)]
+    rc, out = run_cli(tmp_path, *args, env=cli_env(PTXAS=str(fake)))
+    assert rc == 0, out
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 0 and "already tracked" not in out, out
+    _, children = assert_store_is_true(tmp_path)
+    assert sorted(c.data.tags["ptxas_version"] for c in children) == sorted(
+        ["11.7.99", tool_version(find_ptxas())])
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_problem_sizes_are_checked_before_any_work(tmp_path, multirun):
+    args = ["problem.sizes=[1000,2048]", *store_args(tmp_path, multirun)]
+    rc, out = run_cli(tmp_path, *(["-m"] if multirun else []), *args)
+    reason = ("1 of 2 problem sizes do not fit gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_256x128_w4x2_g8: "
+              "1000x1000x1000: M=1000 is not a multiple of BM=256; N=1000 is not a multiple of BN=128; "
+              "K=1000 is not a multiple of BK=32")
+    assert reason in out, out
+    parents, children = all_runs(tmp_path)
+    if multirun:
+        assert rc == 0 and [c.info.status for c in children] == ["KILLED"]
+        assert reason in children[0].data.tags["skip_reason"]
+    else:
+        assert rc == 1 and parents == [] and children == []
