@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from . import track
+from . import record, track
 from .assemble import Assembly, PtxasError, PtxasMissing, assemble
 from .render import ptx_sha256, render
 from .spec import KernelSpec, SpecError, spec_from_config, value
@@ -52,7 +52,7 @@ class _Job:
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
         self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment)
-        self.params = track.flatten(cfg)
+        self.params = record.params_of(track.flatten(cfg), {})
         self.rid: str | None = None        # the run in progress
         self.started = 0
 
@@ -70,10 +70,13 @@ class _Job:
             self.rid, self.started = rid, self.started + 1
         return state, rid
 
-    def end(self, status: str = "FINISHED", reason: str | None = None, stage: str | None = None) -> None:
+    def end(self, outcome: str, note: str, reason: str | None = None, stage: str | None = None) -> None:
+        """End the run in progress with its outcome (record.OUTCOMES) and its one-line description."""
+        tags = {"outcome": outcome, "mlflow.note.content": note}
         if stage:
-            self.tr.log(self.rid, tags={"failed_stage": stage})
-        self.tr.end(self.rid, status, reason)
+            tags["failed_stage"] = stage
+        self.tr.log(self.rid, tags=tags)
+        self.tr.end(self.rid, "FAILED" if outcome == "failed" else "FINISHED", reason)
         self.rid = None
 
 
@@ -91,7 +94,8 @@ def run_job(cfg) -> dict:
         if not job.multirun:
             raise
         job.start(f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
-        job.end("KILLED", str(exc))
+        job.tr.log(job.rid, tags={"skip_reason": str(exc)})
+        job.end("skipped", f"Skipped, not a failure: this combination cannot exist. {exc}")
         console.print(f"{job.label} [yellow]skipped[/] {job.overrides}: {exc}")
         return {"skipped": 1}
     except Exception as exc:
@@ -99,7 +103,7 @@ def run_job(cfg) -> dict:
         if job.rid is None:
             job.start(f"failed {job.overrides}", {"backend": _backend_tag(cfg)})
         job.tr.artifact_text(job.rid, traceback.format_exc(), "traceback.txt")
-        job.end("FAILED", reason, "job")
+        job.end("failed", f"The job could not run: {reason}", reason, "job")
         console.print(f"{job.label} [red]job failed[/] {job.overrides}: {reason.splitlines()[0]}")
         if not job.multirun:
             raise
@@ -141,13 +145,14 @@ def _static_metrics(spec: KernelSpec, asm: Assembly | None) -> dict:
     return m
 
 
-def _log_kernel_artifacts(tr: track.Tracker, rid: str, ptx_path: Path, asm: Assembly | None, cfg) -> None:
-    tr.artifact_file(rid, ptx_path)
-    tr.artifact_text(rid, OmegaConf.to_yaml(cfg), "config.yaml")
+def _log_kernel_artifacts(tr: track.Tracker, rid: str, ptx: str, asm: Assembly | None, cfg) -> None:
+    names = record.ARTIFACTS
+    tr.artifact_text(rid, ptx, names["ptx"])
+    tr.artifact_text(rid, OmegaConf.to_yaml(cfg), names["config"])
     if asm is not None:
-        tr.artifact_text(rid, asm.report, "ptxas_report.txt")
+        tr.artifact_text(rid, asm.report, names["ptxas"])
         if asm.sass:
-            tr.artifact_text(rid, asm.sass, "kernel.sass")
+            tr.artifact_text(rid, asm.sass, names["sass"])
 
 
 def _run(cfg, job: _Job) -> dict:
@@ -168,7 +173,7 @@ def _run(cfg, job: _Job) -> dict:
     tools = toolchain_tags()
     tags = {"kernel": spec.entry, "ptx_sha256": sha, "git_commit": git_commit(), "arch": spec.arch,
             "backend": "gpu" if use_gpu else "static", **tools}
-    job.params.update({f"spec.{k}": v for k, v in spec.flat().items()})
+    job.params = record.params_of(job.params, spec.flat())
     identity = (sorted(spec.flat().items()), sha, tools["ptxas_version"])
     asm = None
     try:
@@ -177,30 +182,32 @@ def _run(cfg, job: _Job) -> dict:
     except PtxasMissing as exc:
         console.print(f"{job.label} [yellow]{exc}[/] Tracking the rendered kernel without resources.")
     except PtxasError as exc:
-        job.start(spec.entry, tags)
-        _log_kernel_artifacts(job.tr, job.rid, ptx_path, None, cfg)
-        job.end("FAILED", str(exc), "assemble")
+        job.start(record.run_name(spec), tags)
+        _log_kernel_artifacts(job.tr, job.rid, ptx, None, cfg)
+        job.end("failed", f"ptxas rejected the PTX:\n{exc}", str(exc), "assemble")
         console.print(f"{job.label} [red]ptxas failed[/] for {spec.entry}:\n{exc}")
         return {"failed": 1}
     static = _static_metrics(spec, asm)
     if not use_gpu:
-        return _run_static(cfg, job, spec, ptx_path, asm, static, tags, identity)
+        return _run_static(cfg, job, spec, ptx, asm, static, tags, identity)
     return _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, shapes)
 
 
-def _run_static(cfg, job, spec, ptx_path, asm, static, tags, identity) -> dict:
+def _run_static(cfg, job, spec, ptx, asm, static, tags, identity) -> dict:
     key = track.run_key("static", *identity, tags["cuobjdump_version"])
-    state, rid = (("new", job.start(spec.entry, {**tags, "run_key": key})) if cfg.tracking.rerun
-                  else job.claim(key, spec.entry, tags))
+    name = record.run_name(spec)
+    state, rid = (("new", job.start(name, {**tags, "run_key": key})) if cfg.tracking.rerun
+                  else job.claim(key, name, tags))
     if state != "new":
         what = "already tracked" if state == "done" else "being tracked by another process"
         console.print(f"{job.label} {spec.entry}: {what} (run {rid}); tracking.rerun=true to redo")
         return {"done_before": 1}
-    _log_kernel_artifacts(job.tr, rid, ptx_path, asm, cfg)
+    _log_kernel_artifacts(job.tr, rid, ptx, asm, cfg)
     job.tr.log(rid, static, {"ptxas": "missing" if asm is None else "ok"})
-    job.end()
     occ = f"occupancy {asm.occupancy:.0%}" if asm else "no ptxas"
     regs = f"{asm.registers} regs, {asm.spill_stores} B spills" if asm else ""
+    job.end("static", f"Assembled for {spec.arch} (no GPU: not run): {regs or 'no ptxas, no resources'}"
+                      f"{', ' + occ if asm else ''}.")
     console.print(f"{job.label} {spec.entry}: {spec.arch} {regs} {occ} [dim](static)[/]")
     return {"finished": 1}
 
@@ -225,7 +232,7 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
     timing = {k: v for k, v in OmegaConf.to_container(cfg.timing).items() if k != "timeout_s"}
     counts = {"finished": 0, "failed": 0, "done_before": 0}
     for m, n, k in shapes:
-        name = f"{spec.entry} {m}x{n}x{k}"
+        name = record.run_name(spec, (m, n, k))
         key = track.run_key("gpu", *identity, m, n, k, dev["gpu"], dev["compute_capability"],
                             gpu["driver"], sorted(timing.items()), cfg.verify.rtol)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
@@ -239,7 +246,7 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
             console.print(f"{job.label} {name}: {what} (run {rid}); tracking.rerun=true to redo")
             counts["done_before"] += 1
             continue
-        _log_kernel_artifacts(job.tr, rid, ptx_path, asm, cfg)
+        _log_kernel_artifacts(job.tr, rid, ptx, asm, cfg)
         job.tr.log(rid, static)
         try:
             with gpu_lock(gpu.get("pci_bus_id"), lambda who: console.print(
@@ -251,7 +258,7 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
                                    pci_bus_id=gpu.get("pci_bus_id"))
                 t1 = time.time()
         except WorkerError as exc:
-            job.end("FAILED", str(exc), "gpu")
+            job.end("failed", f"The GPU work failed: {exc}", str(exc), "gpu")
             console.print(f"{job.label} {name}: [red]FAILED[/] {str(exc).splitlines()[0]}")
             counts["failed"] += 1
             continue
@@ -261,7 +268,8 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
         window = {"gpu_start_unix": f"{t0:.3f}", "gpu_end_unix": f"{t1:.3f}"}
         if not res["verified"]:
             job.tr.log(rid, ver, {"verified": "false", **window})
-            job.end("FAILED", "verification failed: " + res["verify_message"], "verify")
+            why = "verification failed: " + res["verify_message"]
+            job.end("failed", f"Wrong result, not timed: {why}", why, "verify")
             console.print(f"{job.label} {name}: [red]WRONG[/] {res['verify_message']}")
             counts["failed"] += 1
             continue
@@ -270,14 +278,17 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
         metrics = {**ver, "median_us": t["median_us"], "min_us": t["min_us"], "max_us": t["max_us"],
                    "spread": t["spread"], "throughput": thr,
                    "launches_per_batch": t["launches_per_batch"], "batches": t["batches"]}
+        reasons = [res[f"state_{w}"].pop("clock_event_reasons", None) for w in ("before", "after")]
         for when in ("before", "after"):
             metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
+        clocks = record.clock_reasons(None if None in reasons else reasons[0] | reasons[1])
         job.tr.log(rid, metrics, {"verified": "true", "timing_method": t["method"], **window,
-                                  "l2_flush": t["l2_flush"], "throughput_unit": unit})
-        job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), "batch_us.txt")
-        job.end()
+                                  "l2_flush": t["l2_flush"], "throughput_unit": unit,
+                                  "clocks_throttled": clocks})
+        job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
+        job.end("verified", record.result_line((m, n, k), t["median_us"], thr, unit, t["spread"], clocks))
         counts["finished"] += 1
-        console.print(f"{job.label} {name}: {t['median_us']:10.1f} us  {thr:8.1f} {unit}  "
+        console.print(f"{job.label} {spec.entry} {m}x{n}x{k}: {t['median_us']:10.1f} us  {thr:8.1f} {unit}  "
                       f"spread {t['spread']:.1%}  [green]verified[/]")
     return counts
 

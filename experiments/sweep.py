@@ -11,11 +11,14 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import tempfile
 import time
+from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from .record import ARTIFACTS, outcome_of, sweep_note, sweep_view, throughput_figure
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
@@ -90,6 +93,7 @@ class SweepCallback(Callback):
         info = sweep_info(config, multirun)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.key, self.t0 = info["key"], time.time()
+        self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ["MLFLOW_TRACKING_URI"] = uri
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         gpu = nvml_gpu() if value(config.backend) != "static" else None
@@ -120,11 +124,15 @@ class SweepCallback(Callback):
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
             if parent is None or (parent not in tracker.open and not new):
                 continue
-            counts = collections.Counter(r.info.status for r in runs)
+            counts = collections.Counter(outcome_of(r) for r in runs)
             mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
             crashed += mine
             summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-            tracker.log(parent, tags={"runs": summary})
+            tracker.log(parent, tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs)})
+            with tempfile.TemporaryDirectory() as tmp:
+                fig = Path(tmp) / ARTIFACTS["figure"]
+                if throughput_figure(runs, fig):
+                    tracker.artifact_file(parent, fig)
             if mine or failed_job:
                 tracker.end(parent, "FAILED",
                             f"{len(mine) or 1} job(s) could not run; see their runs' error tag")
@@ -133,7 +141,10 @@ class SweepCallback(Callback):
             closed += 1
             where = f" ({experiment} in {uri})" if len(stores) > 1 else ""
             print(f"Parent run {parent}{where}: {summary}.", flush=True)
-            print(f"Browse the results:  mlflow ui --backend-store-uri {uri}", flush=True)
+            tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
+            page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
+            print(f"Browse the results:  mlflow ui --backend-store-uri {uri}\n"
+                  f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
         if crashed:

@@ -238,8 +238,7 @@ class Tracker:
                 if r.info.status == "RUNNING":
                     if _alive(r.data.tags):
                         return "busy", r.info.run_id
-                    self.client.set_tag(r.info.run_id, "skip_reason", "its process ended without closing it")
-                    self.client.set_terminated(r.info.run_id, "KILLED")
+                    self._close_orphan(r.info.run_id)
             return "new", self.start(name, params, {**tags, "run_key": key}, parent())
 
     def parent(self, sweep: dict) -> str:
@@ -279,10 +278,15 @@ class Tracker:
         with store_lock(self.uri):
             for r in self._runs("attributes.status = 'RUNNING'", 50000):
                 if r.info.run_id not in self.open and not _alive(r.data.tags):
-                    self.client.set_tag(r.info.run_id, "skip_reason", "its process ended without closing it")
-                    self.client.set_terminated(r.info.run_id, "KILLED")
+                    self._close_orphan(r.info.run_id)
                     n += 1
         return n
+
+    def _close_orphan(self, rid: str) -> None:
+        why = "its process ended without closing it"
+        self.log(rid, tags={"skip_reason": why, "outcome": "interrupted",
+                            "mlflow.note.content": f"Not finished: {why}."})
+        self.client.set_terminated(rid, "KILLED")
 
 
 _TRACKERS: dict = {}     # one Tracker per (store, experiment) and process: jobs share its connection
@@ -312,6 +316,9 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int]:
         parents = set(tr.parents.values())
         for rid in sorted(tr.open, key=lambda r: r in parents):
             try:
+                if rid not in parents:
+                    tr.log(rid, tags={"outcome": "interrupted" if status == "KILLED" else "failed",
+                                      "mlflow.note.content": f"Not finished: {reason}."})
                 tr.end(rid, status, reason)
                 ended += 1
             except Exception:  # noqa: BLE001 - best effort on the way out

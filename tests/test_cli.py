@@ -101,7 +101,9 @@ def test_headline_sweep(headline):
         seen.add(key)
         assert p["spec.mma"] == AUTO_MMA[key]
         assert t["kernel"].startswith(f"gemm_{key[0]}_bk{key[1]}_{AUTO_MMA[key]}_ldx4x2_")
-        assert t["kernel"] == r.info.run_name
+        assert r.info.run_name == f"{key[0]} bk{key[1]} {AUTO_MMA[key]} s3 256x128"   # no size: static
+        assert t["outcome"] == "static" and t["mlflow.note.content"].startswith("Assembled for sm_90")
+        assert not any(k.startswith("tracking.") for k in p)
         assert len(t["ptx_sha256"]) == 64
     assert seen == set(AUTO_MMA)
 
@@ -148,8 +150,9 @@ def test_impossible_combination_in_a_sweep_is_skipped(tmp_path):
     parents, children = all_runs(tmp_path)
     assert len(parents) == 1 and len(children) == 2
     by_status = {r.info.status: r for r in children}
-    assert sorted(by_status) == ["FINISHED", "KILLED"]
-    done, skipped = by_status["FINISHED"], by_status["KILLED"]
+    by_outcome = {r.data.tags["outcome"]: r for r in children}
+    assert sorted(by_status) == ["FINISHED"] and sorted(by_outcome) == ["skipped", "static"]
+    done, skipped = by_outcome["static"], by_outcome["skipped"]
     assert done.data.params["spec.mma"] == "m16n8k32"
     assert done.data.tags["kernel"].startswith("gemm_int8_bk32_m16n8k32_")
     assert skipped.data.params["mma"] == "m16n8k64"
@@ -157,6 +160,8 @@ def test_impossible_combination_in_a_sweep_is_skipped(tmp_path):
     assert MMA_K64_INT8 in reason and reason.endswith("valid values: auto, m16n8k16, m16n8k32")
     assert skipped.data.tags["backend"] == "static"
     assert skipped.data.metrics == {}
+    assert skipped.info.run_name == "skipped precision=int8 ktile=32 mma=m16n8k64"
+    assert skipped.data.tags["mlflow.note.content"].startswith("Skipped, not a failure: ")
 
 
 def test_without_ptxas_and_ktile_with_leading_zero(tmp_path):
@@ -173,7 +178,7 @@ def test_without_ptxas_and_ktile_with_leading_zero(tmp_path):
     assert r.info.status == "FINISHED"
     assert r.data.tags["ptxas"] == "missing" and r.data.tags["backend"] == "static"
     # ktile=032 is the integer 32
-    assert r.data.params["ktile"] == "32" and r.data.params["spec.ktile"] == "32"
+    assert r.data.params["ktile"] == "32" and r.data.params["spec.mma"] == "m16n8k16"
     assert r.data.tags["kernel"].startswith("gemm_fp16_bk32_m16n8k16_")
     assert "registers" not in r.data.metrics and r.data.metrics["threads"] > 0
 
@@ -206,5 +211,5 @@ def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):
     assert "[1/1] skipped" in out
     parents, children = all_runs(tmp_path)
     assert [p.info.status for p in parents] == ["FINISHED"]
-    assert [c.info.status for c in children] == ["KILLED"]
+    assert [(c.info.status, c.data.tags["outcome"]) for c in children] == [("FINISHED", "skipped")]
     assert MMA_K64_INT8 in children[0].data.tags["skip_reason"]

@@ -31,16 +31,18 @@ def popen(cwd, *args, env=None):
 
 
 def assert_store_is_true(tmp):
-    """No run is RUNNING, every FAILED run has an error and every KILLED one a reason, no run key is
-    FINISHED twice, every parent has children. Returns (parents, children)."""
+    """No run is RUNNING, every FAILED run has an error and every KILLED (interrupted) or skipped one
+    a reason, every child an outcome, no run key is FINISHED twice, every parent has children.
+    Returns (parents, children)."""
     parents, children = all_runs(tmp)
     for r in parents + children:
         assert r.info.status in ("FINISHED", "FAILED", "KILLED"), (r.info.run_name, r.info.status)
     for r in children:
         if r.info.status == "FAILED":
             assert r.data.tags.get("error"), r.info.run_name
-        if r.info.status == "KILLED":
+        if r.info.status == "KILLED" or r.data.tags.get("outcome") == "skipped":
             assert r.data.tags.get("skip_reason"), r.info.run_name
+        assert r.data.tags.get("outcome") in ("verified", "static", "skipped", "failed", "interrupted")
     keys = Counter(r.data.tags["run_key"] for r in children if r.info.status == "FINISHED")
     assert [k for k, n in keys.items() if n > 1] == []
     for p in parents:
@@ -109,7 +111,7 @@ def test_ctrl_c_keeps_what_finished_and_a_rerun_resumes_under_the_same_parent(tm
     assert [p.info.status for p in parents] == ["KILLED"]
     done = {c.data.tags["run_key"] for c in children if c.info.status == "FINISHED"}
     assert 3 <= len(done) < 24
-    assert all(c.data.tags["skip_reason"] == "interrupted by Ctrl-C"
+    assert all(c.data.tags["skip_reason"] == "interrupted by Ctrl-C" and c.data.tags["outcome"] == "interrupted"
                for c in children if c.info.status == "KILLED")
 
     rc, out = run_cli(tmp_path, *args)
@@ -238,7 +240,7 @@ def test_problem_sizes_are_checked_before_any_work(tmp_path, multirun):
     assert reason in out, out
     parents, children = all_runs(tmp_path)
     if multirun:
-        assert rc == 0 and [c.info.status for c in children] == ["KILLED"]
+        assert rc == 0 and [c.data.tags["outcome"] for c in children] == ["skipped"]
         assert reason in children[0].data.tags["skip_reason"]
     else:
         assert rc == 1 and parents == [] and children == []

@@ -1,0 +1,176 @@
+"""The run record: the names of the params, metrics, tags and artifacts a run carries, their units,
+and how a run presents itself in the MLflow UI (name, one-line description, decoded tags).
+
+Tracking (``job``, ``sweep``), the report and the analysis read names from here, so a rename is one edit.
+"""
+from __future__ import annotations
+
+__all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "clock_reasons", "run_name", "result_line",
+           "params_of", "outcome_of", "sweep_note", "throughput_figure", "sweep_view"]
+
+# metric -> unit; throughput's unit depends on the element type and is the tag `throughput_unit`
+METRICS = {
+    "median_us": "us", "min_us": "us", "max_us": "us", "spread": "(max - min) / median",
+    "throughput": "TFLOP/s or TOP/s (tag throughput_unit)", "launches_per_batch": "launches",
+    "batches": "batches", "verify_max_error": "|C - C_ref|", "verify_mismatches": "elements",
+    "jit_registers": "registers/thread", "jit_local_bytes": "bytes/thread", "jit_s": "s",
+    "sm_clock_mhz_before": "MHz", "sm_clock_mhz_after": "MHz", "temperature_c_before": "C",
+    "temperature_c_after": "C", "threads": "threads/block", "smem_dynamic_bytes": "bytes/block",
+    "smem_static_bytes": "bytes/block", "registers": "registers/thread",
+    "spill_stores_bytes": "bytes/thread", "spill_loads_bytes": "bytes/thread",
+    "stack_frame_bytes": "bytes/thread", "theoretical_occupancy": "fraction of the SM's warps",
+    "blocks_per_sm": "blocks",
+}
+
+TAGS = {
+    "kernel": "PTX entry name, derived from the spec",
+    "outcome": "verified | static | skipped | failed | interrupted",
+    "run_key": "identity of the measurement: hash of spec, PTX, size, GPU, driver, toolchain, settings",
+    "backend": "gpu | static", "arch": "sm_XY the kernel was built for",
+    "ptx_sha256": "hash of the PTX text", "ptxas_version": "ptxas that gave the resources",
+    "cuobjdump_version": "cuobjdump that gave the SASS", "git_commit": "the project's commit",
+    "gpu": "GPU name", "compute_capability": "e.g. 90", "driver": "NVIDIA driver",
+    "cuda_driver": "CUDA version of the driver", "cuda_runtime": "CUDA runtime of CuPy", "cupy": "CuPy",
+    "verified": "true | false", "throughput_unit": "TFLOP/s | TOP/s",
+    "clocks_throttled": "NVML clock-event reasons during timing, decoded (none = full clocks)",
+    "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
+    "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
+    "failed_stage": "assemble | verify | gpu | job", "error": "why the run FAILED",
+    "skip_reason": "why the run was skipped or interrupted", "study_kernel": "the study's kernel name",
+}
+
+# the kernel's PTX and SASS are logged as .txt so that the UI previews them
+ARTIFACTS = {"ptx": "kernel.ptx.txt", "sass": "kernel.sass.txt", "ptxas": "ptxas_report.txt",
+             "config": "config.yaml", "batches": "batch_us.txt", "traceback": "traceback.txt",
+             "figure": "throughput_vs_size.png"}
+
+OUTCOMES = ("verified", "static", "skipped", "failed", "interrupted")
+
+# NVML clock-event reason bits (nvml.h, nvmlClocksEventReason*)
+_CLOCK_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                  0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+                  0x100: "display_clock"}
+
+
+def clock_reasons(mask: int | None) -> str:
+    """NVML clock-event bitmask as names joined by '+', e.g. 4 -> 'sw_power_cap'; 0 -> 'none';
+    None (no reading) -> 'unknown'. Unknown bits appear as hex."""
+    if mask is None:
+        return "unknown"
+    names = [name for bit, name in _CLOCK_REASONS.items() if mask & bit]
+    rest = mask & ~sum(_CLOCK_REASONS)
+    return "+".join(names + ([hex(rest)] if rest else [])) or "none"
+
+
+def run_name(spec, size: tuple[int, int, int] | None = None) -> str:
+    """A name that reads well when the UI cuts it: the size first, then the kernel's main axes, e.g.
+    ``8192 int8 bk64 s3 256x128`` (``512x1024x256`` for a non-square size; no size for static runs)."""
+    parts = []
+    if size is not None:
+        m, n, k = size
+        parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
+    parts += [spec.precision, f"bk{spec.ktile}", spec.mma_shape, f"s{spec.stages}", f"{spec.bm}x{spec.bn}"]
+    return " ".join(parts)
+
+
+def result_line(size, median_us: float, throughput: float, unit: str, spread: float, clocks: str) -> str:
+    """One-line result of a verified run, for its description."""
+    m, n, k = size
+    return (f"{m}x{n}x{k}: {median_us:.1f} us, {throughput:.1f} {unit} (spread {spread:.1%}), verified; "
+            f"clock-event reasons during timing: {clocks}")
+
+
+# spec fields the config leaves to resolution (mma=auto, target.arch=auto, target.ptx_version=auto)
+RESOLVED = ("mma", "arch", "ptx_version")
+
+
+def params_of(flat_config: dict, spec_flat: dict) -> dict:
+    """The run's params: the flattened config without ``tracking.*`` (where the store lives is not a
+    property of the run), plus ``spec.mma``, ``spec.arch`` and ``spec.ptx_version``, the values the
+    config's ``auto`` resolved to (the other spec fields repeat config keys)."""
+    params = {k: v for k, v in flat_config.items() if not k.startswith("tracking.")}
+    params.update({f"spec.{k}": str(spec_flat[k]) for k in RESOLVED if k in spec_flat})
+    return params
+
+
+def outcome_of(run) -> str:
+    """A run's outcome tag, or its status in lower case for runs tracked before outcomes existed."""
+    return run.data.tags.get("outcome", run.info.status.lower())
+
+
+def sweep_note(command: str, runs: list) -> str:
+    """The parent run's description (markdown): the command, the outcome counts, the best verified
+    kernel per precision and size, and the skipped combinations with their reasons."""
+    import collections
+    counts = collections.Counter(outcome_of(r) for r in runs)
+    lines = [f"`{command}`", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) + "."]
+    best: dict = {}
+    for r in runs:
+        m = r.data.metrics
+        if outcome_of(r) != "verified" or "throughput" not in m:
+            continue
+        p = r.data.params
+        key = (p.get("precision", "?"), int(p.get("problem.m", 0)), int(p.get("problem.n", 0)),
+               int(p.get("problem.k", 0)))
+        if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
+            best[key] = r
+    if best:
+        lines += ["", "| precision | M x N x K | best kernel | median us | throughput |",
+                  "| --- | --- | --- | ---: | ---: |"]
+        for (prec, m, n, k), r in sorted(best.items()):
+            lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)} | "
+                         f"{r.data.metrics['median_us']:.1f} | {r.data.metrics['throughput']:.1f} "
+                         f"{r.data.tags.get('throughput_unit', '')} |")
+    skipped = [r for r in runs if outcome_of(r) == "skipped"]
+    if skipped:
+        lines += ["", "Skipped combinations (they cannot exist; not failures):"]
+        lines += [f"- {r.info.run_name[len('skipped '):]}: {r.data.tags.get('skip_reason', '')}"
+                  for r in skipped]
+    failed = [r for r in runs if outcome_of(r) == "failed"]
+    if failed:
+        lines += ["", "Failed:"] + [f"- {r.info.run_name}: {r.data.tags.get('error', '').splitlines()[0]}"
+                                    for r in failed if r.data.tags.get("error")]
+    return "\n".join(lines)
+
+
+def throughput_figure(runs: list, path) -> bool:
+    """Save throughput against problem size, one line per kernel, as a PNG at ``path``.
+
+    Uses the verified runs with a square size; returns False (and writes nothing) when there are none."""
+    rows = [(r.data.tags.get("kernel", "?"), int(r.data.params["problem.m"]), r.data.metrics["throughput"],
+             r.data.tags.get("throughput_unit", ""))
+            for r in runs if outcome_of(r) == "verified" and "throughput" in r.data.metrics
+            and len({r.data.params.get(f"problem.{d}") for d in "mnk"}) == 1]
+    if not rows:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+    df = pd.DataFrame(rows, columns=["kernel", "N", "throughput", "unit"])
+    fig, ax = plt.subplots(figsize=(9, 5))
+    sns.lineplot(data=df, x="N", y="throughput", hue="kernel", marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = N = K")
+    ax.set_ylabel("throughput (" + " / ".join(sorted(set(df.unit))) + ")")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def sweep_view(parent: str) -> tuple[str, str]:
+    """The MLflow UI's shared view of one sweep: (experiment tag name, JSON value).
+
+    The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs (expand the
+    parent) with the columns that matter shown without configuring them: the description (the
+    one-line result or reason), throughput and its unit, median time, outcome. Format: the UI's
+    ``mlflow.sharedViewState.<key>`` experiment tag (column keys ``<type>.`<name>```)."""
+    import json
+    cols = ["attributes.`Description`", "metrics.`throughput`", "tags.`throughput_unit`",
+            "metrics.`median_us`", "tags.`outcome`", "tags.`kernel`"]
+    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent}'", "orderByKey": "attributes.start_time",
+             "orderByAsc": True, "selectedColumns": cols}
+    return f"mlflow.sharedViewState.{parent}", json.dumps(state)

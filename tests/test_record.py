@@ -1,0 +1,60 @@
+"""experiments/record.py: how runs present themselves (names, decoded tags, descriptions, the UI view)."""
+import json
+from types import SimpleNamespace as NS
+
+import pytest
+
+from experiments.record import clock_reasons, params_of, run_name, sweep_note, sweep_view
+
+
+@pytest.mark.parametrize("mask, text", [(0, "none"), (4, "sw_power_cap"), (1 | 4, "gpu_idle+sw_power_cap"),
+                                        (0x40 | 0x20, "sw_thermal+hw_thermal"), (0x1000, "0x1000"),
+                                        (None, "unknown")])
+def test_clock_reasons(mask, text):
+    assert clock_reasons(mask) == text
+
+
+def test_run_name_leads_with_the_size():
+    spec = NS(precision="int8", ktile=64, mma_shape="m16n8k32", stages=3, bm=256, bn=128)
+    assert run_name(spec, (8192, 8192, 8192)) == "8192 int8 bk64 m16n8k32 s3 256x128"
+    assert run_name(spec, (512, 1024, 256)) == "512x1024x256 int8 bk64 m16n8k32 s3 256x128"
+    assert run_name(spec) == "int8 bk64 m16n8k32 s3 256x128"
+
+
+def test_params_leave_out_the_store_and_repeated_spec_fields():
+    flat = {"precision": "int8", "ktile": "64", "mma": "auto", "tracking.uri": "sqlite:////x.db",
+            "tracking.experiment": "e", "tracking.rerun": "False"}
+    spec = {"precision": "int8", "ktile": 64, "mma": "m16n8k32", "arch": "sm_90", "ptx_version": "7.8"}
+    assert params_of(flat, spec) == {"precision": "int8", "ktile": "64", "mma": "auto", "spec.mma": "m16n8k32",
+                                     "spec.arch": "sm_90", "spec.ptx_version": "7.8"}
+
+
+def _run(name, outcome, params=None, metrics=None, tags=None):
+    return NS(info=NS(run_name=name, status="FAILED" if outcome == "failed" else "FINISHED"),
+              data=NS(params=params or {}, metrics=metrics or {}, tags={"outcome": outcome, **(tags or {})}))
+
+
+def test_sweep_note_has_the_best_kernel_per_size_and_the_skipped_reasons():
+    size = {"problem.m": "8192", "problem.n": "8192", "problem.k": "8192", "precision": "int8"}
+    runs = [_run("8192 int8 bk32", "verified", size, {"throughput": 650.0, "median_us": 1690.0},
+                 {"kernel": "gemm_int8_bk32", "throughput_unit": "TOP/s"}),
+            _run("8192 int8 bk64", "verified", size, {"throughput": 696.3, "median_us": 1579.1},
+                 {"kernel": "gemm_int8_bk64", "throughput_unit": "TOP/s"}),
+            _run("skipped precision=int8 mma=m16n8k64", "skipped", tags={"skip_reason": "mma=m16n8k64 is not valid"}),
+            _run("512 int8 bk64", "failed", tags={"error": "verification failed: 3 elements\nmore"})]
+    note = sweep_note("python run.py -m precision=int8 ktile=32,64", runs)
+    lines = note.splitlines()
+    assert lines[0] == "`python run.py -m precision=int8 ktile=32,64`"
+    assert lines[2] == "1 failed, 1 skipped, 2 verified."
+    assert "| int8 | 8192x8192x8192 | gemm_int8_bk64 | 1579.1 | 696.3 TOP/s |" in lines
+    assert "- precision=int8 mma=m16n8k64: mma=m16n8k64 is not valid" in lines
+    assert "- 512 int8 bk64: verification failed: 3 elements" in lines
+
+
+def test_sweep_view_filters_the_sweep_and_shows_the_result_columns():
+    tag, value = sweep_view("abc123")
+    assert tag == "mlflow.sharedViewState.abc123"
+    state = json.loads(value)
+    assert state["searchFilter"] == "tags.mlflow.parentRunId = 'abc123'"
+    assert state["selectedColumns"][:3] == ["attributes.`Description`", "metrics.`throughput`",
+                                            "tags.`throughput_unit`"]
