@@ -171,8 +171,10 @@ def _run(cfg, job: _Job) -> dict:
     ptx_path = job.out_dir / f"{spec.entry}.ptx"
     ptx_path.write_text(ptx)
     tools = toolchain_tags()
-    tags = {"kernel": spec.entry, "ptx_sha256": sha, "git_commit": git_commit(), "arch": spec.arch,
+    tags = {"kernel": spec.entry, "ptx_sha256": sha, "arch": spec.arch,
             "backend": "gpu" if use_gpu else "static", **tools}
+    if commit := git_commit():
+        tags["git_commit"] = commit
     job.params = record.params_of(job.params, spec.flat())
     identity = (sorted(spec.flat().items()), sha, tools["ptxas_version"])
     asm = None
@@ -247,7 +249,6 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
             counts["done_before"] += 1
             continue
         _log_kernel_artifacts(job.tr, rid, ptx, asm, cfg)
-        job.tr.log(rid, static)
         try:
             with gpu_lock(gpu.get("pci_bus_id"), lambda who: console.print(
                     f"{job.label} waiting for the GPU ({who} is timing on it)")):
@@ -258,6 +259,7 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
                                    pci_bus_id=gpu.get("pci_bus_id"))
                 t1 = time.time()
         except WorkerError as exc:
+            job.tr.log(rid, static)
             job.end("failed", f"The GPU work failed: {exc}", str(exc), "gpu")
             console.print(f"{job.label} {name}: [red]FAILED[/] {str(exc).splitlines()[0]}")
             counts["failed"] += 1
@@ -267,7 +269,7 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
                "jit_s": res["jit_s"]}
         window = {"gpu_start_unix": f"{t0:.3f}", "gpu_end_unix": f"{t1:.3f}"}
         if not res["verified"]:
-            job.tr.log(rid, ver, {"verified": "false", **window})
+            job.tr.log(rid, {**ver, **static}, {"verified": "false", **window})
             why = "verification failed: " + res["verify_message"]
             job.end("failed", f"Wrong result, not timed: {why}", why, "verify")
             console.print(f"{job.label} {name}: [red]WRONG[/] {res['verify_message']}")
@@ -275,13 +277,16 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
             continue
         t = res["timing"]
         thr = tflops(m, n, k, t["median_us"])
-        metrics = {**ver, "median_us": t["median_us"], "min_us": t["min_us"], "max_us": t["max_us"],
-                   "spread": t["spread"], "throughput": thr,
+        # results first: the run page lists metrics in logging order; rounded within the timing's noise
+        metrics = {"throughput": round(thr, 2), "median_us": round(t["median_us"], 3),
+                   "spread": round(t["spread"], 4), "min_us": round(t["min_us"], 3),
+                   "max_us": round(t["max_us"], 3), **ver,
                    "launches_per_batch": t["launches_per_batch"], "batches": t["batches"]}
         reasons = [res[f"state_{w}"].pop("clock_event_reasons", None) for w in ("before", "after")]
         for when in ("before", "after"):
             metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
         clocks = record.clock_reasons(None if None in reasons else reasons[0] | reasons[1])
+        metrics.update(static)
         job.tr.log(rid, metrics, {"verified": "true", "timing_method": t["method"], **window,
                                   "l2_flush": t["l2_flush"], "throughput_unit": unit,
                                   "clocks_throttled": clocks})
@@ -294,20 +299,20 @@ def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, sh
 
 
 @functools.lru_cache(maxsize=1)
-def git_commit() -> str:
-    """The project's own commit (``-dirty`` with uncommitted changes), or 'unknown' when the project
-    folder is not the top of its own git repository (a copy inside another repository)."""
+def git_commit() -> str | None:
+    """The project's own commit (``-dirty`` with uncommitted changes), or None when the project
+    folder is not the top of its own git repository (a copy, or a folder inside another repository)."""
     import subprocess
     root = str(track.PROJECT_ROOT)
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True,
                              text=True, timeout=10)
         if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
-            return "unknown"
+            return None
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return head + ("-dirty" if dirty else "") if head else "unknown"
+        return head + ("-dirty" if dirty else "") if head else None
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+        return None

@@ -168,6 +168,9 @@ class GpuWorker:
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
             return
+        if mp.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+            # inside a launcher's worker (joblib's loky): a spawned child must not inherit that method
+            mp.set_start_method("spawn", force=True)
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="gpu-worker")

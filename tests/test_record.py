@@ -58,3 +58,25 @@ def test_sweep_view_filters_the_sweep_and_shows_the_result_columns():
     assert state["searchFilter"] == "tags.mlflow.parentRunId = 'abc123'"
     assert state["selectedColumns"][:3] == ["attributes.`Description`", "metrics.`throughput`",
                                             "tags.`throughput_unit`"]
+
+
+def test_git_commit_is_the_projects_own(tmp_path, monkeypatch):
+    """A project folder inside another repository records no commit (not the other one's)."""
+    import subprocess
+
+    from experiments import job, track
+    outer = tmp_path / "outer"
+    (outer / "project").mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    (outer / "f").write_text("x")
+    subprocess.run([*git, "-C", str(outer), "add", "f"], check=True)
+    subprocess.run([*git, "-C", str(outer), "commit", "-q", "-m", "outer"], check=True)
+    monkeypatch.setattr(track, "PROJECT_ROOT", outer / "project")
+    job.git_commit.cache_clear()
+    assert job.git_commit() is None
+    monkeypatch.setattr(track, "PROJECT_ROOT", outer)
+    job.git_commit.cache_clear()
+    head = subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert job.git_commit() == head.strip()
+    job.git_commit.cache_clear()

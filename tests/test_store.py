@@ -244,3 +244,22 @@ def test_problem_sizes_are_checked_before_any_work(tmp_path, multirun):
         assert reason in children[0].data.tags["skip_reason"]
     else:
         assert rc == 1 and parents == [] and children == []
+
+
+def _start_gpu_worker() -> str:
+    from experiments.worker import GpuWorker, WorkerError
+    worker = GpuWorker()
+    try:
+        return "ok: " + str(worker.call("device_info", timeout=120)["gpu"])
+    except WorkerError as exc:
+        return str(exc).splitlines()[0]
+    finally:
+        worker.stop()
+
+
+def test_gpu_worker_starts_inside_a_joblib_worker():
+    """joblib's loky workers set their own start method; the GPU worker they spawn must still start
+    (it then answers, or reports the missing CuPy from inside, but never dies on start-up)."""
+    joblib = pytest.importorskip("joblib")
+    for res in joblib.Parallel(n_jobs=2, backend="loky")(joblib.delayed(_start_gpu_worker)() for _ in range(2)):
+        assert res.startswith("ok: ") or "No module named 'cupy'" in res, res
