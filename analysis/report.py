@@ -1,0 +1,229 @@
+"""Write the analysis report of a sweep, an experiment or a study: ``report.md`` with its figures and
+tables beside it, logged to the sweep's parent run (artifact folder ``report/``).
+
+    python -m analysis.report --sweep latest                     # the newest sweep in the default store
+    python -m analysis.report --sweep <parent run id> --study l4 # with the L4 study's claims table
+    python -m analysis.report --experiment tensor-core-ablations --out outputs/reports/all
+
+The report says what the runs can and cannot answer: FAILED and skipped runs are listed with their
+reasons and left out of the statistics; a question the runs cannot answer (no ncu metrics, one
+kernel, no baseline) gets a sentence saying why instead of a number.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from . import claims as claims_mod
+from . import figures, tables
+from .predictors import PREDICTORS, predictor_study
+from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
+from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order
+
+__all__ = ["STUDIES", "Report", "write_report", "main"]
+
+STUDIES = {"l4": DEFAULT_CLAIMS}
+_CAPTIONS = {"throughput_vs_size": "Throughput against problem size, per kernel",
+             "predictors_vs_throughput": "Each ncu predictor against throughput, with a fit per size",
+             "speedup_vs_baseline": "Speedup over the baseline kernel, per size",
+             "main_effects": "Main effect of each configuration axis"}
+
+
+@dataclass
+class Report:
+    """What :func:`write_report` wrote: the markdown, its folder, the files, and the notes."""
+    text: str
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", s).strip("_").lower()
+
+
+def _overview(df: pd.DataFrame, notes: list[str]) -> list[str]:
+    ok = ok_runs(df)
+    failed = df[df["status"] == "FAILED"]
+    skipped = df[(df["status"] == "KILLED") & (df["outcome"] != "interrupted")]
+    stopped = df[(df["status"] == "KILLED") & (df["outcome"] == "interrupted")]
+    lines = ["## What these runs hold", "",
+             f"- {len(df)} run(s): {len(ok)} measured and verified, {len(failed)} FAILED, "
+             f"{len(skipped)} skipped" + (f", {len(stopped)} interrupted." if len(stopped) else "."),
+             f"- GPUs: {', '.join(map(str, ok['gpu'].dropna().unique())) or '-'}; "
+             f"kernels: {ok['kernel'].nunique()}; sizes: {', '.join(size_order(ok)) or '-'}."]
+    if df.attrs.get("duplicates_dropped"):
+        lines.append(f"- {df.attrs['duplicates_dropped']} older run(s) of the same kernel, size and GPU were "
+                     "left out (a FINISHED run is kept before others, then the newest).")
+    if len(failed):
+        notes.append(f"{len(failed)} FAILED run(s) are left out of every statistic and claim (listed above).")
+        t = pd.DataFrame({"kernel": failed["kernel"], "size": failed["size"],
+                          "error": failed["error"].map(lambda e: str(e).splitlines()[0] if e else "-")})
+        lines += ["", "FAILED runs (no timing is used from them):", "", tables.markdown(t)]
+    if len(skipped):
+        lines += ["", "Skipped configurations:", ""] + [f"- {r}" for r in skipped["skip_reason"].fillna("-")]
+    if len(stopped):
+        notes.append(f"{len(stopped)} run(s) were interrupted before a result; run the sweep again to "
+                     "measure them (finished runs are not repeated).")
+        t = pd.DataFrame({"kernel": stopped["kernel"], "size": stopped["size"],
+                          "reason": stopped["skip_reason"].fillna("-")})
+        lines += ["", "Interrupted runs:", "", tables.markdown(t)]
+    if ok.empty:
+        notes.append("No run was measured and verified: nothing can be concluded about throughput.")
+    return lines + [""]
+
+
+def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, reference, baseline,
+                 n_boot: int, files: list, notes: list[str]) -> list[str]:
+    lines = [f"## {gpu}", ""]
+    pivot = tables.results_pivot(figures.labelled(d))
+    unit = ", ".join(d["throughput_unit"].dropna().unique()) or "-"
+    lines += [f"Throughput ({unit}), measured and verified runs:", "", tables.markdown(pivot) or "(none)", ""]
+    figs = figures.all_figures(d, baseline)
+    paths = figures.save({f"{k}{suffix}": v for k, v in figs.items()}, out)
+    files += paths.values()
+    lines += ["### Figures", ""]
+    for name, (_, note) in figs.items():
+        if f"{name}{suffix}" in paths:
+            lines.append(f"![{_CAPTIONS[name]}]({name}{suffix}.png)")
+        else:
+            lines.append(f"- {_CAPTIONS[name]}: not drawn, {note}.")
+            notes.append(f"{gpu}: {_CAPTIONS[name].lower()}: {note}.")
+    lines += ["", "### Does occupancy or DRAM activity predict throughput?", ""]
+    res = predictor_study(d, n_boot=n_boot)
+    labels = {c: v[0] for c, v in PREDICTORS.items()}
+    lines += [f"**Verdict.** {res.verdict}", ""]
+    if res.circularity:
+        lines += [f"> **Circularity flag.** {res.circularity}", ""]
+    notes += [f"{gpu}: {n}" for n in res.notes]
+    if not res.tests.empty:
+        lines += [f"One Holm correction covers the whole family of **{res.family_size} tests** below "
+                  "(correlations, Williams' tests and regression coefficients). Spearman is on throughput; "
+                  "Pearson and the regression on log10 throughput (and log10 of the count).", "",
+                  tables.markdown(tables.correlation_table(res.tests, labels)), "",
+                  "Williams' T2 for two dependent correlations sharing throughput (Steiger 1980, df = n - 3, "
+                  "less the size indicators when partial):", "",
+                  tables.markdown(tables.williams_table(res.tests))]
+        res.tests.to_csv(out / f"predictor_tests{suffix}.csv", index=False)
+        files.append(out / f"predictor_tests{suffix}.csv")
+    if res.regression is not None:
+        lines += ["", "Regression of standardised log10 throughput on both predictors (size indicators as "
+                  f"controls), R^2 = {res.r2:.3f}:", "",
+                  tables.markdown(tables.regression_table(res.regression, labels))]
+    lines.append("")
+    if spec is not None:
+        t = claims_mod.evaluate(spec, d, reference)
+        t.to_csv(out / f"claims{suffix}.csv", index=False)
+        files.append(out / f"claims{suffix}.csv")
+        counts = t["verdict"].value_counts()
+        lines += [f"### Claims of the study: {spec.get('study', '')}", "",
+                  f"{counts.get('holds', 0)} hold, {counts.get('fails', 0)} fail, "
+                  f"{counts.get('inconclusive', 0)} are inconclusive on {gpu}. Tolerances are relative; "
+                  "'study recomputed' is the same computation on the study's own published numbers.", ""]
+        show = t.rename(columns={"this_gpu": "this GPU", "study_recomputed": "study recomputed",
+                                 "published_flag": "flag on the published value"})
+        lines += [tables.markdown(show.drop(columns=["sizes"])), ""]
+    return lines
+
+
+def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict | None = None,
+                 reference: pd.DataFrame | None = None, baseline: str | None = None,
+                 n_boot: int = 2000) -> Report:
+    """Write report.md, its figures (PNG) and tables (CSV) for the tidy table ``df`` into out_dir.
+
+    One section per GPU (figures, predictor study, and the claims table when ``spec`` is given,
+    with ``reference`` = the study's tidy table for the published-value checks). Returns the Report.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    files: list[Path] = []
+    src = df.attrs
+    lines = [f"# {title}", "",
+             f"Store `{src.get('uri', '-')}`, experiment(s) {', '.join(src.get('experiments') or ['-'])}, "
+             f"sweep {src.get('sweep') or 'all'}, filter {src.get('filter') or 'none'}; written "
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m analysis.report`.", ""]
+    lines += _overview(df, notes)
+    gpus = list(ok_runs(df)["gpu"].dropna().unique())
+    for gpu in gpus:
+        d = df[df["gpu"] == gpu]
+        suffix = "" if len(gpus) == 1 else "_" + _slug(gpu)
+        lines += _gpu_section(d, gpu, suffix, out, spec, reference, baseline, n_boot, files, notes)
+    if spec is not None and "reference" in spec and reference is None:
+        notes.append("The study's own numbers were not found (no reference experiment in the store and no "
+                     "CSV folder): published values are not rechecked (python -m analysis.reference).")
+    lines += ["## What these runs cannot tell", ""]
+    lines += [f"- {n}" for n in notes] or ["- Nothing left open."]
+    lines.append("")
+    df.to_csv(out / "runs.csv", index=False)
+    files.append(out / "runs.csv")
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    files.append(out / "report.md")
+    return Report(text, out, files, notes)
+
+
+def main(argv=None) -> Report:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
+    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    ap.add_argument("--sweep", default=None,
+                    help="parent run id of a sweep, or 'latest' (default: every run)")
+    ap.add_argument("--filter", default=None, help="MLflow filter, e.g. \"params.precision = 'int8'\"")
+    ap.add_argument("--study", default="auto", help="claims to evaluate: l4, a YAML path, none, or auto "
+                    "(l4 when runs carry study kernel names)")
+    ap.add_argument("--reference-dir", default=str(DEFAULT_DIR),
+                    help="the study's CSVs, when the store has no reference experiment")
+    ap.add_argument("--baseline", default=None, help="kernel, study kernel or family for the speedup figure")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default outputs/reports/<sweep or experiment>)")
+    ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
+    ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
+    args = ap.parse_args(argv)
+    import matplotlib
+    matplotlib.use("Agg")                    # files only: no display needed
+    try:
+        df = load_runs(args.uri, args.experiment, args.sweep, args.filter)
+    except RunsError as exc:
+        raise SystemExit(f"Cannot read the runs: {exc}") from None
+    if df.empty:
+        raise SystemExit(f"No runs in experiment {args.experiment!r} (sweep {args.sweep}, filter "
+                         f"{args.filter}) of {df.attrs['uri']}: nothing to report.")
+    study = args.study
+    if study == "auto":
+        study = "l4" if df["study_kernel"].notna().any() else "none"
+    spec = reference = None
+    if study != "none":
+        spec = claims_mod.load_claims(STUDIES.get(study, study))
+    if spec is not None and "reference" in spec:
+        try:
+            reference = load_runs(df.attrs["uri"], spec["reference"]["experiment"])
+        except RunsError:
+            reference = read_study(args.reference_dir, load_spec(STUDIES.get(study, study))) \
+                if Path(args.reference_dir).is_dir() else None
+    name = args.sweep and df.attrs["sweep"] or _slug(args.experiment)
+    from experiments.track import PROJECT_ROOT
+    out = Path(args.out) if args.out else PROJECT_ROOT / "outputs" / "reports" / str(name)
+    title = f"Report: {args.experiment}" + (f", sweep {df.attrs['sweep']}" if df.attrs["sweep"] else "")
+    rep = write_report(df, out, title, spec, reference, args.baseline, args.n_boot)
+    print(f"Report written: {out / 'report.md'}")
+    parents = df["parent_run_id"].dropna().unique()
+    if args.no_log:
+        pass
+    elif len(parents) == 1:
+        import mlflow
+        mlflow.MlflowClient(tracking_uri=df.attrs["uri"]).log_artifacts(parents[0], str(out), "report")
+        print(f"Logged to parent run {parents[0]} (artifacts/report/).")
+    else:
+        print(f"Not logged: the runs belong to {len(parents)} sweeps; pass --sweep to log to one parent run.")
+    return rep
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Tidy table of tracked runs: one row per (kernel, problem size, GPU), from an MLflow store.
+
+This module is the one place that names what the analysis reads from a run record: :data:`COLUMNS`
+maps each canonical column of the table to the tag, param or metric the tracking (experiments/job.py)
+and the Nsight Compute step write. A renamed metric is one edit here. Columns that no run has are
+still present (all missing), so a sweep without ncu metrics loads and the analysis says what it
+cannot answer instead of failing.
+
+    df = load_runs(sweep="latest")                      # the newest sweep of the default store
+    df = load_runs(uri, experiment="tensor-core-ablations", filter_string="params.precision = 'int8'")
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .schema import cast, infer, schema_types
+
+__all__ = ["Column", "COLUMNS", "NCU_STALL_PREFIX", "THROUGHPUT", "MEDIAN_US", "NCU_DURATION", "OCCUPANCY",
+           "DRAM_SHARE", "DRAM_COUNT", "SPREAD", "DEFAULT_EXPERIMENT", "RunsError", "load_runs",
+           "tidy_from_runs", "ok_runs", "config_axes", "size_order", "short_labels"]
+
+DEFAULT_EXPERIMENT = "tensor-core-ablations"
+
+
+class RunsError(LookupError):
+    """The runs asked for are not in the store; the message names what was asked and what exists."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One canonical column: where it comes from in the run record and what it holds."""
+    name: str       # column of the tidy table
+    source: str     # "info" (run attributes), "tag", "param" or "metric"
+    key: str        # the run record's name of it
+    dtype: str      # "str", "int", "float" or "bool"
+    doc: str        # unit and meaning
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("run_id", "info", "run_id", "str", "MLflow run id"),
+    Column("status", "info", "status", "str",
+           "FINISHED, FAILED (tag error) or KILLED (skipped, tag skip_reason)"),
+    Column("start_time", "info", "start_time", "int", "ms since the epoch"),
+    Column("parent_run_id", "tag", "mlflow.parentRunId", "str", "the sweep's parent run"),
+    Column("outcome", "tag", "outcome", "str",
+           "verified, static, skipped, failed or interrupted (derived from status for older runs)"),
+    Column("kernel", "tag", "kernel", "str", "PTX entry name (unique per kernel configuration)"),
+    Column("gpu", "tag", "gpu", "str", "GPU name as NVML reports it, e.g. 'NVIDIA H200'"),
+    Column("compute_capability", "tag", "compute_capability", "str", "e.g. '90'"),
+    Column("backend", "tag", "backend", "str", "gpu (measured), static (ptxas only) or reference (a study)"),
+    Column("verified", "tag", "verified", "bool", "the output matched the reference before timing"),
+    Column("throughput_unit", "tag", "throughput_unit", "str", "TFLOP/s (float types) or TOP/s (integer)"),
+    Column("error", "tag", "error", "str", "why a FAILED run failed"),
+    Column("skip_reason", "tag", "skip_reason", "str", "why a KILLED run was skipped"),
+    Column("implausible", "tag", "implausible", "str",
+           "reference runs: why a published duration cannot be right"),
+    Column("derived", "tag", "derived", "str",
+           "reference runs: how a duration was derived from published ratios"),
+    Column("study_kernel", "param", "study_kernel", "str", "the study's name of this kernel (study presets)"),
+    Column("study_kernel", "tag", "study_kernel", "str", "the same, where the record carries it as a tag"),
+    Column("family", "param", "family", "str", "kernel family: mma_sync (default), wmma, dp4a, cublas, ..."),
+    Column("m", "param", "problem.m", "int", "rows of A and C"),
+    Column("n", "param", "problem.n", "int", "columns of B and C"),
+    Column("k", "param", "problem.k", "int", "inner dimension"),
+    Column("median_us", "metric", "median_us", "float", "median time per launch, us"),
+    Column("min_us", "metric", "min_us", "float", "fastest batch, time per launch, us"),
+    Column("max_us", "metric", "max_us", "float", "slowest batch, time per launch, us"),
+    Column("spread", "metric", "spread", "float", "(max - min) / median of the batches"),
+    Column("throughput", "metric", "throughput", "float", "2MNK / median, TFLOP/s or TOP/s"),
+    Column("registers", "metric", "registers", "float", "registers per thread (ptxas)"),
+    Column("theoretical_occupancy", "metric", "theoretical_occupancy", "float",
+           "resident warps / max, 0..1 (ptxas)"),
+    Column("sm_clock_mhz_before", "metric", "sm_clock_mhz_before", "float", "SM clock before timing, MHz"),
+    Column("sm_clock_mhz_after", "metric", "sm_clock_mhz_after", "float", "SM clock after timing, MHz"),
+    Column("ncu_duration_us", "metric", "ncu.duration_us", "float", "gpu__time_duration.sum, us"),
+    Column("achieved_occupancy_pct", "metric", "ncu.achieved_occupancy_pct", "float",
+           "sm__warps_active.avg.pct_of_peak_sustained_active, %"),
+    Column("ncu_theoretical_occupancy_pct", "metric", "ncu.theoretical_occupancy_pct", "float",
+           "sm__maximum_warps_per_active_cycle_pct, %"),
+    Column("dram_cycles_active", "metric", "ncu.dram_cycles_active", "float",
+           "dram__cycles_active.avg: a count of cycles, grows with the kernel's duration"),
+    Column("dram_active_pct", "metric", "ncu.dram_active_pct", "float",
+           "dram__cycles_active.avg.pct_of_peak_sustained_elapsed: DRAM activity as a share of elapsed, %"),
+    Column("dram_bytes", "metric", "ncu.dram_bytes", "float", "dram__bytes.sum, bytes"),
+    Column("l1_hit_rate_pct", "metric", "ncu.l1_hit_rate_pct", "float", "l1tex__t_sector_hit_rate.pct, %"),
+    Column("l2_hit_rate_pct", "metric", "ncu.l2_hit_rate_pct", "float", "lts__t_sector_hit_rate.pct, %"),
+    Column("tensor_pipe_active_pct", "metric", "ncu.tensor_pipe_active_pct", "float",
+           "tensor pipe active, %"),
+    Column("ncu_sm_clock_hz", "metric", "ncu.sm_clock_hz", "float", "SM clock during profiling, Hz"),
+    Column("ipc", "metric", "ncu.ipc", "float", "executed instructions per active cycle"),
+    Column("inst_executed", "metric", "ncu.inst_executed", "float", "smsp__inst_executed.sum, instructions"),
+)
+NCU_STALL_PREFIX = "ncu.stall_"     # ncu.stall_<reason> -> column stall_<reason>
+
+# canonical names the statistics and figures use (the left column of COLUMNS)
+THROUGHPUT, MEDIAN_US, SPREAD, NCU_DURATION = "throughput", "median_us", "spread", "ncu_duration_us"
+OCCUPANCY, DRAM_SHARE, DRAM_COUNT = "achieved_occupancy_pct", "dram_active_pct", "dram_cycles_active"
+
+_BY_KEY = {(c.source, c.key): c for c in COLUMNS}
+_NAMES = {c.name for c in COLUMNS}
+_IDENTITY = ["kernel", "m", "n", "k", "gpu"]
+
+
+def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
+    """Tidy table from MLflow ``Run`` objects (or anything with ``.info`` and ``.data``).
+
+    Returns a DataFrame with one row per run (before de-duplication): the canonical columns of
+    :data:`COLUMNS` (all present; missing values NaN/None), other ``ncu.<name>`` metrics as
+    ``ncu_<name>``, every config param under its dotted name
+    cast to the schema type (``tile.block`` -> tuple), ``stall_<reason>`` columns, and derived columns
+    ``size`` (N for square problems, else 'MxNxK'), ``flop`` (2MNK) and ``experiment``.
+    """
+    types = schema_types()
+    rows = []
+    for r in runs:
+        row = {"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
+               "experiment": experiment}
+        for source, store in (("tag", r.data.tags), ("param", r.data.params), ("metric", r.data.metrics)):
+            for key, val in store.items():
+                col = _BY_KEY.get((source, key))
+                if col is not None:
+                    row[col.name] = None if source == "param" and val in ("null", "None") else val
+                elif source == "metric" and key.startswith(NCU_STALL_PREFIX):
+                    row["stall_" + key[len(NCU_STALL_PREFIX):]] = val
+                elif source == "metric" and key.startswith("ncu."):       # undeclared: kept, ncu_<name>
+                    row["ncu_" + key[len("ncu."):]] = val
+                elif source == "param":          # a param named like a column (backend) -> params.<key>
+                    name = f"params.{key}" if key in _NAMES else key
+                    row[name] = cast(val, types[key]) if key in types else val
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for c in COLUMNS:
+        if c.name not in df:
+            df[c.name] = np.nan if c.dtype in ("int", "float") else None
+        elif c.dtype == "float":
+            df[c.name] = pd.to_numeric(df[c.name], errors="coerce")
+        elif c.dtype == "int" and c.source != "info":
+            df[c.name] = pd.to_numeric(df[c.name], errors="coerce").astype("Int64")
+        elif c.dtype == "bool":
+            df[c.name] = df[c.name].map(lambda v: None if v is None or v != v else str(v).lower() == "true")
+    for key in [k for k in df.columns if k not in _NAMES and k not in ("experiment", "start_time")]:
+        if types.get(key) is int:                     # missing in some runs: nullable integers
+            df[key] = pd.to_numeric(df[key]).astype("Int64")
+        elif key not in types and (df[key].dtype == object or pd.api.types.is_string_dtype(df[key])):
+            df[key] = infer(df[key])
+    df["family"] = df["family"].fillna("mma_sync")
+    older = {"FINISHED": "verified", "FAILED": "failed", "KILLED": "skipped", "RUNNING": "running"}
+    df["outcome"] = df["outcome"].fillna(df["status"].map(older))
+    df.loc[(df["outcome"] == "verified") & (df["backend"] == "static"), "outcome"] = "static"
+    square = (df["m"] == df["n"]) & (df["n"] == df["k"])
+    df["size"] = [(str(int(m)) if sq else f"{m}x{n}x{k}") if pd.notna(m) else None
+                  for m, n, k, sq in zip(df["m"], df["n"], df["k"], square.fillna(False), strict=True)]
+    df["flop"] = 2.0 * df["m"].astype(float) * df["n"].astype(float) * df["k"].astype(float)
+    return df
+
+
+def _dedupe(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (kernel, size, GPU): a FINISHED run before others, then the newest."""
+    keyed = df.dropna(subset=["kernel", "m"])
+    rest = df.drop(keyed.index)
+    keyed = keyed.assign(_fin=(keyed["status"] == "FINISHED").astype(int))
+    keyed = keyed.sort_values(["_fin", "start_time"], ascending=False)
+    keyed = keyed.drop_duplicates(subset=_IDENTITY, keep="first").drop(columns="_fin")
+    out = pd.concat([keyed, rest], ignore_index=True)
+    out.attrs["duplicates_dropped"] = len(df) - len(out)
+    return out
+
+
+def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | None = DEFAULT_EXPERIMENT,
+              sweep: str | None = None, filter_string: str | None = None,
+              backends: typing.Sequence[str] | None = ("gpu", "reference")) -> pd.DataFrame:
+    """Read the runs of an experiment (or several), one sweep of it, or a filter, into a tidy table.
+
+    ``uri``: tracking URI (default: as run.py resolves it). ``experiment``: name(s); None = every
+    experiment of the store. ``sweep``: a parent run id, or "latest" (the newest run tagged
+    ``kind=sweep``); only its child runs are read. ``filter_string``: an MLflow search filter,
+    e.g. ``"params.precision = 'int8'"``. ``backends``: keep runs with these ``backend`` tags
+    (None keeps all, static runs included). Parent runs are never rows.
+
+    Returns the table of :func:`tidy_from_runs`, de-duplicated to one row per (kernel, size, GPU)
+    (a FINISHED run before others, then the newest); ``df.attrs`` holds uri, experiments, sweep and
+    duplicates_dropped. FAILED and KILLED runs stay as rows (see :func:`ok_runs`).
+    Raises RunsError when the store, experiment or sweep does not exist, naming what does.
+    """
+    import mlflow
+
+    from experiments.track import resolve_uri
+    uri = resolve_uri(uri, create=False)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise RunsError(f"no MLflow store at {uri}: run a sweep first (python run.py ...) or pass --uri")
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    all_exps = {e.name: e.experiment_id for e in client.search_experiments()}
+    names = (list(all_exps) if experiment is None
+             else [experiment] if isinstance(experiment, str) else list(experiment))
+    missing = [n for n in names if n not in all_exps]
+    if missing:
+        raise RunsError(f"experiment {missing[0]!r} is not in {uri}; experiments there: "
+                        + (", ".join(sorted(all_exps)) or "none"))
+    ids = [all_exps[n] for n in names]
+    filters = [filter_string] if filter_string else []
+    if sweep == "latest":
+        parents = client.search_runs(ids, "tags.kind = 'sweep'", max_results=1,
+                                     order_by=["attributes.start_time DESC"])
+        if not parents:
+            raise RunsError(f"no sweep (parent run tagged kind=sweep) in experiment(s) "
+                            f"{', '.join(names)} of {uri}")
+        sweep = parents[0].info.run_id
+    if sweep:
+        try:
+            client.get_run(sweep)
+        except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
+            raise RunsError(f"sweep={sweep!r} is not a run id in {uri}; use a parent run id from "
+                            "`mlflow ui` or sweep='latest'") from exc
+        filters.append(f"tags.mlflow.parentRunId = '{sweep}'")
+    runs, token = [], None
+    id_to_name = {v: k for k, v in all_exps.items()}
+    while True:
+        page = client.search_runs(ids, " and ".join(filters), max_results=5000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    runs = [r for r in runs if r.data.tags.get("kind") not in ("sweep", "report", "reference-study")]
+    frames = [tidy_from_runs([r for r in runs if r.info.experiment_id == i], id_to_name[i]) for i in ids]
+    frames = [f for f in frames if len(f)]
+    df = tidy_from_runs([]) if not frames else pd.concat(frames, ignore_index=True)
+    if backends is not None:
+        df = df[df["backend"].isin(list(backends))]
+    df = _dedupe(df.reset_index(drop=True))
+    df.attrs.update(uri=uri, experiments=names, sweep=sweep, filter=filter_string)
+    return df
+
+
+def ok_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows that measured something: FINISHED, not failed verification, with a median time."""
+    return df[(df["status"] == "FINISHED") & (df["verified"].fillna(True).astype(bool))
+              & df["median_us"].notna()]
+
+
+def config_axes(df: pd.DataFrame) -> list[str]:
+    """Config params (schema keys) that take two or more values among the rows, in schema order.
+
+    These are the axes a main-effect plot shows; the problem size, the study's kernel name and
+    bookkeeping keys (tracking, timing, verify, problem, backend, target) are left out.
+    """
+    skip = ("tracking.", "timing.", "verify.", "problem.", "target.", "backend", "spec.", "study_kernel")
+    names = [k for k in schema_types() if not k.startswith(skip)]
+    names += [c for c in ("family",) if c not in names]
+    return [k for k in names if k in df and df[k].dropna().astype(str).nunique() >= 2]
+
+
+def size_order(df: pd.DataFrame) -> list[str]:
+    """The ``size`` labels of the rows, smallest problem (fewest FLOPs) first."""
+    return list(df.dropna(subset=["size"]).sort_values("flop")["size"].drop_duplicates())
+
+
+def short_labels(names: typing.Iterable[str]) -> dict[str, str]:
+    """Shorter display names: ``_``-separated tokens shared by every name are dropped.
+
+    ``gemm_int8_bk32_..._g8`` and ``gemm_int4_bk64_..._g8`` -> ``int8_bk32_m16n8k32``, ...
+    A single name, or names without common tokens, are kept whole.
+    """
+    names = [n for n in dict.fromkeys(names) if isinstance(n, str)]
+    if len(names) < 2:
+        return {n: n for n in names}
+    toks = [n.split("_") for n in names]
+    common = set(toks[0]).intersection(*map(set, toks[1:]))
+    out = {n: "_".join(t for t in tk if t not in common) or n for n, tk in zip(names, toks, strict=True)}
+    return out if len(set(out.values())) == len(out) else {n: n for n in names}

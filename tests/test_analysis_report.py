@@ -1,0 +1,124 @@
+"""analysis/predictors.py and analysis/report.py on the fixture store, tried as a new user would:
+a sweep with ncu metrics and FAILED members, a sweep without ncu metrics, and a single kernel."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import report
+from analysis.predictors import CIRCULARITY, predictor_study
+from analysis.runs import load_runs
+
+sys.path.insert(0, str(Path(__file__).parent / "data" / "analysis"))
+import fixture_store  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return fixture_store.shared_store(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def ncu_runs(store):
+    return load_runs(store["uri"], sweep=store["ncu"])
+
+
+def test_predictor_study_leads_with_the_share_and_flags_the_count(ncu_runs):
+    res = predictor_study(ncu_runs, n_boot=200)
+    assert res.n == 30 and res.sizes == ["512", "1024", "2048", "4096", "8192"]      # FAILED/skipped left out
+    t = res.tests
+    assert t.iloc[0]["predictor"] == "dram_active_pct"                             # the share leads
+    assert res.circularity.startswith(CIRCULARITY) and "R^2 = 1.000" in res.circularity
+    pvals = list(t["p"]) + list(res.regression["p"])
+    assert res.family_size == sum(p == p for p in pvals) == 52
+    assert (t["p_adj"].dropna() >= t["p"].dropna() - 1e-15).all()
+    lead = t[(t["predictor"] == "dram_active_pct") & (t["scope"] == "controlling for size")
+             & (t["method"] == "spearman")].iloc[0]
+    occ = t[(t["predictor"] == "achieved_occupancy_pct") & (t["scope"] == "controlling for size")
+            & (t["method"] == "spearman")].iloc[0]
+    w = t[(t["test"] == "Williams T2") & (t["predictor"] == "dram_active_pct vs achieved_occupancy_pct")
+          & (t["scope"] == "controlling for size") & (t["method"] == "spearman")].iloc[0]
+    assert w["df"] == 30 - 3 - 4                                      # n - 3, less the four size indicators
+    # the verdict carries the numbers of the table it summarises
+    assert f"rho = {lead['estimate']:.2f}" in res.verdict and f"rho = {occ['estimate']:.2f}" in res.verdict
+    assert f"Williams t({int(w['df'])}) = {w['stat']:.2f}" in res.verdict
+    assert f"family of {res.family_size} tests" in res.verdict
+
+
+def test_no_circularity_flag_without_the_count(ncu_runs):
+    res = predictor_study(ncu_runs.assign(dram_cycles_active=float("nan")), n_boot=100)
+    assert res.circularity is None and "dram_cycles_active" not in set(res.tests["predictor"])
+    assert "DRAM active cycles (count, the study's measure): 0 of 30 measured runs have ncu.dram_cycles_active" \
+        in res.notes[0]
+
+
+def test_predictor_study_without_ncu_and_with_one_kernel(store, ncu_runs):
+    plain = predictor_study(load_runs(store["uri"], sweep=store["plain"]), n_boot=100)
+    assert plain.verdict.startswith("The predictor question cannot be answered from these runs: no run has")
+    assert plain.tests.empty and "ncu.dram_active_pct" in plain.notes[0]
+    one = predictor_study(load_runs(store["uri"], sweep=store["one"]), n_boot=100)
+    assert one.verdict == ("Controlling for problem size (5 runs, 5 sizes): no verdict, too few runs: n=5 with "
+                           "4 covariate(s) leaves df=-1. A correlation across sizes alone would measure the "
+                           "problem size, not the kernels.")
+    two_gpus = ncu_runs.copy()
+    two_gpus.loc[two_gpus.index[:3], "gpu"] = "NVIDIA L4"
+    with pytest.raises(ValueError, match="runs of 2 GPUs"):
+        predictor_study(two_gpus)
+
+
+def _png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_on_sweep_with_ncu_and_failed_members(store, tmp_path):
+    out = tmp_path / "r"
+    rep = report.main(["--uri", store["uri"], "--sweep", store["ncu"], "--out", str(out), "--n-boot", "100"])
+    text = (out / "report.md").read_text()
+    assert "32 run(s): 30 measured and verified, 1 FAILED, 1 skipped." in text
+    assert "verification failed: 12 of 268435456 elements differ" in text
+    assert "mma=m16n8k64 is not valid with precision=int8" in text
+    assert "**Circularity flag.**" in text and "family of **52 tests**" in text
+    assert "### Claims of the study" in text and "| C2b |" in text          # runs carry study kernel names
+    for name in ("throughput_vs_size", "predictors_vs_throughput", "main_effects"):
+        assert _png(out / f"{name}.png") and f"]({name}.png)" in text
+    assert not (out / "speedup_vs_baseline.png").exists()
+    assert "Speedup over the baseline kernel, per size: not drawn, no baseline runs" in text
+    assert "1 FAILED run(s) are left out of every statistic and claim" in text
+    import mlflow
+    logged = {Path(a.path).name for a in mlflow.MlflowClient(store["uri"]).list_artifacts(store["ncu"], "report")}
+    assert {"report.md", "throughput_vs_size.png", "claims.csv", "runs.csv"} <= logged
+    assert rep.out_dir == out
+
+
+def test_report_without_ncu_says_what_it_cannot_answer(store, tmp_path):
+    df = load_runs(store["uri"], sweep=store["plain"])
+    rep = report.write_report(df, tmp_path, "plain", n_boot=100)
+    assert "The predictor question cannot be answered from these runs" in rep.text
+    assert "Each ncu predictor against throughput, with a fit per size: not drawn, no run has the ncu" in rep.text
+    assert not re.search(r"rho = |Williams t\(", rep.text)                       # no invented numbers
+    assert not (tmp_path / "predictors_vs_throughput.png").exists() and _png(tmp_path / "throughput_vs_size.png")
+    assert "| int8_bk64_m16n8k32 | 27.3 | 137 | 573 | 654 | 696 |" in rep.text   # the real H200 numbers
+
+
+def test_report_on_a_single_kernel(store, tmp_path):
+    rep = report.write_report(load_runs(store["uri"], sweep=store["one"]), tmp_path, "one", n_boot=100)
+    assert "no verdict, too few runs" in rep.text
+    assert "every measured run has the same configuration: no axis to show a main effect of" in rep.text
+    assert "skipped for N = 512, 1024, 2048, 4096, 8192" in rep.text
+    assert "No regression: regression needs more rows than its 5 parameters + 1; got 5." in rep.text
+
+
+def test_report_errors_name_the_problem(store, tmp_path):
+    with pytest.raises(SystemExit, match="Cannot read the runs: experiment 'x' is not in"):
+        report.main(["--uri", store["uri"], "--experiment", "x", "--out", str(tmp_path)])
+
+
+def test_speedup_against_a_named_baseline(ncu_runs):
+    from analysis.figures import speedup_table, speedup_vs_baseline
+    table, note = speedup_table(ncu_runs, baseline="int4_ptx_mma_k32")
+    k64 = table[(table["label"] == "int4_ptx_mma_k64")].set_index("size")["speedup"]
+    assert note == "" and k64["512"] == pytest.approx(111.3 / 104.7) and k64["8192"] == pytest.approx(27517.2 / 25286.0)
+    assert set(table["baseline"]) == {"int4_ptx_mma_k32"} and len(table) == 25        # 5 kernels x 5 sizes
+    fig, note = speedup_vs_baseline(ncu_runs, baseline="no_such_kernel")
+    assert fig is None and note.startswith("baseline 'no_such_kernel' has no measured run")
