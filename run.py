@@ -11,9 +11,11 @@ import hydra
 from omegaconf import OmegaConf
 
 from experiments.config import register
+from experiments.worker import gpu_count
 
 register()
 OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("gpu_count", lambda: max(1, gpu_count()), use_cache=True, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

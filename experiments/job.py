@@ -26,7 +26,7 @@ from .spec import KernelSpec, SpecError, spec_from_config, value
 from .sweep import current_sweep
 from .timing import tflops
 from .toolchain import toolchain_tags
-from .worker import GpuWorker, WorkerError, gpu_lock, nvml_gpu
+from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
 __all__ = ["run_job", "JobError"]
 
@@ -57,7 +57,8 @@ class _Job:
         self.started = 0
 
     def parent(self) -> str:
-        return self.tr.parent(self.sweep)
+        """The sweep's parent: made by the sweep's start (multirun), else found or made now."""
+        return os.environ.get(track.SWEEP_ENV["parent"]) or self.tr.parent(self.sweep)
 
     def start(self, name: str, tags: dict, params: dict | None = None) -> str:
         self.rid = self.tr.start(name, params or self.params, tags, self.parent())
@@ -157,7 +158,9 @@ def _log_kernel_artifacts(tr: track.Tracker, rid: str, ptx: str, asm: Assembly |
 
 def _run(cfg, job: _Job) -> dict:
     backend = value(cfg.backend)
-    gpu = nvml_gpu() if backend != "static" else None
+    gpu = None
+    if backend != "static":
+        gpu = claim_gpu(lambda: console.print(f"{job.label} waiting for a free GPU"))
     if backend == "gpu" and gpu is None:
         raise JobError("backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static")
     use_gpu = gpu is not None
@@ -228,7 +231,8 @@ def _device(gpu: dict) -> dict:
 
 def _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, shapes) -> dict:
     dev = _device(gpu)
-    tags.update(gpu=dev["gpu"], compute_capability=dev["compute_capability"], driver=gpu["driver"],
+    tags.update(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
+                compute_capability=dev["compute_capability"], driver=gpu["driver"],
                 cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
     unit = "TFLOP/s" if spec.prec.is_float else "TOP/s"
     timing = {k: v for k, v in OmegaConf.to_container(cfg.timing).items() if k != "timeout_s"}

@@ -13,8 +13,8 @@ __all__ = ["results_table", "main"]
 
 
 def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
-    """Markdown table of every GPU run (FINISHED and FAILED) in the store, sorted by kernel and
-    size; throughput is TFLOP/s for float types and TOP/s for integer types.
+    """Markdown table of every GPU run (FINISHED and FAILED) in the store, grouped by GPU, sorted by
+    kernel and size; throughput is TFLOP/s for float types and TOP/s for integer types.
 
     Read-only: raises StoreError when the store or the experiment does not exist."""
     tr = Tracker(uri, experiment, create=False)
@@ -28,14 +28,14 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
         rows.append((t.get("kernel", "?"), size, m.get("median_us"), m.get("throughput"),
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", "")))
-    rows.sort(key=lambda x: (x[0], x[1]))
+    rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     out = [f"GPU: {', '.join(gpus) or '-'}; store: {uri}", "",
-           "| kernel | M x N x K | median us | throughput | spread | status |",
-           "| --- | --- | ---: | ---: | ---: | --- |"]
-    for kern, size, us, thr, unit, spread, status, _ in rows:
+           "| GPU | kernel | M x N x K | median us | throughput | spread | status |",
+           "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for kern, size, us, thr, unit, spread, status, gpu in rows:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-        out.append(f"| {kern} | {'x'.join(map(str, size))} | {f(us, '.1f')} | "
+        out.append(f"| {gpu} | {kern} | {'x'.join(map(str, size))} | {f(us, '.1f')} | "
                    f"{f(thr, '.1f')} {unit} | {f(spread, '.1%')} | {status} |")
     return "\n".join(out) + "\n"
 

@@ -68,7 +68,7 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
 
 
 def current_sweep() -> dict:
-    """The sweep identity the callback exported, for a job (key, name, jobs, overrides)."""
+    """The sweep identity the callback exported, for a job (key, name, jobs, overrides, parent)."""
     info = {k: os.environ.get(env) for k, env in SWEEP_ENV.items()}
     if not info["key"]:
         raise RuntimeError("no sweep identity in the environment: run jobs through run.py, whose "
@@ -76,11 +76,23 @@ def current_sweep() -> dict:
     return info
 
 
+def _hand_to_jobs(config: DictConfig, env: dict) -> None:
+    """Set ``env`` here and in every job of the sweep, also jobs a launcher runs in other processes
+    or on other hosts (Slurm): as ``hydra.job.env_set`` overrides, which Hydra carries into each
+    job's config and applies around the job."""
+    from omegaconf import open_dict, read_write
+    os.environ.update(env)
+    quoted = {k: "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for k, v in env.items()}
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.overrides.hydra.extend([f"++hydra.job.env_set.{k}={v}" for k, v in quoted.items()])
+
+
 class SweepCallback(Callback):
     """Resolves the store once, prints the GPU and where results go, and closes the parent run.
 
-    The parent run itself is created by the first job that tracks a run (so a sweep that adds
-    nothing leaves no empty parent), or found again when the same sweep ran before.
+    A multirun's parent run is found again (the same sweep ran before) or created at the start and
+    handed to the jobs; a single run's is made by its job once the configuration is valid. A parent
+    that ends without children is deleted, so no empty parent stays.
     """
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
@@ -94,8 +106,13 @@ class SweepCallback(Callback):
         self.uri, self.experiment = uri, config.tracking.experiment
         self.key, self.t0 = info["key"], time.time()
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
-        os.environ["MLFLOW_TRACKING_URI"] = uri
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
+        os.environ.pop(SWEEP_ENV["parent"], None)
+        handoff = {"MLFLOW_TRACKING_URI": uri, SWEEP_ENV["key"]: info["key"], SWEEP_ENV["jobs"]: info["jobs"]}
+        known = tracker.find_parent(self.key)
+        if multirun:
+            handoff[SWEEP_ENV["parent"]] = tracker.parent(info)
+        _hand_to_jobs(config, handoff)
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
@@ -108,8 +125,10 @@ class SweepCallback(Callback):
         if stale := tracker.close_stale():
             print(f"Closed {stale} run(s) left RUNNING by a process that has ended (status KILLED).")
         where = f"Tracking {info['jobs']} job(s) in {uri}"
-        if parent := tracker.find_parent(self.key):
-            where += f", continuing parent run {parent}"
+        if known:
+            where += f", continuing parent run {known}"
+        elif multirun:
+            where += f" (parent run {handoff[SWEEP_ENV['parent']]})"
         print(where + ".", flush=True)
 
     def _close(self, failed_job: bool = False) -> None:
@@ -122,7 +141,13 @@ class SweepCallback(Callback):
             parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
             runs = tracker.children(parent) if parent else []
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
-            if parent is None or (parent not in tracker.open and not new):
+            if parent is not None and not runs:          # made at the start, nothing joined it
+                tracker.end(parent, "KILLED", "no run joined this sweep")
+                tracker.client.delete_run(parent)
+                continue
+            if parent is None or not new:
+                if parent in tracker.open:                # reopened at the start; nothing was added
+                    tracker.end(parent)
                 continue
             counts = collections.Counter(outcome_of(r) for r in runs)
             mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
@@ -151,14 +176,24 @@ class SweepCallback(Callback):
             raise SystemExit(f"{len(crashed)} job(s) could not run: "
                              + "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in crashed[:3]))
 
+    def _start(self, config: DictConfig, multirun: bool) -> None:
+        # Hydra turns a callback's exception into a warning and goes on; a sweep that cannot be
+        # tracked must stop before any work instead
+        try:
+            self._open(config, multirun)
+        except SystemExit:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise SystemExit(f"Could not start the sweep: {type(exc).__name__}: {exc}") from exc
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self._open(config, multirun=True)
+        self._start(config, multirun=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._close()
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        self._open(config, multirun=False)
+        self._start(config, multirun=False)
 
     def on_run_end(self, config: DictConfig, job_return=None, **kwargs) -> None:
         from hydra.core.utils import JobStatus

@@ -32,7 +32,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
 SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
-             "overrides": "TCA_SWEEP_OVERRIDES"}
+             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID"}
 
 
 class StoreError(RuntimeError):
@@ -305,7 +305,8 @@ def get_tracker(uri: str, experiment: str) -> Tracker:
 
 
 def abort_open_runs(status: str, reason: str) -> tuple[int, int]:
-    """End every run this process started and has not ended (children first, then parents).
+    """End every run this process started and has not ended (children first, then parents; a parent
+    without children is deleted instead, so no empty parent stays).
 
     Returns (runs ended, runs FINISHED by this process before). Used on Ctrl-C, SIGTERM and crashes,
     so that no run is left RUNNING; errors of an unreachable store are ignored.
@@ -316,6 +317,10 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int]:
         parents = set(tr.parents.values())
         for rid in sorted(tr.open, key=lambda r: r in parents):
             try:
+                if rid in parents and not tr.children(rid):
+                    tr.end(rid, "KILLED", "no run joined this sweep")
+                    tr.client.delete_run(rid)
+                    continue
                 if rid not in parents:
                     tr.log(rid, tags={"outcome": "interrupted" if status == "KILLED" else "failed",
                                       "mlflow.note.content": f"Not finished: {reason}."})

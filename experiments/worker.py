@@ -15,7 +15,8 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "device_info", "gpu_lock"]
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "device_info", "gpu_lock", "gpu_count",
+           "claim_gpu"]
 
 
 class WorkerError(RuntimeError):
@@ -43,7 +44,9 @@ def nvml_gpu() -> dict | None:
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
         cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
         name = pynvml.nvmlDeviceGetName(h)
+        uuid = pynvml.nvmlDeviceGetUUID(h)
         return {"gpu": name.decode() if isinstance(name, bytes) else name,
+                "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
                 "compute_capability": major * 10 + minor,
                 "driver": str(pynvml.nvmlSystemGetDriverVersion()),
                 "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
@@ -128,6 +131,59 @@ def _serve(conn) -> None:
 
 
 # ----------------------------------------------------------------------------- in the sweep
+def gpu_count() -> int:
+    """GPUs this process may use: the entries of CUDA_VISIBLE_DEVICES when set, else NVML's count
+    (0 without a driver)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return 0 if nvml_gpu() is None else len([v for v in visible.split(",") if v.strip()])
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount()
+    except Exception:  # noqa: BLE001 - no driver
+        return 0
+
+
+_SLOT: list = []      # the GPU this process has claimed (its lock is held for the process's life)
+
+
+def claim_gpu(on_wait=None) -> dict | None:
+    """The GPU this process works on, as :func:`nvml_gpu` describes it (None without one).
+
+    With CUDA_VISIBLE_DEVICES set (by the user, or by Slurm for a task) that choice stands. On a node
+    with several GPUs otherwise, the process claims the first GPU no other process of this host has
+    claimed (a lock per PCI bus id, held until the process ends) and sets CUDA_VISIBLE_DEVICES to its
+    UUID, so that parallel jobs (``hydra/launcher=gpus``) each get their own GPU; when all are taken
+    it waits (``on_wait()`` is called once).
+    """
+    if _SLOT or os.environ.get("CUDA_VISIBLE_DEVICES") is not None or gpu_count() <= 1:
+        return nvml_gpu()
+    import pynvml
+    from filelock import FileLock, Timeout
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    waited = False
+    while True:
+        for h in handles:
+            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            bus = bus.decode() if isinstance(bus, bytes) else bus
+            name = "".join(c if c.isalnum() else "_" for c in bus)
+            lock = FileLock(os.path.join(tempfile.gettempdir(), f"tensorcore-ablations-slot-{name}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            _SLOT.append(lock)
+            os.environ["CUDA_VISIBLE_DEVICES"] = uuid.decode() if isinstance(uuid, bytes) else uuid
+            return nvml_gpu()
+        if on_wait and not waited:
+            on_wait()
+            waited = True
+        time.sleep(1.0)
+
+
 @contextlib.contextmanager
 def gpu_lock(pci_bus_id: str | None, on_wait=None):
     """Hold the GPU for verification and timing: one holder per device at a time on this host.

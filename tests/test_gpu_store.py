@@ -32,3 +32,28 @@ def test_parallel_jobs_take_turns_on_the_gpu(tmp_path):
     for (s0, e0), (s1, e1) in zip(windows[:-1], windows[1:], strict=True):
         assert e0 <= s1, f"GPU windows overlap: [{s0}, {e0}] and [{s1}, {e1}]"
     print("GPU windows (s):", [(round(s - windows[0][0], 2), round(e - windows[0][0], 2)) for s, e in windows])
+
+
+def test_all_gpus_of_the_node_one_job_each(tmp_path):
+    """hydra/launcher=gpus: one job process per GPU, each pinned to its own GPU; on each GPU the
+    timings never overlap, and every run names its GPU."""
+    from experiments.worker import gpu_count
+    if gpu_count() < 2:
+        pytest.skip(f"needs 2 or more GPUs; this node has {gpu_count()}")
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    rc, out = run_gpu_cli(tmp_path, "-m", "hydra/launcher=gpus", "precision=fp16,bf16,int8", "ktile=32,64",
+                          "problem.sizes=[1024,2048]", "timing.batches=5", *store_args(tmp_path))
+    assert rc == 0, out
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert sorted(c.data.tags["outcome"] for c in children) == ["verified"] * 12, out
+    by_gpu: dict = {}
+    for c in children:
+        assert c.data.tags["gpu"] and c.data.tags["pci_bus_id"]
+        by_gpu.setdefault(c.data.tags["gpu_uuid"], []).append(
+            (float(c.data.tags["gpu_start_unix"]), float(c.data.tags["gpu_end_unix"])))
+    assert len(by_gpu) == min(gpu_count(), 6)
+    for windows in by_gpu.values():
+        windows.sort()
+        for (s0, e0), (s1, e1) in zip(windows[:-1], windows[1:], strict=True):
+            assert e0 <= s1, f"GPU windows overlap: [{s0}, {e0}] and [{s1}, {e1}]"

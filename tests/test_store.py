@@ -145,7 +145,7 @@ def test_sweep_defined_in_a_preset_is_counted(tmp_path):
     extra.mkdir(parents=True)
     (extra / "tiny.yaml").write_text("# @package _global_\nhydra:\n  sweeper:\n    params:\n"
                                      "      precision: int4,int8\n      ktile: 32,64\n")
-    rc, out = run_cli(tmp_path, "-m", f"--config-dir={tmp_path / 'extra'}", "+experiment=tiny",
+    rc, out = run_cli(tmp_path, "-m", f"--config-dir={tmp_path / 'extra'}", "experiment=tiny",
                       *store_args(tmp_path))
     assert rc == 0, out
     assert "[4/4] " in out and "Tracking 4 job(s)" in out

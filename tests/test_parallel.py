@@ -1,0 +1,84 @@
+"""Many writers: the launcher presets, and a sweep of parallel jobs against a real MLflow tracking
+server on the loopback address (the documented store for several processes or hosts)."""
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from test_cli import run_cli
+
+pytestmark = pytest.mark.usefixtures("need_ptxas")
+
+
+def test_slurm_preset_asks_one_gpu_per_task(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    rc, out = run_cli(tmp_path, "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "--cfg", "hydra",
+                      "--package", "hydra.launcher")
+    assert rc == 0, out
+    lines = set(out.splitlines())
+    for line in ("gpus_per_task: 1", "tasks_per_node: 1", "partition: gpu", "timeout_min: 120",
+                 "_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"):
+        assert line in lines, out
+
+
+def test_gpus_preset_runs_one_job_per_gpu(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    rc, out = run_cli(tmp_path, "hydra/launcher=gpus", "--cfg", "hydra", "--package", "hydra.launcher",
+                      "--resolve")
+    assert rc == 0, out
+    assert "n_jobs: 1" in out.splitlines()          # no GPU visible here: one job at a time
+    assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in out
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+                             "--default-artifact-root", str(tmp_path / "artifacts")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail("mlflow server exited at start")
+            time.sleep(0.5)
+    import urllib.request
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    yield uri
+    os.killpg(proc.pid, 15)
+    proc.wait(30)
+
+
+def test_parallel_sweep_against_a_tracking_server(tmp_path, mlflow_server):
+    """8 jobs, 4 at a time in 4 processes: every run stored once, all under one parent, none RUNNING."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    rc, out = run_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
+                      "precision=fp16,bf16,int8,int4", "ktile=32,64", f"tracking.uri={mlflow_server}",
+                      "tracking.experiment=server-test", f"hydra.sweep.dir={tmp_path}/out")
+    assert rc == 0, out
+    import mlflow
+    client = mlflow.MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("server-test")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 8 and len(runs) == 9
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert max(Counter(c.data.tags["run_key"] for c in children).values()) == 1
+    assert len({c.data.tags["owner_pid"] for c in children}) > 1      # jobs ran in several processes

@@ -1,0 +1,16 @@
+"""experiments/report.py: the results table groups runs by GPU and only reads the store."""
+from experiments.report import results_table
+from experiments.track import Tracker
+
+
+def test_results_table_groups_by_gpu(tmp_path):
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    for gpu, us in (("NVIDIA L4", 9000.0), ("NVIDIA H200", 1605.0)):
+        rid = tr.start("8192 int8", {"problem.m": 8192, "problem.n": 8192, "problem.k": 8192},
+                       {"backend": "gpu", "gpu": gpu, "kernel": "gemm_int8_bk64", "throughput_unit": "TOP/s"})
+        tr.log(rid, {"median_us": us, "throughput": 2 * 8192 ** 3 / us / 1e6, "spread": 0.028})
+        tr.end(rid)
+    lines = results_table(tr.uri, "e").splitlines()
+    assert lines[0] == f"GPU: NVIDIA H200, NVIDIA L4; store: {tr.uri}"
+    assert lines[4:] == ["| NVIDIA H200 | gemm_int8_bk64 | 8192x8192x8192 | 1605.0 | 685.1 TOP/s | 2.8% | verified |",
+                         "| NVIDIA L4 | gemm_int8_bk64 | 8192x8192x8192 | 9000.0 | 122.2 TOP/s | 2.8% | verified |"]
