@@ -2,7 +2,8 @@
 
 Sources: ``ptxas --help`` (``-arch``, ``-v`` report lines), CUDA Occupancy Calculator rules
 (register allocation per warp in units of 256, shared memory in units of 128 B plus 1 KiB reserved
-per block on sm_8x/sm_9x), ``cuobjdump -sass``.
+per block on sm_8x and later), ``cuobjdump -sass`` / ``nvdisasm`` (CUDA Binary Utilities; without the
+toolkit: the ``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm`` wheels).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from pathlib import Path
 
 from .spec import ARCHS
 
-__all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas",
-           "theoretical_occupancy", "parse_ptxas_report", "sass_mix"]
+__all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
+           "theoretical_occupancy", "parse_ptxas_report", "disassemble", "sass_mix", "sass_opcodes",
+           "sass_summary", "SASS_OPS"]
 
 PTXAS_HINT = ("ptxas was not found. Install the CUDA toolkit (ptxas is in its bin/ folder) or "
               "`pip install nvidia-cuda-nvcc` (CUDA 13: nvidia-cuda-nvcc; CUDA 12: "
@@ -62,11 +64,17 @@ def find_ptxas() -> str | None:
     """Path of ptxas: $PTXAS, then PATH, then the nvidia-cuda-nvcc wheel's bin/."""
     if os.environ.get("PTXAS"):
         return os.environ["PTXAS"]
-    found = shutil.which("ptxas")
+    return find_tool("ptxas", "cuda_nvcc")
+
+
+def find_tool(name: str, wheel: str) -> str | None:
+    """Path of a CUDA tool (ptxas, cuobjdump, nvdisasm): PATH, then ``nvidia/<wheel>/bin`` (CUDA 12
+    wheels) or ``nvidia/cu13/bin`` (CUDA 13 wheels) on sys.path; None when absent."""
+    found = shutil.which(name)
     if found:
         return found
     for base in map(Path, sys.path):
-        for sub in ("nvidia/cuda_nvcc/bin/ptxas", "nvidia/cu13/bin/ptxas"):
+        for sub in (f"nvidia/{wheel}/bin/{name}", f"nvidia/cu13/bin/{name}"):
             if (base / sub).is_file():
                 return str(base / sub)
     return None
@@ -136,20 +144,80 @@ def theoretical_occupancy(arch: str, threads: int, registers: int, smem_bytes: i
     return blocks * warps / lim.max_warps_sm, blocks, limiter
 
 
-_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+# one SASS instruction: /*offset*/, an optional guard predicate, the mnemonic with its modifiers
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+# the instruction classes reported as metrics sass_<op> (tensor-core MMA, shared/global movement, ...)
+SASS_OPS = ("HMMA", "IMMA", "QMMA", "HGMMA", "LDSM", "LDGSTS", "LDS", "STS", "CALL", "BAR", "F2FP")
+
+
+def sass_opcodes(sass: str) -> dict:
+    """Count full SASS mnemonics (e.g. ``IMMA.16832.S8.S8``) in ``cuobjdump -sass`` or ``nvdisasm``
+    text. Instructions guarded by ``@!PT`` (never executed; ptxas pads with them) are not counted."""
+    return dict(collections.Counter(m.group(2) + m.group(3) for m in _SASS_OP.finditer(sass)
+                                    if (m.group(1) or "").strip() != "@!PT"))
 
 
 def sass_mix(sass: str) -> dict:
-    """Count SASS opcodes (base name, e.g. IMMA, HMMA, LDSM, LDGSTS, BAR) in ``cuobjdump -sass`` text."""
-    return dict(collections.Counter(m.group(1) for m in _SASS_OP.finditer(sass)))
+    """Count SASS opcodes by base name (IMMA, HMMA, LDSM, LDGSTS, BAR, ...) as :func:`sass_opcodes`."""
+    out = collections.Counter()
+    for op, n in sass_opcodes(sass).items():
+        out[op.split(".")[0]] += n
+    return dict(out)
+
+
+def disassemble(cubin: str | Path) -> str:
+    """SASS text of a cubin: ``cuobjdump -sass``, else ``nvdisasm``; '' when neither is found or
+    both fail (install the nvidia-cuda-cuobjdump or nvidia-cuda-nvdisasm wheel)."""
+    for tool, wheel, args in (("cuobjdump", "cuda_cuobjdump", ["-sass"]), ("nvdisasm", "cuda_nvdisasm", [])):
+        path = find_tool(tool, wheel)
+        if path:
+            res = subprocess.run([path, *args, str(cubin)], capture_output=True, text=True)
+            if res.returncode == 0 and res.stdout.strip():
+                return res.stdout
+    return ""
+
+
+def sass_summary(asm: Assembly, spec) -> tuple[dict, dict]:
+    """Instruction mix and MMA execution of an assembled kernel.
+
+    Returns (metrics, tags): metrics ``sass_<op>`` = count of each class of :data:`SASS_OPS`
+    (0 when absent) and ``sass_instructions`` (all executed-able instructions); tags ``mma_native``
+    ("true" when the SASS holds the tensor-core instruction of the spec's element type, e.g.
+    IMMA.*.S4 for int4, QMMA.*.E4M3 for fp8_e4m3; "false" when ptxas emulates it, as it does for
+    .s4 on sm_90 (IMMA.S8 plus integer code) and .e4m3/.e5m2 on sm_90/sm_100 (F2FP conversions plus
+    HMMA)) and ``mma_native_reason`` (what was found). Without SASS (no cuobjdump/nvdisasm) the
+    metrics are empty and mma_native is "unknown": missing, never zero.
+    """
+    if not asm.sass:
+        return {}, {"mma_native": "unknown",
+                    "mma_native_reason": "no SASS: cuobjdump or nvdisasm was not found"}
+    ops = sass_opcodes(asm.sass)
+    base = sass_mix(asm.sass)
+    metrics = {f"sass_{op}": base.get(op, 0) for op in SASS_OPS}
+    metrics["sass_instructions"] = sum(ops.values())
+    opcode, need, avoid = spec.prec.sass_mma
+    native = {op: n for op, n in ops.items() if op.split(".")[0] == opcode
+              and (not need or need in op.split(".")[1:]) and not set(avoid) & set(op.split(".")[1:])}
+    want = f"{opcode}{'.*.' + need if need else ''}"
+    if native:
+        found = ", ".join(f"{n} x {op}" for op, n in sorted(native.items()))
+        return metrics, {"mma_native": "true",
+                         "mma_native_reason": f"{found}: mma.sync .{spec.prec.ptx} runs on the tensor cores"}
+    mma = {op: n for op, n in ops.items() if op.split(".")[0] in ("HMMA", "IMMA", "QMMA", "HGMMA")}
+    other = ", ".join(f"{n} x {op}" for op, n in sorted(mma.items())) or "no tensor-core instruction"
+    conv = f", {base.get('F2FP', 0)} x F2FP conversions" if base.get("F2FP") else ""
+    calls = f", {base['CALL']} x CALL" if base.get("CALL") else ""
+    return metrics, {"mma_native": "false",
+                     "mma_native_reason": f"no {want} in the SASS for mma.sync .{spec.prec.ptx} on "
+                                          f"{asm.arch}: ptxas emulates it with {other}{conv}{calls}"}
 
 
 def assemble(ptx: str, entry: str, arch: str, *, threads: int, dyn_smem: int,
              workdir: str | Path | None = None, with_sass: bool = True) -> Assembly:
     """Run ``ptxas -arch=<arch> -v`` on the PTX text and return the Assembly of ``entry``.
 
-    ``dyn_smem`` (bytes per block) enters the occupancy. With ``with_sass`` and cuobjdump on PATH,
-    the SASS text and its opcode counts are added.
+    ``dyn_smem`` (bytes per block) enters the occupancy. With ``with_sass`` and cuobjdump or nvdisasm
+    available (:func:`disassemble`), the SASS text and its opcode counts are added.
     Raises PtxasMissing (with install hints) or PtxasError (ptxas' message and PTX context).
     """
     ptxas = find_ptxas()
@@ -168,9 +236,7 @@ def assemble(ptx: str, entry: str, arch: str, *, threads: int, dyn_smem: int,
                    **parse_ptxas_report(report, entry))
     asm.occupancy, asm.blocks_per_sm, asm.occupancy_limiter = theoretical_occupancy(
         arch, threads, asm.registers, asm.static_smem + dyn_smem)
-    cuobjdump = shutil.which("cuobjdump")
-    if with_sass and cuobjdump:
-        res = subprocess.run([cuobjdump, "-sass", str(out)], capture_output=True, text=True)
-        if res.returncode == 0:
-            asm.sass, asm.sass_counts = res.stdout, sass_mix(res.stdout)
+    if with_sass:
+        asm.sass = disassemble(out)
+        asm.sass_counts = sass_mix(asm.sass) if asm.sass else {}
     return asm

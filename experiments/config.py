@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-__all__ = ["Precision", "CacheOp", "Backend", "Config", "register"]
+__all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "Acc", "Backend", "Config", "register"]
 
 
 class Precision(Enum):
@@ -20,11 +20,39 @@ class Precision(Enum):
     bf16 = "bf16"
     int8 = "int8"
     int4 = "int4"
+    fp8_e4m3 = "fp8_e4m3"   # mma.sync .e4m3 (sm_89 and later, PTX ISA 8.4)
+    fp8_e5m2 = "fp8_e5m2"   # mma.sync .e5m2 (sm_89 and later, PTX ISA 8.4)
+
+
+class Loader(Enum):
+    x1 = "x1"           # ldmatrix.x1: one 8x8 matrix per instruction
+    x2 = "x2"
+    x4 = "x4"
+    manual = "manual"   # scalar ld.shared of single elements, packed into the fragment registers
 
 
 class CacheOp(Enum):
     ca = "ca"   # cp.async.ca: cache in L1 and L2
     cg = "cg"   # cp.async.cg: cache in L2 only (16-byte copies)
+
+
+class L2Hint(Enum):
+    none = "none"                   # no .L2::cache_hint
+    evict_first = "evict_first"     # createpolicy.fractional.L2::evict_first + .L2::cache_hint
+    evict_last = "evict_last"
+    evict_normal = "evict_normal"
+
+
+class BLayout(Enum):
+    col = "col"     # B stored N x K (K contiguous)
+    row = "row"     # B stored K x N (N contiguous)
+
+
+class Acc(Enum):
+    auto = "auto"   # f32 for float types, s32 for integers
+    f32 = "f32"
+    f16 = "f16"     # fp16 only; C is fp16 in memory
+    s32 = "s32"
 
 
 class Backend(Enum):
@@ -42,12 +70,21 @@ class TileConf:
 
 @dataclass
 class PipelineConf:
-    stages: int = 3             # cp.async stages in flight (1 = load, wait, compute)
+    stages: int = 3             # cp.async stages in flight (1 = load, wait, compute); at most what
+                                # shared memory allows on the target, and 65
 
 
 @dataclass
-class EvictionConf:
-    cache: CacheOp = CacheOp.cg
+class LoaderConf:
+    a: Loader = Loader.x4       # shared -> register loader of A fragments
+    b: Loader = Loader.x2       # ... of B fragments (b_layout=row with 8-/4-bit types: manual)
+
+
+@dataclass
+class CacheConf:
+    op: CacheOp = CacheOp.cg            # cp.async cache operator
+    l2_hint_a: L2Hint = L2Hint.none     # L2 eviction priority of A's copies
+    l2_hint_b: L2Hint = L2Hint.none     # ... of B's copies
 
 
 @dataclass
@@ -91,10 +128,14 @@ class Config:
     precision: Precision = Precision.fp16
     ktile: int = 32
     mma: str = "auto"           # auto = largest native m16n8kK whose K divides ktile
+    acc: Acc = Acc.auto
+    b_layout: BLayout = BLayout.col
     backend: Backend = Backend.auto
+    study_kernel: Optional[str] = None   # published kernel a variant reproduces (docs/l4_mapping.md)
     tile: TileConf = field(default_factory=TileConf)
+    loader: LoaderConf = field(default_factory=LoaderConf)
     pipeline: PipelineConf = field(default_factory=PipelineConf)
-    eviction: EvictionConf = field(default_factory=EvictionConf)
+    cache: CacheConf = field(default_factory=CacheConf)
     problem: ProblemConf = field(default_factory=ProblemConf)
     target: TargetConf = field(default_factory=TargetConf)
     timing: TimingConf = field(default_factory=TimingConf)
@@ -104,6 +145,7 @@ class Config:
 
 def register() -> None:
     """Store the schema as ``config_schema`` (first in conf/config.yaml's defaults); the presets in
-    conf/tile/ and conf/problem/ merge into its typed ``tile`` and ``problem`` nodes."""
+    conf/tile/ and conf/problem/ merge into its typed ``tile`` and ``problem`` nodes, those in
+    conf/experiment/ and conf/variant/ (``# @package _global_``) into the root."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from . import record, track
-from .assemble import Assembly, PtxasError, PtxasMissing, assemble
+from .assemble import Assembly, PtxasError, PtxasMissing, assemble, sass_summary
 from .render import ptx_sha256, render
 from .spec import KernelSpec, SpecError, spec_from_config, value
 from .sweep import current_sweep
@@ -141,8 +141,7 @@ def _static_metrics(spec: KernelSpec, asm: Assembly | None) -> dict:
                  spill_loads_bytes=asm.spill_loads, stack_frame_bytes=asm.stack_frame,
                  smem_static_bytes=asm.static_smem, theoretical_occupancy=asm.occupancy,
                  blocks_per_sm=asm.blocks_per_sm)
-        m.update({f"sass_{op}": n for op, n in asm.sass_counts.items()
-                  if op in ("HMMA", "IMMA", "LDSM", "LDGSTS", "BAR", "IMAD", "LOP3", "CALL")})
+        m.update(sass_summary(asm, spec)[0])
     return m
 
 
@@ -176,6 +175,8 @@ def _run(cfg, job: _Job) -> dict:
     tools = toolchain_tags()
     tags = {"kernel": spec.entry, "ptx_sha256": sha, "arch": spec.arch,
             "backend": "gpu" if use_gpu else "static", **tools}
+    if cfg.get("study_kernel"):
+        tags["study_kernel"] = cfg.study_kernel
     if commit := git_commit():
         tags["git_commit"] = commit
     job.params = record.params_of(job.params, spec.flat())
@@ -193,13 +194,15 @@ def _run(cfg, job: _Job) -> dict:
         console.print(f"{job.label} [red]ptxas failed[/] for {spec.entry}:\n{exc}")
         return {"failed": 1}
     static = _static_metrics(spec, asm)
+    if asm is not None:
+        tags.update(sass_summary(asm, spec)[1])
     if not use_gpu:
         return _run_static(cfg, job, spec, ptx, asm, static, tags, identity)
     return _run_gpu(cfg, job, spec, gpu, ptx, ptx_path, asm, static, tags, identity, shapes)
 
 
 def _run_static(cfg, job, spec, ptx, asm, static, tags, identity) -> dict:
-    key = track.run_key("static", *identity, tags["cuobjdump_version"])
+    key = track.run_key("static", *identity, tags["cuobjdump_version"], tags["nvdisasm_version"])
     name = record.run_name(spec)
     state, rid = (("new", job.start(name, {**tags, "run_key": key})) if cfg.tracking.rerun
                   else job.claim(key, name, tags))

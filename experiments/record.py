@@ -28,7 +28,8 @@ TAGS = {
     "run_key": "identity of the measurement: hash of spec, PTX, size, GPU, driver, toolchain, settings",
     "backend": "gpu | static", "arch": "sm_XY the kernel was built for",
     "ptx_sha256": "hash of the PTX text", "ptxas_version": "ptxas that gave the resources",
-    "cuobjdump_version": "cuobjdump that gave the SASS", "git_commit": "the project's commit",
+    "cuobjdump_version": "cuobjdump that gave the SASS", "nvdisasm_version": "nvdisasm (cuobjdump's backend)",
+    "git_commit": "the project's commit",
     "gpu": "GPU name", "compute_capability": "e.g. 90", "driver": "NVIDIA driver",
     "cuda_driver": "CUDA version of the driver", "cuda_runtime": "CUDA runtime of CuPy", "cupy": "CuPy",
     "verified": "true | false", "throughput_unit": "TFLOP/s | TOP/s",
@@ -37,6 +38,8 @@ TAGS = {
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
     "failed_stage": "assemble | verify | gpu | job", "error": "why the run FAILED",
     "skip_reason": "why the run was skipped or interrupted", "study_kernel": "the study's kernel name",
+    "mma_native": "true | false | unknown: the SASS holds the tensor-core MMA of the element type",
+    "mma_native_reason": "what the SASS holds instead (e.g. emulation of .s4 on sm_90)",
 }
 
 # the kernel's PTX and SASS are logged as .txt so that the UI previews them

@@ -1,20 +1,28 @@
-"""KernelSpec: one fully resolved, validated point of the ablation space.
+"""KernelSpec: one fully resolved, validated point of the ``mma_sync`` ablation space, and the space.
 
-Every axis value is checked here, before anything is rendered, so that an impossible
-combination stops with a message naming the axis, the value and the valid values.
-Sources: PTX ISA 9.0, section 9.7.14.5 (``mma.sync.aligned`` shapes and types),
-9.7.9.25 (``cp.async``), 9.7.14.5.15 (``ldmatrix``); CUDA C Programming Guide,
-"Compute Capabilities" table (shared memory per block, registers, warps per SM).
+The axes (:func:`~experiments.spec_rules.make_axes`) and their restrictions
+(:data:`~experiments.spec_rules.RULES`) are data: :class:`KernelSpec` validates one point with them,
+:func:`space` enumerates every point of them (tests, ``--help``: :func:`describe_space`).
+An impossible combination stops with a message naming the axis, the value and the valid values.
+Facts (types, targets, domains) live in :mod:`experiments.spec_tables`; sources are named there and
+in each rule.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from math import prod
 
-__all__ = [
-    "PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits",
-    "valid_ktiles", "spec_from_config", "resolve_arch",
-]
+from .spec_rules import RULES, Axis, Geometry, Rule, choose, make_axes, valid_ktiles
+from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES,
+                          PRECISIONS, ArchLimits, Precision)
+
+__all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
+           "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
+           "resolve_arch", "value"]
+
+_HINT = {"none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 
 
 class SpecError(ValueError):
@@ -22,79 +30,12 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
-class Precision:
-    """Element type of A and B as the PTX ``mma`` instruction names it."""
-    name: str          # config value
-    bits: int          # bits per element in global/shared memory
-    ptx: str           # PTX type of A/B in mma.sync (f16, bf16, s8, s4)
-    acc: str           # accumulator / C type (f32 or s32)
-    mma_k: tuple       # native K of m16n8kK shapes, ascending (PTX ISA 9.7.14.5)
-    is_float: bool
-
-
-PRECISIONS = {
-    "fp16": Precision("fp16", 16, "f16", "f32", (8, 16), True),
-    "bf16": Precision("bf16", 16, "bf16", "f32", (8, 16), True),
-    "int8": Precision("int8", 8, "s8", "s32", (16, 32), False),
-    "int4": Precision("int4", 4, "s4", "s32", (32, 64), False),
-}
-
-
-@dataclass(frozen=True)
-class ArchLimits:
-    """Per-SM and per-block limits of one compute capability (CUDA Programming Guide)."""
-    sm: int                     # e.g. 90
-    min_ptx: tuple              # lowest PTX ISA that accepts `.target sm_XX`
-    max_smem_block: int         # opt-in dynamic shared memory per block, bytes
-    smem_sm: int                # shared memory per SM usable by blocks, bytes
-    max_warps_sm: int
-    max_blocks_sm: int
-    regs_sm: int = 65536
-    max_regs_thread: int = 255
-    smem_reserved_block: int = 1024   # reserved by the system per resident block
-    reg_alloc_unit: int = 256         # registers, per warp
-    smem_alloc_unit: int = 128        # bytes
-
-
-ARCHS = {
-    "sm_80": ArchLimits(80, (7, 0), 163 * 1024, 164 * 1024, 64, 32),
-    "sm_86": ArchLimits(86, (7, 1), 99 * 1024, 100 * 1024, 48, 16),
-    "sm_89": ArchLimits(89, (7, 8), 99 * 1024, 100 * 1024, 48, 24),
-    "sm_90": ArchLimits(90, (7, 8), 227 * 1024, 228 * 1024, 64, 32),
-}
-
-KTILES = (16, 32, 64, 128)
-CACHE_OPS = ("ca", "cg")
-MAX_STAGES = 4
-
-
-def resolve_arch(arch: str, gpu_cc: int | None) -> str:
-    """``auto`` -> the GPU's own ``sm_XY`` (or ``sm_90`` without a GPU); else validate the name.
-
-    Raises SpecError for an unknown architecture, naming the supported ones.
-    """
-    if arch == "auto":
-        arch = f"sm_{gpu_cc}" if gpu_cc else "sm_90"
-    if arch not in ARCHS:
-        raise SpecError(f"target.arch={arch!r} is not supported; valid: auto, {', '.join(ARCHS)}")
-    return arch
-
-
-def valid_ktiles(prec: Precision) -> list[int]:
-    """K-tile depths (elements) this template accepts for a precision.
-
-    A stage row holds ``ktile * bits / 8`` bytes, copied in 16-byte ``cp.async`` chunks and read
-    by ``ldmatrix`` in 16-byte rows: it must be a power of two of at least 16 bytes.
-    """
-    return [k for k in KTILES if k * prec.bits // 8 >= 16 and k % prec.mma_k[0] == 0]
-
-
-@dataclass(frozen=True)
-class KernelSpec:
+class KernelSpec(Geometry):
     """One kernel of the ``mma_sync_gemm`` family, every axis resolved.
 
-    Derived properties give the numbers the template needs (warp tile, fragments, bytes).
-    Build it with :func:`spec_from_config`, which validates; direct construction also validates.
+    Build it with :func:`spec_from_config`; direct construction validates too (raises SpecError).
+    ``acc="auto"`` resolves to the precision's default accumulator, ``ptx_version=(0, 0)`` to the
+    lowest PTX ISA the instructions and the target need.
     """
     precision: str
     ktile: int
@@ -108,58 +49,26 @@ class KernelSpec:
     arch: str
     ptx_version: tuple = field(default=(0, 0))
     group_m: int = 8
+    loader_a: str = "x4"
+    loader_b: str = "x2"
+    b_layout: str = "col"
+    acc: str = "auto"
+    l2_hint_a: str = "none"
+    l2_hint_b: str = "none"
 
     def __post_init__(self):
         _validate(self)
 
-    # -- derived quantities --------------------------------------------------------------
-    @property
-    def prec(self) -> Precision:
-        return PRECISIONS[self.precision]
-
-    @property
-    def mma_shape(self) -> str:
-        return f"m16n8k{self.mma_k}"
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
-
-    @property
-    def warp_tile(self) -> tuple[int, int]:
-        """(rows, cols) of C computed by one warp."""
-        return self.bm // self.warps_m, self.bn // self.warps_n
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one A (or B) row in one K stage."""
-        return self.ktile * self.prec.bits // 8
-
-    @property
-    def mma_k_bytes(self) -> int:
-        """Bytes of K consumed by one mma.sync (16 or 32)."""
-        return self.mma_k * self.prec.bits // 8
-
-    @property
-    def smem_stride(self) -> int:
-        """Shared-memory row pitch in bytes. 16-byte rows pack 8 rows into 128 B (conflict-free);
-        longer rows get 16 B of padding so 8 ldmatrix row addresses fall in 8 different bank groups."""
-        return 16 if self.row_bytes == 16 else self.row_bytes + 16
-
-    @property
-    def stage_bytes(self) -> int:
-        return (self.bm + self.bn) * self.smem_stride
-
-    @property
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory per block, bytes."""
-        return self.stages * self.stage_bytes
-
     @property
     def entry(self) -> str:
-        """PTX entry name, unique per spec (DESIGN.md, Kernel contract)."""
-        return (f"gemm_{self.precision}_bk{self.ktile}_{self.mma_shape}_ldx4x2_{self.cache_op}_bcol"
-                f"_s{self.stages}_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}_g{self.group_m}")
+        """PTX entry name, unique per spec and derived from it (DESIGN.md, Kernel contract)."""
+        acc = "" if self.acc == self.prec.acc else f"_acc{self.acc}"
+        hint = "" if self.l2_hint_a == self.l2_hint_b == "none" else \
+            f"_l2{_HINT[self.l2_hint_a]}{_HINT[self.l2_hint_b]}"
+        ld = lambda x: "man" if x == "manual" else x  # noqa: E731
+        return (f"gemm_{self.precision}_bk{self.ktile}_{self.mma_shape}{acc}_ld{ld(self.loader_a)}"
+                f"{ld(self.loader_b)}_{self.cache_op}{hint}_b{self.b_layout}_s{self.stages}"
+                f"_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}_g{self.group_m}")
 
     def as_kwargs(self) -> dict:
         """Constructor arguments (picklable), e.g. to rebuild the spec in the GPU worker."""
@@ -174,7 +83,7 @@ class KernelSpec:
 
     def check_problem(self, m: int, n: int, k: int) -> None:
         """Raise SpecError unless M, N, K fit this kernel: multiples of BM, BN, BK (no tails)
-        and below 2^31 bytes per operand row/offset."""
+        and below 2^32 bytes per operand and 2^40 bytes of C (32-bit row offsets)."""
         bad = [f"{name}={v} is not a multiple of {name_t}={t}"
                for name, v, name_t, t in (("M", m, "BM", self.bm), ("N", n, "BN", self.bn),
                                           ("K", k, "BK", self.ktile)) if v <= 0 or v % t]
@@ -185,66 +94,139 @@ class KernelSpec:
             raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}")
 
 
-def _choose(key: str, value, valid, given: str = "") -> None:
-    if value not in valid:
-        raise SpecError(f"{key}={value} is not valid{' with ' + given if given else ''}; valid values: "
-                        + ", ".join(str(v) for v in valid))
+_DOMAINS = {"loader_a": ("loader.a", LOADERS), "loader_b": ("loader.b", LOADERS),
+            "b_layout": ("b_layout", B_LAYOUTS), "cache_op": ("cache.op", CACHE_OPS),
+            "l2_hint_a": ("cache.l2_hint_a", L2_HINTS), "l2_hint_b": ("cache.l2_hint_b", L2_HINTS)}
 
 
 def _validate(s: KernelSpec) -> None:
-    _choose("precision", s.precision, list(PRECISIONS))
-    p = PRECISIONS[s.precision]
-    _choose("ktile", s.ktile, valid_ktiles(p), f"precision={s.precision}")
-    shapes = [f"m16n8k{k}" for k in p.mma_k]
-    _choose("mma", f"m16n8k{s.mma_k}", shapes, f"precision={s.precision}")
-    if s.ktile % s.mma_k:
-        ok = [f"m16n8k{k}" for k in p.mma_k if s.ktile % k == 0]
-        raise SpecError(f"mma=m16n8k{s.mma_k} does not divide ktile={s.ktile}: ktile must be a "
-                        f"multiple of the MMA's K; valid mma for ktile={s.ktile}: {', '.join(ok)}")
-    _choose("eviction.cache", s.cache_op, CACHE_OPS)
-    _choose("pipeline.stages", s.stages, list(range(1, MAX_STAGES + 1)))
-    _choose("target.arch", s.arch, list(ARCHS))
-    for key, v in (("tile.block", (s.bm, s.bn)), ("tile.warps", (s.warps_m, s.warps_n))):
-        if min(v) <= 0:
-            raise SpecError(f"{key}={list(v)} must be positive")
-    wm, wn = s.warp_tile
-    if s.bm % s.warps_m or s.bn % s.warps_n or wm % 16 or wn % 8:
-        raise SpecError(
-            f"tile.block={[s.bm, s.bn]} with tile.warps={[s.warps_m, s.warps_n]} gives a warp tile "
-            f"of {s.bm / s.warps_m:g}x{s.bn / s.warps_n:g}; it must be a multiple of 16x8 "
-            "(m16n8 MMA tiles). Valid examples: block [128,128] warps [2,4]; [64,64] [2,2].")
-    if not 1 <= s.group_m <= 64:
-        raise SpecError(f"tile.group_m={s.group_m} must be between 1 (row-major) and 64")
-    if s.threads > 1024:
-        raise SpecError(f"tile.warps={[s.warps_m, s.warps_n]} gives {s.threads} threads; at most 1024")
-    if s.row_bytes == 16 and ((wm // 16) % 2 or (wn // 8) % 2):
-        raise SpecError(
-            f"ktile={s.ktile} gives 16-byte rows, read with ldmatrix.x4 over two m16 tiles and .x2 "
-            f"over two n8 tiles; the warp tile {wm}x{wn} needs an even number of both. "
-            "Use a larger ktile or a warp tile of 32x16 multiples.")
-    acc, frags = (wm // 16) * (wn // 8) * 4, 2 * ((wm // 16) * 4 + (wn // 8) * 2)
-    if acc + frags > 224:
-        raise SpecError(f"warp tile {wm}x{wn} needs {acc} accumulator and {frags} fragment registers "
-                        "per thread; more than 224 leave too few of the 255 for addresses. Use more warps.")
-    lim = ARCHS[s.arch]
-    if s.smem_bytes > lim.max_smem_block:
-        raise SpecError(
-            f"{s.entry} needs {s.smem_bytes} bytes of shared memory per block "
-            f"({s.stages} stages x {s.stage_bytes} B); {s.arch} allows {lim.max_smem_block}. "
-            "Reduce pipeline.stages, ktile or tile.block.")
+    err = (choose("precision", s.precision, list(PRECISIONS)) or choose("target.arch", s.arch, list(ARCHS)))
+    if err:
+        raise SpecError(err)
+    if s.acc == "auto":
+        object.__setattr__(s, "acc", s.prec.acc)
+    for attr, (key, dom) in _DOMAINS.items():
+        if err := choose(key, getattr(s, attr), dom):
+            raise SpecError(err)
+    if not 1 <= s.stages <= MAX_STAGES:
+        raise SpecError(f"pipeline.stages={s.stages} is not valid; valid values: 1 ... {MAX_STAGES} (a "
+                        "cp.async.wait_group waits for at most 63 pending groups) that fit shared memory")
+    if not GROUP_M_RANGE[0] <= s.group_m <= GROUP_M_RANGE[1]:
+        raise SpecError(f"tile.group_m={s.group_m} must be between 1 (row-major) and {GROUP_M_RANGE[1]}")
+    for rule in RULES:
+        if msg := rule.check(s):
+            raise SpecError(msg)
     need = _min_ptx(s)
     if s.ptx_version == (0, 0):
         object.__setattr__(s, "ptx_version", need)
     elif s.ptx_version < need:
-        raise SpecError(f"target.ptx_version={'%d.%d' % s.ptx_version} is below "
-                        f"{'%d.%d' % need}, the lowest that {s.arch} and mma.{s.mma_shape}.{p.ptx} need")
+        raise SpecError(f"target.ptx_version={'%d.%d' % s.ptx_version} is below {'%d.%d' % need}, the "
+                        f"lowest that {s.arch} and mma.{s.mma_shape}.{s.prec.ptx}"
+                        f"{' with .L2::cache_hint' if _hinted(s) else ''} need")
+
+
+def _hinted(s) -> bool:
+    return s.l2_hint_a != "none" or s.l2_hint_b != "none"
 
 
 def _min_ptx(s: KernelSpec) -> tuple:
-    """Lowest PTX ISA version for the instructions used (PTX ISA, 'PTX ISA Notes' of each
-    instruction): cp.async 7.0, ldmatrix 6.5, mma m16n8k16/k32/k64 and bf16 7.0, m16n8k8 f16 6.5;
-    and for the `.target` (sm_80 7.0, sm_86 7.1, sm_89/sm_90 7.8)."""
-    return max((7, 0), ARCHS[s.arch].min_ptx)
+    """Lowest PTX ISA for the instructions used: cp.async 7.0, ldmatrix 6.5, mma m16n8k16/k32/k64 and
+    bf16 7.0, FP8 mma 8.4, createpolicy and .L2::cache_hint 7.4; and for the `.target`."""
+    return max((7, 4) if _hinted(s) else (7, 0), s.prec.min_ptx, ARCHS[s.arch].min_ptx)
+
+
+# ------------------------------------------------------------------------------ the space
+class _Point(Geometry):
+    """A partial point of the space: the attributes bound so far."""
+
+
+@dataclass
+class Space:
+    """The enumerated space. ``cells``: one per valid combination of the shaping axes before
+    pipeline.stages, as (arch, value indices of those axes, max_stages), where stages 1..max_stages are
+    valid (shared memory grows with stages); ``counts``: per arch, 'valid' and one count per rule name
+    of the points it rejects first (points = the whole product, non-shaping axes included)."""
+    axes: tuple
+    cells: list
+    counts: dict
+
+    def spec(self, values: tuple, stages: int, free: tuple = ()) -> KernelSpec:
+        """The KernelSpec of a cell's ``values``, ``stages`` and the non-shaping values (indices;
+        default: each axis' first value)."""
+        kw = {}
+        shaping = [a for a in self.axes if a.shaping][:-1]
+        rest = [a for a in self.axes if not a.shaping]
+        free = free or (0,) * len(rest)
+        for ax, i in list(zip(shaping, values, strict=True)) + list(zip(rest, free, strict=True)):
+            kw.update(zip(ax.attrs, ax.values[i], strict=True))
+        return KernelSpec(stages=stages, **kw)
+
+
+def space(archs=None, tiles: dict | None = None) -> Space:
+    """Enumerate the axes (:func:`make_axes`) and apply the rules (:data:`RULES`) in axis order: a
+    point is counted under the first rule that rejects it, at the first axis where that rule can be
+    decided. ``archs`` limits target.arch; ``tiles`` replaces the tile presets. Returns a
+    :class:`Space`. The rules decided at pipeline.stages must be monotone (stages are counted, not
+    walked, past the first that fails)."""
+    axes = make_axes(tiles, archs)
+    shaping = [a for a in axes if a.shaping]
+    free_n = prod(len(a.values) for a in axes if not a.shaping)
+    depth = {attr: i for i, ax in enumerate(shaping) for attr in ax.attrs}
+    at = [[r for r in RULES if max(depth[a] for a in r.attrs) == i] for i in range(len(shaping))]
+    below = [prod(len(a.values) for a in shaping[i + 1:]) * free_n for i in range(len(shaping))]
+    last = len(shaping) - 1
+    assert all(r.monotone for r in at[last]), "rules decided at pipeline.stages must be monotone"
+    cells, counts, pt = [], {}, _Point()
+
+    def walk(i, idx, cnt):
+        ax = shaping[i]
+        for vi, val in enumerate(ax.values):
+            for attr, v in zip(ax.attrs, val, strict=True):
+                setattr(pt, attr, v)
+            failed = next((r for r in at[i] if r.check(pt)), None)
+            if i == last and failed:
+                cnt[failed.name] += below[i] * (len(ax.values) - vi)
+                if vi:
+                    cells.append((pt.arch, idx, vi))
+                return
+            if failed:
+                cnt[failed.name] += below[i]
+            elif i < last:
+                walk(i + 1, idx + (vi,), cnt)
+        if i == last:
+            cells.append((pt.arch, idx, len(ax.values)))
+
+    for ai, (arch,) in enumerate(shaping[0].values):
+        counts[arch] = Counter()
+        pt.arch = arch
+        walk(1, (ai,), counts[arch])
+    for arch, cnt in counts.items():
+        cnt["valid"] = sum(c[2] for c in cells if c[0] == arch) * free_n
+    return Space(axes, cells, counts)
+
+
+def describe_space() -> str:
+    """Text for ``--help``: every axis with its values and meaning, then every rule and why."""
+    lines = ["Axes (the space enumerates these values):"]
+    for ax in make_axes():
+        vals = ax.labels if len(ax.labels) < 12 else (*ax.labels[:3], "...", ax.labels[-1])
+        lines.append(f"  {ax.key:<18} {', '.join(vals):<48} {ax.meaning}")
+    lines.append("Restrictions (checked in this order):")
+    lines += [f"  {r.name:<10} {r.why}" for r in RULES]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ from the config
+def resolve_arch(arch: str, gpu_cc: int | None) -> str:
+    """``auto`` -> the GPU's own ``sm_XY`` (or ``sm_90`` without a GPU); else validate the name.
+
+    Raises SpecError for an unknown architecture, naming the supported ones.
+    """
+    if arch == "auto":
+        arch = f"sm_{gpu_cc}" if gpu_cc else "sm_90"
+    if arch not in ARCHS:
+        raise SpecError(f"target.arch={arch!r} is not supported; valid: auto, {', '.join(ARCHS)}")
+    return arch
 
 
 def _parse_version(v: str) -> tuple:
@@ -270,18 +252,17 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
     """
     p = PRECISIONS.get(value(cfg.precision))
     if p is None:
-        _choose("precision", value(cfg.precision), list(PRECISIONS))
-    ktile = int(cfg.ktile)
-    mma = str(cfg.mma)
+        raise SpecError(choose("precision", value(cfg.precision), list(PRECISIONS)))
+    ktile, mma = int(cfg.ktile), str(cfg.mma)
     if mma == "auto":
         fits = [k for k in p.mma_k if ktile % k == 0]
         if not fits:
-            _choose("ktile", ktile, valid_ktiles(p), f"precision={p.name}")
+            raise SpecError(choose("ktile", ktile, valid_ktiles(p), f"precision={p.name}"))
         mma_k = fits[-1]
     else:
         shapes = {f"m16n8k{k}": k for k in p.mma_k}
         if mma not in shapes:
-            _choose("mma", mma, ["auto"] + list(shapes), f"precision={p.name}")
+            raise SpecError(choose("mma", mma, ["auto"] + list(shapes), f"precision={p.name}"))
         mma_k = shapes[mma]
     block, warps = list(cfg.tile.block), list(cfg.tile.warps)
     if len(block) != 2 or len(warps) != 2:
@@ -290,6 +271,8 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
     return KernelSpec(
         precision=p.name, ktile=ktile, mma_k=mma_k, bm=int(block[0]), bn=int(block[1]),
         warps_m=int(warps[0]), warps_n=int(warps[1]), stages=int(cfg.pipeline.stages),
-        cache_op=value(cfg.eviction.cache), arch=resolve_arch(str(cfg.target.arch), gpu_cc),
+        cache_op=value(cfg.cache.op), arch=resolve_arch(str(cfg.target.arch), gpu_cc),
         ptx_version=_parse_version(str(cfg.target.ptx_version)), group_m=int(cfg.tile.group_m),
+        loader_a=value(cfg.loader.a), loader_b=value(cfg.loader.b), b_layout=value(cfg.b_layout),
+        acc=value(cfg.acc), l2_hint_a=value(cfg.cache.l2_hint_a), l2_hint_b=value(cfg.cache.l2_hint_b),
     )

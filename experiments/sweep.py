@@ -134,7 +134,7 @@ class SweepCallback(Callback):
     def _close(self, failed_job: bool = False) -> None:
         """End the parent run(s) this sweep added runs to (one per store and experiment: a sweep over
         ``tracking.*`` keys writes to several), with a summary; exit 1 when a job could not run."""
-        crashed, closed = [], 0
+        crashed, closed, emulated = [], 0, []
         stores = {(self.uri, self.experiment)} | {(t.uri, t.experiment) for t in trackers()}
         for uri, experiment in sorted(stores):
             tracker = get_tracker(uri, experiment)
@@ -149,6 +149,9 @@ class SweepCallback(Callback):
                 if parent in tracker.open:                # reopened at the start; nothing was added
                     tracker.end(parent)
                 continue
+            emulated += sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
+                                f"{r.data.tags.get('mma_native_reason', '')}"
+                                for r in new if r.data.tags.get("mma_native") == "false"})
             counts = collections.Counter(outcome_of(r) for r in runs)
             mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
             crashed += mine
@@ -172,6 +175,10 @@ class SweepCallback(Callback):
                   f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
+        if emulated:
+            print(f"Note: {len(emulated)} kernel(s) of this sweep run an emulated MMA on their target "
+                  f"(tag mma_native=false), e.g. {emulated[0]}. Conclusions about them are about the "
+                  "emulation, not the tensor cores.", flush=True)
         if crashed:
             raise SystemExit(f"{len(crashed)} job(s) could not run: "
                              + "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in crashed[:3]))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
 import subprocess
 
 __all__ = ["tool_version", "toolchain_tags"]
@@ -25,7 +24,8 @@ def tool_version(path: str | None) -> str:
 
 
 def toolchain_tags() -> dict:
-    """Tags ``ptxas_version`` and ``cuobjdump_version`` of the tools this process uses."""
-    from .assemble import find_ptxas
+    """Tags ``ptxas_version``, ``cuobjdump_version``, ``nvdisasm_version`` of the tools in use."""
+    from .assemble import find_ptxas, find_tool
     return {"ptxas_version": tool_version(find_ptxas()),
-            "cuobjdump_version": tool_version(shutil.which("cuobjdump"))}
+            "cuobjdump_version": tool_version(find_tool("cuobjdump", "cuda_cuobjdump")),
+            "nvdisasm_version": tool_version(find_tool("nvdisasm", "cuda_nvdisasm"))}

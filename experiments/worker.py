@@ -74,8 +74,12 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
             rtol: float, seed: int, pci_bus_id: str | None = None) -> dict:
     """Verify, then time, one kernel at one problem size (worker side).
 
-    Returns verified (bool), verify_* fields and, when verified, the timing dict of
-    :func:`experiments.timing.time_launches`, GPU state before/after and the JIT resources.
+    B is laid out as the spec's b_layout says (N x K or K x N), C has the accumulator's dtype
+    (float32, int32 or float16); float results are checked within
+    :func:`experiments.verify.tolerance` (``rtol``, or the f16-accumulation bound for K).
+    Returns verified (bool), verify_* fields (verify_rtol: the tolerance used) and, when verified,
+    the timing dict of :func:`experiments.timing.time_launches`, GPU state before/after and the JIT
+    resources.
     """
     import cupy
     import numpy as np
@@ -83,7 +87,7 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
     from .launch import GemmLaunch, load_kernel
     from .spec import KernelSpec
     from .timing import gpu_state, time_launches
-    from .verify import check, make_operands, poison
+    from .verify import check, make_operands, poison, tolerance
 
     s = KernelSpec(**{**spec, "ptx_version": tuple(spec["ptx_version"])})
     key = (s.entry, hash(ptx))
@@ -92,15 +96,16 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
         kern = load_kernel(ptx, ptx_path, s.entry, s.smem_bytes)
         _KERNELS[key] = (kern, time.perf_counter() - t0)
     kern, jit_s = _KERNELS[key]
-    ops = make_operands(s.precision, m, n, k, seed)
-    c = cupy.empty((m, n), dtype=np.float32 if s.prec.is_float else np.int32)
+    ops = make_operands(s.precision, m, n, k, seed, b_layout=s.b_layout)
+    c = cupy.empty((m, n), dtype=np.dtype(s.accum.c_dtype))
     poison(c)
     launch = GemmLaunch(kern, s, ops.a, ops.b, c, m, n, k)
     launch()
     cupy.cuda.Device().synchronize()
-    res = check(c, ops, s.prec.is_float, rtol)
+    tol = tolerance(s.acc, k, rtol) if s.prec.is_float else 0.0
+    res = check(c, ops, s.prec.is_float, tol)
     out = {"verified": res.ok, "verify_max_error": res.max_error, "verify_mismatches": res.mismatches,
-           "verify_message": "" if res.ok else res.message(), "jit_s": jit_s,
+           "verify_message": "" if res.ok else res.message(), "verify_rtol": tol, "jit_s": jit_s,
            "jit_registers": kern.num_regs, "jit_local_bytes": kern.local_size_bytes}
     del ops.a_ref, ops.b_ref
     if not res.ok:

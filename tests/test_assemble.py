@@ -1,20 +1,24 @@
-"""experiments/assemble.py: ptxas report parsing, occupancy, SASS mix, errors, and every kernel of
-the config space assembled by ptxas for sm_80, sm_89 and sm_90."""
-import re
+"""experiments/assemble.py: ptxas report parsing, occupancy, SASS mix and summary, errors, and a
+covering subset of the whole kernel space assembled by ptxas for sm_80, sm_89, sm_90 and sm_120."""
+import hashlib
+import itertools
+import json
 import subprocess
 import sys
 import time
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from experiments import assemble as asm_mod
-from experiments.assemble import (PTXAS_HINT, PtxasError, PtxasMissing, assemble, find_ptxas,
-                                  parse_ptxas_report, sass_mix, theoretical_occupancy)
+from experiments.assemble import (PTXAS_HINT, SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble,
+                                  disassemble, find_ptxas, find_tool, parse_ptxas_report, sass_mix,
+                                  sass_opcodes,
+                                  sass_summary, theoretical_occupancy)
 from experiments.render import render
-from experiments.spec import PRECISIONS, KernelSpec, SpecError, valid_ktiles
+from experiments.spec import KernelSpec, space
+from experiments.spec_cover import covering_subset, requirements
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,8 +139,16 @@ SASS = """\
 
 
 def test_sass_mix_counts_base_opcodes():
+    # `@!PT LDS.U.128` never executes (ptxas pads with such lines): not counted
     assert sass_mix(SASS) == {"LDC": 1, "S2R": 1, "HMMA": 2, "LDGSTS": 2, "LDSM": 1, "IMMA": 1,
-                              "BAR": 1, "LDS": 1, "BRA": 2, "EXIT": 1}
+                              "BAR": 1, "BRA": 2, "EXIT": 1}
+
+
+def test_sass_opcodes_keep_modifiers():
+    ops = sass_opcodes(SASS)
+    assert ops["HMMA.16816.F32"] == 2 and ops["IMMA.16832.S8.S8"] == 1
+    assert ops["LDGSTS.E.BYPASS.128"] == 2 and ops["LDSM.16.M88.4"] == 1
+    assert "LDS.U.128" not in ops
 
 
 def test_sass_mix_single_lines():
@@ -164,10 +176,11 @@ def test_assemble_one_kernel(need_ptxas, tmp_path):
     assert (a.spill_stores, a.spill_loads, a.stack_frame, a.static_smem, a.barriers) == (0, 0, 0, 0, 1)
     assert (a.occupancy, a.blocks_per_sm, a.occupancy_limiter) == theoretical_occupancy(
         "sm_90", 256, a.registers, 40960)
-    if asm_mod.shutil.which("cuobjdump") is None:
+    if not disassemble(tmp_path / f"{s.entry}.sm_90.cubin"):
         assert (a.sass, a.sass_counts) == ("", {})
     else:
-        assert a.sass_counts["IMMA"] > 0 and a.sass_counts["LDSM"] > 0
+        # 128x128 / 2x4 warps: 4 x 4 m16n8 tiles per warp, 2 k32 MMAs per 64-deep K tile
+        assert a.sass_counts["IMMA"] == 32 and a.sass_counts["LDSM"] > 0
 
 
 def test_ptxas_error_shows_line_and_context(need_ptxas, tmp_path):
@@ -209,6 +222,23 @@ def test_ptxas_missing(monkeypatch, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_find_tool_in_a_cuda13_wheel(monkeypatch, tmp_path):
+    """cuobjdump from the nvidia-cuda-cuobjdump wheel (CUDA 13 layout nvidia/cu13/bin) when PATH has none."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    wheel = tmp_path / "site" / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_text("")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    assert find_tool("cuobjdump", "cuda_cuobjdump") == str(wheel)
+    assert find_tool("nvdisasm", "cuda_nvdisasm") is None
+
+
+def test_disassemble_without_tools_is_empty(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "path", [])
+    assert disassemble(tmp_path / "k.cubin") == ""
+
+
 def test_find_ptxas_env_then_wheel(monkeypatch, tmp_path):
     _no_ptxas(monkeypatch, tmp_path)
     wheel = tmp_path / "site" / "nvidia" / "cu13" / "bin" / "ptxas"
@@ -220,168 +250,224 @@ def test_find_ptxas_env_then_wheel(monkeypatch, tmp_path):
     assert find_ptxas() == "/opt/cuda/bin/ptxas"
 
 
-# -- every kernel of the config space assembles ---------------------------------------------------
+# -- SASS summary ------------------------------------------------------------------------------
 
-# conf/tile/<name>.yaml -> (BM, BN, warps along M, warps along N)
-TILE_PRESETS = {
-    "128x128": (128, 128, 2, 4),
-    "64x64": (64, 64, 2, 2),
-    "128x256": (128, 256, 2, 4),
-    "256x128": (256, 128, 4, 2),
-    "128x128_w2x2": (128, 128, 2, 2),
-    "128x256_w4x4": (128, 256, 4, 4),
-    "256x128_w4x4": (256, 128, 4, 4),
-}
-ARCHS_TESTED = ("sm_80", "sm_89", "sm_90")
-
-# (precision, ktile, mma) triples: fp16 4 ktiles x 2 shapes = 8, bf16 8, int8 16 -> k16 and
-# 32/64/128 -> k16, k32 = 7, int4 32 -> k32 and 64/128 -> k32, k64 = 5: 28. x 7 tiles x 4 stages
-# x 2 cache ops = 1568 specs per arch. Only shared memory rejects any: stages x (BM + BN) x pitch
-# with pitch 272 (16-bit ktile 128: 4 triples), 144 (16-bit ktile 64 and int8 ktile 128: 6),
-# 80 (16-bit ktile 32, int8 ktile 64, int4 ktile 128: 8); BM + BN is 256 (2 presets), 128 (1) or
-# 384 (4 presets). Rejected (stages over the limit per preset, x presets x 2 cache ops x triples):
-#   sm_90 (232448 B): 272: 256 -> s4, 384 -> s3, s4: (2*1 + 4*2) * 2 * 4 = 80
-#   sm_89 (101376 B): 272: 256 -> s2-4, 128 -> s3-4, 384 -> s1-4: (2*3 + 2 + 4*4) * 2 * 4 = 192;
-#                     144: 256 -> s3-4, 384 -> s2-4: (2*2 + 4*3) * 2 * 6 = 192;
-#                     80: 384 -> s4: 4 * 2 * 8 = 64; total 448
-#   sm_80 (166912 B): 272: 256 -> s3-4, 384 -> s2-4: (2*2 + 4*3) * 2 * 4 = 128;
-#                     144: 384 -> s4: 4 * 2 * 6 = 48; total 176
-SPACE_SIZE = 1568
-VALID_SPECS = {"sm_80": 1568 - 176, "sm_89": 1568 - 448, "sm_90": 1568 - 80}
-
-# Block rasterization off (group_m=1 takes the other branch of the template): every triple with
-# tile 64x64, 1 stage, cache ca; 64x64 fits every arch: 28 more per arch.
-ROW_MAJOR_SPECS = 28
+def _asm(sass, arch="sm_90"):
+    return Assembly(arch=arch, registers=64, spill_stores=0, spill_loads=0, stack_frame=0, static_smem=0,
+                    barriers=1, report="", sass=sass)
 
 
-
-def _space(arch):
-    """(specs, number rejected with SpecError, row-major specs) for one arch: the whole axis
-    product with the default group_m, then the row-major (group_m=1) set."""
-    specs, rejected = [], 0
-    for prec, p in PRECISIONS.items():
-        for ktile in valid_ktiles(p):
-            for mma_k in p.mma_k:
-                if ktile % mma_k:
-                    continue
-                for bm, bn, wm, wn in TILE_PRESETS.values():
-                    for stages in range(1, 5):
-                        for cache in ("ca", "cg"):
-                            try:
-                                specs.append(KernelSpec(prec, ktile, mma_k, bm, bn, wm, wn, stages,
-                                                        cache, arch))
-                            except SpecError as exc:
-                                assert "bytes of shared memory per block" in str(exc)
-                                rejected += 1
-    row_major = [KernelSpec(prec, ktile, mma_k, 64, 64, 2, 2, 1, "ca", arch, group_m=1)
-                 for prec, p in PRECISIONS.items() for ktile in valid_ktiles(p)
-                 for mma_k in p.mma_k if ktile % mma_k == 0]
-    return specs, rejected, row_major
+def _line(i, text, guard=""):
+    return f"        /*{i * 16:04x}*/              {guard:>4} {text} ;"
 
 
-def _module(texts):
-    """One PTX module of many kernels: the shared header once, then each entry."""
-    header = None
-    bodies = []
-    for text in texts:
-        start = text.index(".visible .entry")
-        head = text[text.index(".version"):start]
-        if header is None:
-            header = head
-        assert head == header
-        bodies.append(text[start:])
-    return header + "\n".join(bodies)
+# what cuobjdump shows for an int4 kernel on sm_90 (two k32 s8 MMAs and a call per emulated k64 MMA)
+SASS_INT4_SM90 = "\n".join([_line(i, x) for i, x in enumerate([
+    "LDSM.16.M88.4 R8, [R20]", "LDSM.16.M88.2 R12, [R21]", "LOP3.LUT R4, R8, 0xf0f0f0f, RZ, 0xc0, !PT",
+    "IMMA.16832.S8.S8 R24, R4.ROW, R12.COL, R24", "IMMA.16832.S8.S8 R24, R5.ROW, R13.COL, R24",
+    "CALL.REL.NOINC 0x1230", "BAR.SYNC.DEFER_BLOCKING 0x0", "LDGSTS.E.LTC128B.128 [R1], desc[UR4][R2.64]",
+    "EXIT"])] + [_line(9, "LDS RZ, [RZ]", "@!PT")])
+SASS_E4M3_SM90 = "\n".join(_line(i, x) for i, x in enumerate([
+    "F2FP.F16.E4M3.UNPACK_B R4, R8", "F2FP.F16.E4M3.UNPACK_B R5, R9", "F2FP.F16.E4M3.UNPACK_B R6, R10",
+    "HMMA.16816.F32 R24, R4, R12, R24", "HMMA.16816.F32 R28, R6, R12, R28", "STS.128 [R3], R24"]))
+SASS_E4M3_SM89 = _line(0, "QMMA.16832.F32.E4M3.E4M3 R24, R4, R12, R24") + "\n" + _line(1, "LDS.U8 R4, [R2]")
+
+
+def test_sass_summary_int4_emulated_on_sm90():
+    s = KernelSpec("int4", 64, 64, 128, 128, 2, 4, 2, "cg", "sm_90")
+    metrics, tags = sass_summary(_asm(SASS_INT4_SM90), s)
+    assert metrics == {"sass_HMMA": 0, "sass_IMMA": 2, "sass_QMMA": 0, "sass_HGMMA": 0, "sass_LDSM": 2,
+                       "sass_LDGSTS": 1, "sass_LDS": 0, "sass_STS": 0, "sass_CALL": 1, "sass_BAR": 1,
+                       "sass_F2FP": 0, "sass_instructions": 9}
+    assert set(metrics) == {f"sass_{op}" for op in SASS_OPS} | {"sass_instructions"}
+    assert tags == {"mma_native": "false",
+                    "mma_native_reason": "no IMMA.*.S4 in the SASS for mma.sync .s4 on sm_90: ptxas "
+                                         "emulates it with 2 x IMMA.16832.S8.S8, 1 x CALL"}
+
+
+def test_sass_summary_fp8_converted_on_sm90_native_on_sm89():
+    s90 = KernelSpec("fp8_e4m3", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_90")
+    metrics, tags = sass_summary(_asm(SASS_E4M3_SM90), s90)
+    assert (metrics["sass_F2FP"], metrics["sass_HMMA"], metrics["sass_QMMA"], metrics["sass_STS"]) == (3, 2, 0, 1)
+    assert tags["mma_native"] == "false"
+    assert tags["mma_native_reason"] == ("no QMMA.*.E4M3 in the SASS for mma.sync .e4m3 on sm_90: ptxas "
+                                         "emulates it with 2 x HMMA.16816.F32, 3 x F2FP conversions")
+    s89 = KernelSpec("fp8_e4m3", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_89")
+    metrics, tags = sass_summary(_asm(SASS_E4M3_SM89, "sm_89"), s89)
+    assert (metrics["sass_QMMA"], metrics["sass_LDS"]) == (1, 1)
+    assert tags == {"mma_native": "true", "mma_native_reason":
+                    "1 x QMMA.16832.F32.E4M3.E4M3: mma.sync .e4m3 runs on the tensor cores"}
+    # an e5m2 kernel is not native with e4m3 QMMAs, an fp16 kernel not with bf16 HMMAs
+    s5 = KernelSpec("fp8_e5m2", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_89")
+    assert sass_summary(_asm(SASS_E4M3_SM89, "sm_89"), s5)[1]["mma_native"] == "false"
+    bf = _line(0, "HMMA.16816.F32.BF16 R4, R8, R12, R4")
+    f16 = KernelSpec("fp16", 32, 16, 128, 128, 2, 4, 2, "cg", "sm_90")
+    b16 = KernelSpec("bf16", 32, 16, 128, 128, 2, 4, 2, "cg", "sm_90")
+    assert sass_summary(_asm(bf), f16)[1]["mma_native"] == "false"
+    assert sass_summary(_asm(bf), b16)[1]["mma_native"] == "true"
+
+
+def test_sass_summary_without_sass_is_missing_not_zero():
+    s = KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_90")
+    assert sass_summary(_asm(""), s) == ({}, {"mma_native": "unknown", "mma_native_reason":
+                                               "no SASS: cuobjdump or nvdisasm was not found"})
+
+
+@pytest.mark.parametrize("precision, ktile, mma_k, arch, native", [
+    ("int4", 64, 64, "sm_89", "true"), ("int4", 64, 64, "sm_90", "false"),
+    ("fp8_e4m3", 64, 32, "sm_89", "true"), ("fp8_e5m2", 64, 32, "sm_90", "false"),
+    ("fp8_e4m3", 64, 32, "sm_120", "true"), ("int8", 64, 32, "sm_120", "true"),
+])
+def test_sass_summary_on_real_sass(need_ptxas, tmp_path, precision, ktile, mma_k, arch, native):
+    """With cuobjdump or nvdisasm (toolkit, or the nvidia-cuda-cuobjdump wheel) the real SASS says
+    which MMA ptxas emitted."""
+    s = KernelSpec(precision, ktile, mma_k, 64, 64, 2, 2, 2, "cg", arch)
+    a = assemble(render(s), s.entry, arch, threads=s.threads, dyn_smem=s.smem_bytes, workdir=tmp_path)
+    if not a.sass:
+        pytest.skip("neither cuobjdump nor nvdisasm found (pip install nvidia-cuda-cuobjdump)")
+    metrics, tags = sass_summary(a, s)
+    assert tags["mma_native"] == native, tags
+    # 64x64 / 2x2 warps: 2 x 4 m16n8 tiles per warp and K chunk
+    n_chunks = s.row_bytes // 32
+    if native == "true":
+        mma = "QMMA" if precision.startswith("fp8") else "IMMA"
+        assert metrics[f"sass_{mma}"] == 8 * n_chunks * (32 // s.mma_k_bytes)    # the loop body, once
+    assert metrics["sass_BAR"] >= 1 and metrics["sass_LDGSTS"] > 0 and metrics["sass_LDSM"] > 0
+
+
+# -- a covering subset of the whole space assembles ------------------------------------------------
+
+ARCHS_TESTED = ("sm_80", "sm_89", "sm_90", "sm_120")
+
+
+def _module(specs):
+    """One PTX module of many kernels that share .version/.target: the header once, then each entry."""
+    texts = [render(s) for s in specs]
+    head = texts[0][texts[0].index(".version"):texts[0].index(".visible .entry")]
+    return head + "\n".join(x[x.index(".visible .entry"):] for x in texts)
 
 
 def _ptxas(ptxas, arch, path):
-    t0 = time.perf_counter()
     proc = subprocess.run([ptxas, f"-arch={arch}", "-v", str(path), "-o", str(path) + ".cubin"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout + proc.stderr, time.perf_counter() - t0
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
-def space_reports(tmp_path_factory):
-    """Assemble every spec of every arch: 4 modules per arch, 2 ptxas processes at a time.
-    Returns {arch: (specs, rejected, row_major, {entry: parsed report}, chunk reports)}."""
+def covered(request, tmp_path_factory):
+    """The space of ARCHS_TESTED, its covering subset and {(entry, arch): parsed ptxas -v report}.
+    Reports are cached by sha256(ptxas version, arch, PTX) in the pytest cache (.pytest_cache/d/);
+    the rest is assembled in modules of up to 40 kernels, 2 ptxas processes at a time."""
     ptxas = find_ptxas()
     if ptxas is None:
         pytest.skip("ptxas not found (CUDA toolkit or pip install nvidia-cuda-nvcc)")
-    tmp = tmp_path_factory.mktemp("space")
     t0 = time.perf_counter()
-    out = {}
+    sp = space(ARCHS_TESTED)
+    specs = covering_subset(sp)
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout.strip()
+    cache = Path(request.config.cache.mkdir("ptxas_space"))
+    reports, todo = {}, defaultdict(list)
+    for s in specs:
+        key = hashlib.sha256(f"{version}\n{s.arch}\n{render(s)}".encode()).hexdigest()
+        hit = cache / f"{key}.json"
+        if hit.is_file():
+            reports[(s.entry, s.arch)] = json.loads(hit.read_text())
+        else:
+            todo[(s.arch, s.ptx_version)].append((s, hit))
+    jobs = [(arch, group[i::-(-len(group) // 40)]) for (arch, _), group in todo.items()
+            for i in range(-(-len(group) // 40))]
+    tmp = tmp_path_factory.mktemp("space")
     with ThreadPoolExecutor(2) as pool:
         futures = []
-        for arch in ("sm_90", "sm_80", "sm_89"):     # the largest modules first
-            specs, rejected, row_major = _space(arch)
-            out[arch] = (specs, rejected, row_major, {}, [])
-            every = specs + row_major
-            for i in range(4):
-                part = every[i::4]
-                path = tmp / f"{arch}_{i}.ptx"
-                path.write_text(_module(render(s) for s in part))
-                futures.append((arch, part, pool.submit(_ptxas, ptxas, arch, path)))
-        for arch, part, fut in futures:
-            report, _ = fut.result()
-            out[arch][4].append(report)
-            for s in part:
-                out[arch][3][s.entry] = parse_ptxas_report(report, s.entry)
-    print(f"\nassembled {sum(len(v[3]) for v in out.values())} kernels in "
-          f"{time.perf_counter() - t0:.1f} s")
-    return out
+        for n, (arch, part) in enumerate(jobs):
+            path = tmp / f"{arch}_{n}.ptx"
+            path.write_text(_module([s for s, _ in part]))
+            futures.append((part, pool.submit(_ptxas, ptxas, arch, path)))
+        for part, fut in futures:
+            text = fut.result()
+            for s, hit in part:
+                assert f"Compiling entry function '{s.entry}' for '{s.arch}'" in text
+                reports[(s.entry, s.arch)] = parse_ptxas_report(text, s.entry)
+                hit.write_text(json.dumps(reports[(s.entry, s.arch)]))
+    n_new = sum(len(p) for _, p in jobs)
+    print(f"\nassembled {len(reports)} kernels ({n_new} by ptxas, {len(reports) - n_new} from the cache) "
+          f"in {time.perf_counter() - t0:.1f} s")
+    for arch, c in sp.counts.items():
+        bad = ", ".join(f"{k} {v}" for k, v in sorted(c.items()) if k != "valid")
+        print(f"  {arch}: {c['valid']} valid points; invalid by first failing rule: {bad}")
+    return sp, specs, reports
 
 
-def test_tile_presets_match_conf():
-    found = {}
-    for path in sorted((ROOT / "conf" / "tile").glob("*.yaml")):
-        c = OmegaConf.load(path)
-        found[path.stem] = (*c.block, *c.warps)
-    assert found == TILE_PRESETS
-
-
-@pytest.mark.parametrize("arch", ARCHS_TESTED)
-def test_space_size(arch):
-    specs, rejected, row_major = _space(arch)
-    assert len(specs) + rejected == SPACE_SIZE
-    assert len(specs) == VALID_SPECS[arch]
-    assert len(row_major) == ROW_MAJOR_SPECS
-    assert len({s.entry for s in specs + row_major}) == VALID_SPECS[arch] + ROW_MAJOR_SPECS
-
-
-@pytest.mark.parametrize("arch", ARCHS_TESTED)
-def test_every_kernel_assembles(space_reports, arch):
-    specs, rejected, row_major, parsed, reports = space_reports[arch]
-    every = specs + row_major
-    assert len(parsed) == len(every) == VALID_SPECS[arch] + ROW_MAJOR_SPECS
-    compiled = [e for r in reports for e in re.findall(r"Compiling entry function '(\w+)' for '(\w+)'", r)]
-    assert sorted(compiled) == sorted((s.entry, arch) for s in every)
-    for s in every:
-        r = parsed[s.entry]
+def test_covering_subset_assembles(covered):
+    """The whole valid space of sm_80, sm_89, sm_90 and sm_120 (tile presets of conf/tile/, stages
+    1..65, tile.group_m 1 and 8) is enumerated by experiments.spec.space(); assembled is the covering
+    subset of experiments.spec_cover: every pair of values of two kernel-shaping axes (arch, precision,
+    acc, ktile, mma, b_layout, tile, loader.a, loader.b, pipeline.stages) that occurs in a valid point,
+    and for every (precision, arch) every value of every axis, cache.op / L2 hints / group_m included.
+    Every chosen kernel assembles, with 1 barrier, no static shared memory and <= 255 registers."""
+    sp, specs, reports = covered
+    assert len(reports) == len({(s.entry, s.arch) for s in specs}) == len(specs)
+    for s in specs:
+        r = reports[(s.entry, s.arch)]
         assert 16 <= r["registers"] <= 255, (s.entry, r)
         assert r["barriers"] == 1 and r["static_smem"] == 0, (s.entry, r)
         if r["spill_stores"] or r["spill_loads"]:
             assert r["stack_frame"] > 0, (s.entry, r)     # spilled values live in the stack frame
 
 
-def _spilled(parsed):
-    return {e: r for e, r in parsed.items() if r["spill_stores"] or r["spill_loads"]}
+def test_covering_subset_meets_every_requirement(covered):
+    """What the docstring above claims, checked from the chosen kernels themselves."""
+    sp, specs, _ = covered
+    shaping = [a for a in sp.axes if a.shaping]
+    index = {a.key: {v: i for i, v in enumerate(a.values)} for a in sp.axes}
+    met, per_pa = set(), defaultdict(lambda: defaultdict(set))
+    for s in specs:
+        vals = []
+        for i, ax in enumerate(shaping):
+            v = tuple(getattr(s, f) for f in ax.attrs)
+            vals.append((i, v[0] if ax.key == "pipeline.stages" else index[ax.key][v]))
+        met |= set(itertools.combinations(vals, 2))
+        met |= {("pa", vals[0][1], vals[1][1], v) for v in vals}
+        for ax in sp.axes:
+            if not ax.shaping:
+                per_pa[(s.precision, s.arch)][ax.key].add(tuple(getattr(s, f) for f in ax.attrs))
+    missing = requirements(sp) - met
+    assert not missing, sorted(missing)[:5]
+    for (prec, arch), got in per_pa.items():
+        for ax in sp.axes:
+            if not ax.shaping:
+                assert got[ax.key] == set(ax.values), (prec, arch, ax.key)
+    assert {(s.precision, s.arch) for s in specs} == {
+        (p, a) for a in ARCHS_TESTED for p in ("fp16", "bf16", "int8", "int4", "fp8_e4m3", "fp8_e5m2")
+        if not (p.startswith("fp8") and a == "sm_80")}
+
+
+def test_covering_subset_reaches_the_stage_limits(covered):
+    """Per (precision, arch) the largest stage count the space allows is assembled, e.g. 65 for
+    int4/int8 with 16-byte rows everywhere (the wait_group limit) and fewer for 16-bit types on sm_89."""
+    sp, specs, _ = covered
+    most = Counter()
+    for s in specs:
+        most[(s.precision, s.arch)] = max(most[(s.precision, s.arch)], s.stages)
+    assert most[("int4", "sm_89")] == most[("int8", "sm_120")] == most[("int4", "sm_90")] == 65
+    # fp16: the smallest stage is the study tile 32x64 with ktile 16 and B stored K x N: 32 rows of A
+    # (32 B + 16 pad) and 16 rows of B (128 B + 16 pad) = 3840 B -> 26 stages on sm_89, 60 on sm_90
+    assert most[("fp16", "sm_89")] == 101376 // (32 * 48 + 16 * 144) == 26
+    assert most[("fp16", "sm_90")] == 232448 // 3840 == 60
 
 
 @pytest.mark.parametrize("arch", ARCHS_TESTED)
-def test_no_spills_with_64x64_warp_tiles(space_reports, arch):
-    """The presets with 64 x 64 warp tiles (the default 256x128, 128x256, 128x128_w2x2) keep their
-    128 accumulators and two fragment sets in registers for every precision, ktile and stage count."""
-    spilled = _spilled(space_reports[arch][3])
-    wide = [e for e in spilled if any(t in e for t in ("_256x128_w4x2_", "_128x256_w2x4_", "_128x128_w2x2_"))]
+def test_spills_stay_small(covered, arch):
+    """Warp tiles of 64 x 64 (the default 256x128 and 128x256, 128x128_w2x2) keep their accumulators
+    and two fragment sets in registers for int8/fp16/bf16; other kernels may spill a little (512-thread
+    blocks are capped at 128 registers, emulated fp8/int4 MMAs need extra registers)."""
+    _, specs, reports = covered
+    spilled = {s: reports[(s.entry, arch)] for s in specs if s.arch == arch
+               and reports[(s.entry, arch)]["spill_stores"]}
+    wide = [s.entry for s in spilled if s.warp_tile == (64, 64) and s.precision in ("int8", "fp16", "bf16")]
     assert wide == []
-
-
-@pytest.mark.parametrize("arch", ARCHS_TESTED)
-def test_spills_elsewhere_stay_small(space_reports, arch):
-    """Other presets may spill a little (512-thread blocks are capped at 128 registers)."""
-    worst = max((r["spill_stores"] for r in _spilled(space_reports[arch][3]).values()), default=0)
-    assert worst <= 256
+    assert max((r["spill_stores"] for r in spilled.values()), default=0) <= 256
 
 
 def test_parse_report_matches_the_whole_entry_name():

@@ -1,4 +1,11 @@
-"""GPU tests: kernels verified exactly / within tolerance, int4 nibble order, JIT log, fault isolation."""
+"""GPU tests: every loader, B layout, cache operator / L2 hint, accumulator and FP8 format verifies;
+loader, layout and cache variants of one kernel give bit-identical C; int4 nibble order, pipeline
+depths up to the shared-memory limit, JIT log, fault isolation, the CLI.
+
+Kernels are built for the GPU's own architecture (sm_90 on an H200). Every check runs at a small
+size (a few blocks in each direction, several K tiles), so the whole file takes about 2 minutes.
+"""
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -6,67 +13,186 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.spec import KernelSpec, valid_ktiles, PRECISIONS
+from experiments.spec import ARCHS, KernelSpec, SpecError
+from experiments.spec_tables import LOADERS, MAX_STAGES
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _specs():
-    out = []
-    for prec, p in PRECISIONS.items():
-        for ktile in valid_ktiles(p):
-            for mma_k in p.mma_k:
-                if ktile % mma_k:
-                    continue
-                for (bm, bn, wm, wn) in ((128, 128, 2, 4), (64, 64, 2, 2)):
-                    for stages in (1, 2, 3, 4):
-                        cache = "ca" if stages % 2 else "cg"
-                        try:
-                            out.append(KernelSpec(prec, ktile, mma_k, bm, bn, wm, wn, stages, cache, "sm_90"))
-                        except ValueError:
-                            pass
-    return out
-
-
-SPECS = _specs()
-
-
-def _run(spec, m, n, k, seed, tmp_path, ptx=None):
+@pytest.fixture(scope="module")
+def arch():
     import cupy
+    name = f"sm_{int(cupy.cuda.Device().compute_capability)}"
+    if name not in ARCHS:
+        pytest.skip(f"{name} is not a target of the mma_sync family ({', '.join(ARCHS)})")
+    return name
+
+
+def _spec(arch, **kw) -> KernelSpec:
+    base = dict(precision="fp16", ktile=32, mma_k=16, bm=64, bn=64, warps_m=2, warps_n=2, stages=2,
+                cache_op="cg", arch=arch)
+    try:
+        return KernelSpec(**{**base, **kw})
+    except SpecError as exc:
+        pytest.skip(f"not valid on {arch}: {exc}")
+
+
+def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
+    """Launch once on fresh operands (B stored as the spec says); returns (C, operands, VerifyResult)."""
+    import cupy
+
     from experiments.launch import GemmLaunch, load_kernel
     from experiments.render import render
-    from experiments.verify import check, make_operands, poison
+    from experiments.verify import check, make_operands, poison, tolerance
     ptx = ptx or render(spec)
     path = tmp_path / f"{spec.entry}.ptx"
     path.write_text(ptx)
     kern = load_kernel(ptx, str(path), spec.entry, spec.smem_bytes)
-    ops = make_operands(spec.precision, m, n, k, seed)
-    c = cupy.empty((m, n), dtype=np.float32 if spec.prec.is_float else np.int32)
+    ops = make_operands(spec.precision, m, n, k, seed, b_layout=spec.b_layout)
+    c = cupy.empty((m, n), dtype=np.dtype(spec.accum.c_dtype))
     poison(c)
     GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k)()
-    return c, ops, check(c, ops, spec.prec.is_float, 1e-3)
+    cupy.cuda.Device().synchronize()
+    tol = tolerance(spec.acc, k, rtol) if spec.prec.is_float else 0.0
+    return c, ops, check(c, ops, spec.prec.is_float, tol)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[s.entry for s in SPECS])
-def test_kernel_matches_reference(spec, tmp_path):
-    # non-square, several blocks in each direction, K with >= 4 tiles for every stage count
-    m, n, k = 2 * spec.bm, 3 * spec.bn, 4 * spec.ktile * 2
-    c, ops, res = _run(spec, m, n, k, 1234, tmp_path)
+def _same_bits(c0, c1) -> bool:
+    import cupy
+    view = {2: np.uint16, 4: np.uint32}[c0.dtype.itemsize]
+    return bool(cupy.array_equal(c0.view(view), c1.view(view)))
+
+
+def _variants(arch, base, loaders_b=LOADERS):
+    """Every loader pair and B layout the rules allow for ``base`` (kwargs of KernelSpec)."""
+    out = []
+    for la in LOADERS:
+        for lb in loaders_b:
+            for layout in ("col", "row"):
+                try:
+                    out.append(KernelSpec(**{**base, "arch": arch, "loader_a": la, "loader_b": lb,
+                                             "b_layout": layout}))
+                except SpecError:
+                    pass
+    return out
+
+
+# (precision, ktile, mma_k, tile): 32- and 16-byte K chunks, one and two m16 tiles per warp, every type
+LOADER_GROUPS = {
+    "fp16_k16_bk32_64x64": dict(precision="fp16", ktile=32, mma_k=16, bm=64, bn=64, warps_m=2, warps_n=2),
+    "bf16_k8_bk16_32x64": dict(precision="bf16", ktile=16, mma_k=8, bm=32, bn=64, warps_m=2, warps_n=4),
+    "fp16_f16acc_k16_bk64_64x64": dict(precision="fp16", ktile=64, mma_k=16, bm=64, bn=64, warps_m=2,
+                                       warps_n=2, acc="f16"),
+    "int8_k16_bk16_64x64": dict(precision="int8", ktile=16, mma_k=16, bm=64, bn=64, warps_m=2, warps_n=2),
+    "int8_k32_bk64_32x64": dict(precision="int8", ktile=64, mma_k=32, bm=32, bn=64, warps_m=2, warps_n=4),
+    "int4_k32_bk32_64x64": dict(precision="int4", ktile=32, mma_k=32, bm=64, bn=64, warps_m=2, warps_n=2),
+    "int4_k64_bk128_32x64": dict(precision="int4", ktile=128, mma_k=64, bm=32, bn=64, warps_m=2, warps_n=4),
+    "e4m3_bk32_64x64": dict(precision="fp8_e4m3", ktile=32, mma_k=32, bm=64, bn=64, warps_m=2, warps_n=2),
+    "e5m2_bk64_32x64": dict(precision="fp8_e5m2", ktile=64, mma_k=32, bm=32, bn=64, warps_m=2, warps_n=4),
+}
+
+
+@pytest.mark.parametrize("group", LOADER_GROUPS)
+def test_every_loader_and_layout_verifies_bit_identically(group, arch, tmp_path):
+    """All loader pairs (x1/x2/x4/manual for A and for B) and both B layouts of one kernel verify, and
+    their C are bit-identical: every loader fills the same registers and the MMA order is fixed."""
+    base = dict(LOADER_GROUPS[group], stages=2, cache_op="cg")
+    if ARCHS[arch].sm < 89 and base["precision"].startswith("fp8"):
+        pytest.skip(f"{base['precision']} needs sm_89")
+    specs = _variants(arch, base)
+    # 16-bit: 4 x 4 loaders x 2 layouts; 8-/4-bit: 4 x 4 with B stored N x K, 4 x manual with K x N
+    assert len(specs) == (32 if base["precision"] in ("fp16", "bf16") else 20)
+    m, n, k = 2 * base["bm"], 3 * base["bn"], 6 * base["ktile"]
+    first = None
+    for s in specs:
+        c, _, res = _run(s, m, n, k, 1234, tmp_path)
+        assert res.ok, f"{s.entry}: {res.message()}"
+        if not s.prec.is_float:
+            assert res.max_error == 0.0
+        if first is None:
+            first = (s.entry, c)
+        else:
+            assert _same_bits(first[1], c), f"{s.entry} differs from {first[0]}"
+
+
+def test_cache_operators_and_l2_hints(arch, tmp_path):
+    """.ca/.cg and every L2 eviction priority for A and for B verify, bit-identical to no hint."""
+    combos = [("cg", "none", "none"), ("ca", "none", "none"), ("cg", "evict_first", "evict_last"),
+              ("ca", "evict_last", "evict_first"), ("cg", "evict_normal", "none"),
+              ("ca", "none", "evict_normal"), ("cg", "evict_last", "evict_last")]
+    first = None
+    for op, ha, hb in combos:
+        s = _spec(arch, precision="bf16", cache_op=op, l2_hint_a=ha, l2_hint_b=hb, stages=3)
+        c, _, res = _run(s, 128, 192, 256, 7, tmp_path)
+        assert res.ok, f"{s.entry}: {res.message()}"
+        first = first or (s.entry, c)
+        assert _same_bits(first[1], c), f"{s.entry} differs from {first[0]}"
+
+
+@pytest.mark.parametrize("mma_k, ktile, k", [(16, 32, 256), (8, 16, 1024)])
+def test_f16_accumulation(arch, tmp_path, mma_k, ktile, k):
+    """acc=f16: C is fp16 in memory and within the f16-accumulation bound of verify.tolerance."""
+    from experiments.verify import tolerance
+    s = _spec(arch, ktile=ktile, mma_k=mma_k, acc="f16")
+    c, ops, res = _run(s, 128, 128, k, 3, tmp_path)
+    assert c.dtype == np.float16
+    assert res.ok and res.tolerance == tolerance("f16", k, 1e-3), res.message()
+    assert res.max_error > 0      # f16 rounding is visible: this is not the f32 kernel
+
+
+@pytest.mark.parametrize("precision", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_verifies_against_exact_decoding(arch, tmp_path, precision):
+    """Operands are random finite FP8 bit patterns, the reference their exact values (verify.fp8_values)."""
+    if ARCHS[arch].sm < 89:
+        pytest.skip("FP8 mma.sync needs sm_89")
+    s = _spec(arch, precision=precision, ktile=64, mma_k=32, bm=128, bn=128, warps_m=2, warps_n=4, stages=3)
+    _, ops, res = _run(s, 256, 384, 512, 11, tmp_path)
     assert res.ok, res.message()
-    if not spec.prec.is_float:
-        assert res.max_error == 0.0
-    else:
-        assert res.max_error < 1e-4  # f32 accumulation of K <= 1024 products (typ. 1e-6)
+    assert float(abs(ops.a_ref).max()) > 100          # large and small magnitudes both occur
 
 
-def test_int4_nibble_order_pairs_equal_k(tmp_path):
+def test_stages_up_to_the_shared_memory_limit(arch, tmp_path):
+    """Pipeline depths 1, 2, 3, 7 and the largest that fits (or 65) give bit-identical C; K holds more
+    K tiles than the deepest pipeline, so the stage ring wraps."""
+    probe = _spec(arch, ktile=16, mma_k=16, stages=1)
+    deepest = min(MAX_STAGES, ARCHS[arch].max_smem_block // probe.stage_bytes)
+    first = None
+    for stages in sorted({1, 2, 3, 7, deepest}):
+        s = dataclasses.replace(probe, stages=stages, ptx_version=(0, 0))
+        c, _, res = _run(s, 128, 128, 16 * (deepest + 5), 21, tmp_path)
+        assert res.ok, f"{s.entry}: {res.message()}"
+        first = first or (s.entry, c)
+        assert _same_bits(first[1], c), f"{s.entry} differs from {first[0]}"
+
+
+def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
+    """worker.measure lays B out as the spec says and allocates C in the accumulator's dtype."""
+    from experiments.render import render
+    from experiments.verify import tolerance
+    from experiments.worker import GpuWorker
+    s = _spec(arch, b_layout="row", loader_b="x4", acc="f16")
+    ptx = render(s)
+    (tmp_path / "k.ptx").write_text(ptx)
+    timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)
+    w = GpuWorker()
+    try:
+        res = w.call("measure", 120, ptx=ptx, ptx_path=str(tmp_path / "k.ptx"), spec=s.as_kwargs(),
+                     m=128, n=128, k=512, timing=timing, rtol=1e-3, seed=5)
+    finally:
+        w.stop()
+    assert res["verified"], res["verify_message"]
+    assert res["verify_rtol"] == tolerance("f16", 512, 1e-3)
+    assert res["timing"]["median_us"] > 0
+
+
+def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
     """A nonzero only at even k, B only at odd k: C must be exactly 0; same parity: not 0."""
     import cupy
     from experiments.launch import GemmLaunch, load_kernel
     from experiments.render import render
     from experiments.verify import pack_int4
-    spec = KernelSpec("int4", 64, 64, 128, 128, 2, 4, 2, "cg", "sm_90")
+    spec = KernelSpec("int4", 64, 64, 128, 128, 2, 4, 2, "cg", arch)
     m = n = k = 256
     rs = np.random.RandomState(7)
     a = rs.randint(-8, 8, (m, k)).astype(np.int8)
@@ -87,10 +213,10 @@ def test_int4_nibble_order_pairs_equal_k(tmp_path):
     assert np.abs(expect).sum() > 0
 
 
-def test_jit_failure_shows_driver_log(tmp_path):
+def test_jit_failure_shows_driver_log(arch, tmp_path):
     from experiments.launch import PtxJitError, load_kernel
-    spec = SPECS[0]
     from experiments.render import render
+    spec = _spec(arch)
     bad = render(spec).replace("mma.sync.aligned", "mma.sync.bogus", 1)
     path = tmp_path / "bad.ptx"
     path.write_text(bad)
@@ -116,12 +242,13 @@ FAULT_PTX = """
 """
 
 
-def test_worker_survives_a_faulting_kernel(tmp_path):
+def test_worker_survives_a_faulting_kernel(arch, tmp_path):
     from experiments.render import render
     from experiments.worker import GpuWorker, WorkerError
-    spec = KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_90")
+    spec = KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", arch)
     timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)
-    fault = FAULT_PTX.format(entry=spec.entry)
+    fault = FAULT_PTX.format(entry=spec.entry).replace(".target sm_90", f".target {arch}").replace(
+        ".version 7.8", ".version %d.%d" % spec.ptx_version)
     (tmp_path / "fault.ptx").write_text(fault)
     good = render(spec)
     (tmp_path / "good.ptx").write_text(good)
@@ -158,16 +285,16 @@ def test_cli_small_sweep_on_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("group_m", [1, 2, 3, 8])
-def test_rasterization_groups_cover_every_block(group_m, tmp_path):
+def test_rasterization_groups_cover_every_block(group_m, arch, tmp_path):
     """5 x 3 blocks: the last group of block rows is partial for group_m 2, 3 and 8."""
-    spec = KernelSpec("int8", 32, 32, 64, 64, 2, 2, 2, "cg", "sm_90", group_m=group_m)
+    spec = KernelSpec("int8", 32, 32, 64, 64, 2, 2, 2, "cg", arch, group_m=group_m)
     _, _, res = _run(spec, 5 * 64, 3 * 64, 256, 99, tmp_path)
     assert res.ok and res.max_error == 0, res.message()
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
-def test_k_shorter_than_the_pipeline(stages, tmp_path):
+def test_k_shorter_than_the_pipeline(stages, arch, tmp_path):
     """K = one K tile: the prologue must not copy tiles past K for any stage count."""
-    spec = KernelSpec("fp16", 32, 16, 64, 64, 2, 2, stages, "cg", "sm_90")
+    spec = KernelSpec("fp16", 32, 16, 64, 64, 2, 2, stages, "cg", arch)
     _, _, res = _run(spec, 128, 64, 32, 5, tmp_path)
     assert res.ok, res.message()

@@ -1,15 +1,18 @@
-"""KernelSpec validation, spec_from_config and the derived numbers of experiments/spec.py."""
+"""KernelSpec validation, spec_from_config, the derived numbers and the space of experiments/spec.py."""
+from math import prod
+
 import pytest
 from omegaconf import OmegaConf
 
 from experiments.config import Config
-from experiments.spec import (ARCHS, PRECISIONS, KernelSpec, SpecError, resolve_arch,
-                              spec_from_config, valid_ktiles)
-
+from experiments.spec import (ARCHS, PRECISIONS, RULES, KernelSpec, SpecError, describe_space,
+                              resolve_arch, space, spec_from_config, valid_ktiles)
+from experiments.spec_tables import MAX_STAGES, tile_presets
 
 # Axes the numbers below depend on, pinned so that a change of a default does not move them
 BASE = ["tile.block=[128,128]", "tile.warps=[2,4]", "tile.group_m=8", "pipeline.stages=2",
-        "eviction.cache=cg", "mma=auto", "target.arch=auto", "target.ptx_version=auto"]
+        "cache.op=cg", "cache.l2_hint_a=none", "cache.l2_hint_b=none", "mma=auto", "acc=auto",
+        "b_layout=col", "loader.a=x4", "loader.b=x2", "target.arch=auto", "target.ptx_version=auto"]
 
 
 def cfg(*overrides):
@@ -42,6 +45,8 @@ def assert_names(msg: str, key: str, value, valid, given: str = "") -> None:
     ("bf16", [16, 32, 64, 128]),
     ("int8", [16, 32, 64, 128]),
     ("int4", [32, 64, 128]),       # ktile 16 of int4 is 8 bytes, below one 16-byte cp.async chunk
+    ("fp8_e4m3", [32, 64, 128]),   # the only fp8 shape is m16n8k32
+    ("fp8_e5m2", [32, 64, 128]),
 ])
 def test_valid_ktiles_per_precision(precision, ktiles):
     assert valid_ktiles(PRECISIONS[precision]) == ktiles
@@ -128,10 +133,70 @@ def test_too_many_threads():
 
 
 def test_odd_tile_count_with_16_byte_rows():
-    # int8 ktile 16 = 16-byte rows; warp tile 16x32 has one m16 tile (needs an even count)
+    # int8 ktile 16 = 16-byte rows: an m16 tile of A is 2 ldmatrix matrices, so .x4 needs two m16
+    # tiles; the warp tile 16x32 has one. .x2 and .x1 fit.
     msg = spec_error("precision=int8", "ktile=16", "tile.block=[32,128]", "tile.warps=[2,4]")
-    assert "ktile=16 gives 16-byte rows" in msg
-    assert "warp tile 16x32" in msg
+    assert msg == ("loader.a=x4 reads 4 8x8 matrices at once, 2 m16 tiles of 2 each (ktile=16, 16-byte "
+                   "rows), but the warp tile 16x32 has 1; valid loader.a here: x1, x2, manual")
+    s = spec("precision=int8", "ktile=16", "tile.block=[32,128]", "tile.warps=[2,4]", "loader.a=x2")
+    assert s.loader_a == "x2" and s.warp_tile == (16, 32)
+
+
+def test_loader_b_x4_needs_pairs_of_n8_tiles():
+    # warp tile 16x8 (block 32x64, 2x8 warps): one n8 tile; B .x4 covers two n8 tiles of 32-byte K
+    msg = spec_error("precision=fp16", "ktile=16", "tile.block=[32,64]", "tile.warps=[2,8]", "loader.b=x4")
+    assert msg == ("loader.b=x4 reads 4 8x8 matrices at once, 2 n8 tiles of 2 each (ktile=16, 32-byte "
+                   "rows), but the warp tile 16x8 has 1; valid loader.b here: x1, x2, manual")
+    # 16-byte rows: one matrix per n8 tile, .x4 needs 4 of them (the study tile has 2)
+    msg = spec_error("precision=int4", "ktile=32", "tile.block=[32,64]", "tile.warps=[2,4]",
+                     "loader.a=x2", "loader.b=x4")
+    assert msg.endswith("valid loader.b here: x1, x2, manual")
+
+
+def test_row_b_of_8_and_4_bit_types_needs_the_manual_loader():
+    for prec in ("int8", "int4", "fp8_e4m3"):
+        msg = spec_error(f"precision={prec}", "ktile=64", "b_layout=row", "target.arch=sm_90")
+        assert msg == (f"loader.b=x2 is not valid with b_layout=row and precision={prec}: ldmatrix.m8n8 .trans "
+                       f"transposes 16-bit elements only (PTX ISA 9.7.14.5.15), so {PRECISIONS[prec].bits}"
+                       "-bit B stored K x N is gathered by scalar loads; valid values: manual")
+        s = spec(f"precision={prec}", "ktile=64", "b_layout=row", "loader.b=manual", "target.arch=sm_90")
+        assert (s.b_layout, s.loader_b) == ("row", "manual")
+    s = spec("precision=bf16", "ktile=32", "b_layout=row", "loader.b=x4")
+    assert s.entry == "gemm_bf16_bk32_m16n8k16_ldx4x4_cg_brow_s2_128x128_w2x4_g8"
+
+
+def test_row_b_copies_whole_16_byte_chunks():
+    # int4, BN = 16: a K row of the B tile is 8 bytes, less than one cp.async chunk
+    msg = spec_error("precision=int4", "ktile=32", "tile.block=[32,16]", "tile.warps=[2,2]",
+                     "b_layout=row", "loader.a=x2", "loader.b=manual")
+    assert msg == ("b_layout=row copies K rows of BN=16 int4 elements (8 bytes) in 16-byte cp.async "
+                   "chunks: BN * bits / 8 must be a multiple of 16. Use a wider tile.block or b_layout=col.")
+
+
+def test_chunks_of_a_row_divide_the_threads():
+    # fp16 K x N rows of BN = 96 elements = 192 bytes = 12 chunks; 128 threads are not a multiple of 12
+    msg = spec_error("precision=fp16", "ktile=32", "tile.block=[64,96]", "tile.warps=[2,2]", "b_layout=row",
+                     "loader.b=x2")
+    assert msg == ("B rows of 192 bytes are 12 cp.async chunks, which do not divide the 128 threads of "
+                   "tile.warps=[2, 2]; use a power-of-two tile.")
+
+
+def test_fp8_needs_sm89_and_ptx_84():
+    msg = spec_error("precision=fp8_e4m3", "ktile=64", "target.arch=sm_80")
+    assert msg == ("precision=fp8_e4m3 needs target.arch sm_89 or later (mma.sync with .e4m3, PTX ISA 8.4); "
+                   "valid target.arch: sm_89, sm_90, sm_100, sm_120")
+    s = spec("precision=fp8_e5m2", "ktile=64", "target.arch=sm_89")
+    assert (s.mma_shape, s.acc, s.ptx_version) == ("m16n8k32", "f32", (8, 4))
+    assert spec("precision=fp8_e4m3", "ktile=32", "target.arch=sm_120").ptx_version == (8, 7)
+
+
+def test_f16_accumulation_is_for_fp16_only():
+    s = spec("precision=fp16", "ktile=32", "acc=f16")
+    assert (s.acc, s.accum.c_dtype, s.accum.regs_per_tile) == ("f16", "float16", 2)
+    assert s.entry == "gemm_fp16_bk32_m16n8k16_accf16_ldx4x2_cg_bcol_s2_128x128_w2x4_g8"
+    assert_names(spec_error("precision=bf16", "acc=f16"), "acc", "f16", ["f32"], "precision=bf16")
+    assert_names(spec_error("precision=int8", "acc=f32"), "acc", "f32", ["s32"], "precision=int8")
+    assert spec("precision=fp16", "acc=f32").entry == spec("precision=fp16").entry   # the default
 
 
 def test_group_m_range():
@@ -143,7 +208,8 @@ def test_group_m_range():
 
 def test_unknown_arch():
     msg = spec_error("target.arch=sm_75")
-    assert msg == "target.arch='sm_75' is not supported; valid: auto, sm_80, sm_86, sm_89, sm_90"
+    assert msg == ("target.arch='sm_75' is not supported; valid: auto, sm_80, sm_86, sm_89, sm_90, "
+                   "sm_100, sm_120")
 
 
 def test_bad_ptx_version_string():
@@ -153,11 +219,19 @@ def test_bad_ptx_version_string():
 
 def test_direct_construction_validates_stages_and_cache():
     with pytest.raises(SpecError) as err:
-        KernelSpec("int8", 64, 32, 128, 128, 2, 4, 5, "cg", "sm_90")
-    assert_names(str(err.value), "pipeline.stages", 5, [1, 2, 3, 4])
+        KernelSpec("int8", 64, 32, 128, 128, 2, 4, 66, "cg", "sm_90")
+    assert str(err.value) == ("pipeline.stages=66 is not valid; valid values: 1 ... 65 (a cp.async.wait_group "
+                              "waits for at most 63 pending groups) that fit shared memory")
     with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cs", "sm_90")
-    assert_names(str(err.value), "eviction.cache", "cs", ["ca", "cg"])
+    assert_names(str(err.value), "cache.op", "cs", ["ca", "cg"])
+    with pytest.raises(SpecError) as err:
+        KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_90", l2_hint_b="evict_soon")
+    assert_names(str(err.value), "cache.l2_hint_b", "evict_soon",
+                 ["none", "evict_first", "evict_last", "evict_normal"])
+    with pytest.raises(SpecError) as err:
+        KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", "sm_90", loader_a="x8")
+    assert_names(str(err.value), "loader.a", "x8", ["x1", "x2", "x4", "manual"])
     with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 64, 128, 128, 2, 4, 2, "cg", "sm_90")
     assert_names(str(err.value), "mma", "m16n8k64", ["m16n8k16", "m16n8k32"], "precision=int8")
@@ -185,19 +259,54 @@ def test_smem_limit_follows_the_gpu_compute_capability():
 def test_resolve_arch():
     assert resolve_arch("auto", None) == "sm_90"
     assert resolve_arch("auto", 86) == "sm_86"
+    assert resolve_arch("auto", 100) == "sm_100"
     assert resolve_arch("sm_80", 90) == "sm_80"
-    with pytest.raises(SpecError, match="target.arch='sm_100' is not supported"):
-        resolve_arch("auto", 100)
+    with pytest.raises(SpecError, match="target.arch='sm_103' is not supported"):
+        resolve_arch("auto", 103)
+
+
+@pytest.mark.parametrize("arch, limit, stages", [
+    # int4 ktile 32 on the study tile: 16-byte rows, (32 + 64) x 16 = 1536 B per stage
+    ("sm_89", 101376, 65),     # 66 stages would fit 99 KiB; a wait_group holds 63 -> 65 stages
+    ("sm_120", 101376, 65),
+    ("sm_100", 232448, 65),
+])
+def test_stages_up_to_what_fits(arch, limit, stages):
+    s = spec("precision=int4", "ktile=32", "tile.block=[32,64]", "tile.warps=[2,4]", "loader.a=x2",
+             f"target.arch={arch}", f"pipeline.stages={stages}")
+    assert s.stage_bytes == 1536 and s.smem_bytes == 99840 <= limit == ARCHS[arch].max_smem_block
+    assert MAX_STAGES == 65
+
+
+def test_stages_limited_by_shared_memory():
+    # fp16 ktile 64 on 128x128: pitch 144, 256 rows = 36864 B per stage; sm_89: 2 stages fit, 3 do not
+    assert spec("precision=fp16", "ktile=64", "pipeline.stages=2", "target.arch=sm_89").smem_bytes == 73728
+    msg = spec_error("precision=fp16", "ktile=64", "pipeline.stages=3", "target.arch=sm_89")
+    assert "needs 110592 bytes of shared memory per block (3 stages x 36864 B); sm_89 allows 101376" in msg
+    # sm_90 allows 6 (6 x 36864 = 221184 <= 232448), not 7
+    assert spec("precision=fp16", "ktile=64", "pipeline.stages=6").smem_bytes == 221184
+    assert "sm_90 allows 232448" in spec_error("precision=fp16", "ktile=64", "pipeline.stages=7")
 
 
 # -- PTX version ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch, version", [("sm_80", (7, 0)), ("sm_86", (7, 1)),
-                                           ("sm_89", (7, 8)), ("sm_90", (7, 8))])
+@pytest.mark.parametrize("arch, version", [("sm_80", (7, 0)), ("sm_86", (7, 1)), ("sm_89", (7, 8)),
+                                           ("sm_90", (7, 8)), ("sm_100", (8, 6)), ("sm_120", (8, 7))])
 def test_ptx_version_auto(arch, version):
     s = spec("precision=int8", "ktile=64", f"target.arch={arch}")
     assert s.ptx_version == version
     assert s.flat()["ptx_version"] == "%d.%d" % version
+
+
+def test_ptx_version_with_l2_hints():
+    # createpolicy and cp.async .L2::cache_hint need PTX ISA 7.4
+    s = spec("precision=int8", "ktile=64", "target.arch=sm_80", "cache.l2_hint_a=evict_last")
+    assert s.ptx_version == (7, 4)
+    assert s.entry == "gemm_int8_bk64_m16n8k32_ldx4x2_cg_l2lx_bcol_s2_128x128_w2x4_g8"
+    msg = spec_error("precision=int8", "target.arch=sm_80", "cache.l2_hint_b=evict_first",
+                     "target.ptx_version=7.3")
+    assert msg == ("target.ptx_version=7.3 is below 7.4, the lowest that sm_80 and mma.m16n8k32.s8 with "
+                   ".L2::cache_hint need")
 
 
 def test_ptx_version_explicit():
@@ -214,9 +323,17 @@ def test_ptx_version_explicit():
 def test_entry_name_format():
     s = spec("precision=int8", "ktile=64")
     assert s.entry == "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s2_128x128_w2x4_g8"
-    s = spec("precision=int4", "ktile=32", "eviction.cache=ca", "pipeline.stages=3",
+    s = spec("precision=int4", "ktile=32", "cache.op=ca", "pipeline.stages=3",
              "tile.block=[64,64]", "tile.warps=[2,2]", "tile.group_m=1")
     assert s.entry == "gemm_int4_bk32_m16n8k32_ldx4x2_ca_bcol_s3_64x64_w2x2_g1"
+    s = spec("precision=int4", "ktile=64", "b_layout=row", "loader.a=manual", "loader.b=manual",
+             "cache.l2_hint_a=evict_first", "cache.l2_hint_b=evict_normal")
+    assert s.entry == "gemm_int4_bk64_m16n8k64_ldmanman_cg_l2fn_brow_s2_128x128_w2x4_g8"
+
+
+def test_todays_default_entry_is_unchanged():
+    cfg_ = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist(["precision=int8", "ktile=64"]))
+    assert spec_from_config(cfg_).entry == "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s3_256x128_w4x2_g8"
 
 
 def test_flat_and_kwargs_round_trip():
@@ -244,6 +361,18 @@ def test_int4_k32_has_unpadded_16_byte_rows():
     assert s.smem_stride == 16
     assert s.stage_bytes == 4096        # 256 rows x 16 B
     assert s.smem_bytes == 12288
+
+
+def test_row_b_numbers():
+    # bf16 ktile 32, B stored K x N: a stage holds BM = 128 rows of A (64 B + 16 pad) and BK = 32 rows
+    # of B of BN = 128 elements (256 B + 16 pad)
+    s = spec("precision=bf16", "ktile=32", "b_layout=row")
+    assert (s.smem_stride, s.b_row_bytes, s.b_stride) == (80, 256, 272)
+    assert s.stage_bytes == 128 * 80 + 32 * 272 == 18944
+    # int4 B of 16 bytes per K row (BN = 32) packs without padding, like 16-byte A rows
+    s = spec("precision=int4", "ktile=32", "tile.block=[64,32]", "tile.warps=[2,2]", "b_layout=row",
+             "loader.b=manual")
+    assert (s.b_row_bytes, s.b_stride, s.stage_bytes) == (16, 16, 64 * 16 + 32 * 16)
 
 
 def test_fp16_k16_numbers():
@@ -298,3 +427,64 @@ def test_check_problem_too_large_for_32_bit_offsets():
     assert str(err.value) == ("problem 65536x128x65536 is too large for 32-bit offsets in "
                               "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s2_128x128_w2x4_g8")
     s.check_problem(65536, 128, 65472)          # 65536 x 65472 < 2**32
+
+
+# -- the space ---------------------------------------------------------------------------------
+
+ONE_TILE = {"64x64": (64, 64, 2, 2)}
+
+
+def test_space_counts_by_hand():
+    """sm_80, one tile (64x64, 2x2 warps): every point is the product of the axes; the counts below
+    follow from the rules without running the enumerator."""
+    sp = space(["sm_80"], ONE_TILE)
+    free = 2 * 4 * 4 * 2                                   # cache.op, two L2 hints, group_m
+    per_prec = 3 * 4 * 4 * 2 * 1 * 4 * 4 * MAX_STAGES * free   # acc ktile mma b_layout tile loaders stages
+    c = sp.counts["sm_80"]
+    assert sum(c.values()) == 6 * per_prec
+    assert c["arch"] == 2 * per_prec                       # fp8 before sm_89
+    # acc: fp16 keeps f32, f16; bf16, int8, int4 keep one of 3
+    assert c["acc"] == (1 + 2 + 2 + 2) * per_prec // 3
+    # smem on sm_80 (166912 B): stage bytes = 128 rows x pitch (64x64 tile, col B); valid stages =
+    # min(65, 166912 // stage). Pitch 16 -> 81 (65), 48 -> 27, 80 -> 16, 144 -> 9, 272 -> 4
+    max_stages = {}
+    for _, values, mx in sp.cells:
+        s = sp.spec(values, 1)
+        if s.b_layout == "col":
+            max_stages.setdefault(s.smem_stride, set()).add(mx)
+    assert max_stages == {16: {65}, 48: {27}, 80: {16}, 144: {9}, 272: {4}}
+    assert c["valid"] == sum(cnt for _, _, cnt in sp.cells) * free
+
+
+def test_space_cells_are_valid_and_the_rest_is_not():
+    """Every cell's stages 1..max are valid KernelSpecs; max + 1 is rejected by shared memory."""
+    sp = space(["sm_89"], ONE_TILE)
+    for _, values, mx in sp.cells[::37]:
+        s = sp.spec(values, mx)
+        assert s.arch == "sm_89" and s.smem_bytes <= ARCHS["sm_89"].max_smem_block
+        if mx < MAX_STAGES:
+            with pytest.raises(SpecError, match="bytes of shared memory per block"):
+                sp.spec(values, mx + 1)
+
+
+def test_space_rules_partition_the_points():
+    sp = space(["sm_90", "sm_120"])
+    sizes = [len(a.values) for a in sp.axes]
+    for c in sp.counts.values():
+        assert sum(c.values()) == prod(sizes) // 2        # two of the archs
+        assert set(c) <= {"valid"} | {r.name for r in RULES}
+    assert sp.counts["sm_90"]["valid"] > sp.counts["sm_120"]["valid"]   # 227 KiB vs 99 KiB
+
+
+def test_describe_space_lists_every_axis_and_rule():
+    text = describe_space()
+    for key in ("target.arch", "precision", "acc", "ktile", "mma", "b_layout", "tile", "loader.a",
+                "loader.b", "pipeline.stages", "cache.op", "cache.l2_hint_a", "cache.l2_hint_b", "tile.group_m"):
+        assert f"\n  {key} " in text, key
+    assert "1, 2, 3, ..., 65" in text
+    assert all(f"  {r.name} " in text for r in RULES)
+
+
+def test_tile_presets_include_the_study_tile():
+    assert tile_presets()["l4_32x64"] == (32, 64, 2, 4)
+    assert tile_presets()["256x128"] == (256, 128, 4, 2)

@@ -263,3 +263,32 @@ def test_gpu_worker_starts_inside_a_joblib_worker():
     joblib = pytest.importorskip("joblib")
     for res in joblib.Parallel(n_jobs=2, backend="loky")(joblib.delayed(_start_gpu_worker)() for _ in range(2)):
         assert res.startswith("ok: ") or "No module named 'cupy'" in res, res
+
+
+def test_warp_grid_that_does_not_divide_the_block_tile(tmp_path):
+    rc, out = run_cli(tmp_path, "tile.warps=[3,2]", *store_args(tmp_path, False))
+    assert rc == 1, out
+    assert ("tile.block=[256, 128] cannot be split over tile.warps=[3, 2]: BM=256 is not divisible by WM=3; "
+            "each warp computes BM/WM x BN/WN of C") in out
+    assert "85.3" not in out
+
+
+def test_study_preset_static_view_with_sass_and_the_emulation_note(tmp_path):
+    """The study's int4 k64 ablation without a GPU: six variants, resources, SASS mix, and one note
+    that sm_90 emulates mma.sync on .s4."""
+    from experiments.assemble import find_tool
+    if not (find_tool("cuobjdump", "cuda_cuobjdump") or find_tool("nvdisasm", "cuda_nvdisasm")):
+        pytest.skip("no cuobjdump/nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    rc, out = run_cli(tmp_path, "-m", "experiment=l4_run4_int4_k64_ablation", *store_args(tmp_path))
+    assert rc == 0, out
+    assert out.count("Note: 6 kernel(s) of this sweep run an emulated MMA") == 1
+    _, children = assert_store_is_true(tmp_path)
+    assert len(children) == 6
+    assert {c.data.tags["study_kernel"] for c in children} == {
+        "int4_ptx_mma_k64_x4_x2nontrans_ca", "int4_ptx_mma_k64_x1_x2nontrans_ca",
+        "int4_ptx_mma_k64_x2_x2nontrans_ca", "int4_ptx_mma_k64_x4_x1nontrans_ca",
+        "int4_ptx_mma_k64_x4_x2nontrans_cg", "int4_ptx_mma_k64_x4_x2trans_ca"}
+    for c in children:
+        assert c.data.tags["mma_native"] == "false" and "IMMA.16832.S8.S8" in c.data.tags["mma_native_reason"]
+        assert c.data.metrics["sass_IMMA"] > 0 and c.data.metrics["sass_CALL"] > 0
+        assert c.data.metrics["registers"] > 0

@@ -57,7 +57,7 @@ def test_env_used_when_uri_is_none(monkeypatch, tmp_path):
 
 def test_flatten_config():
     cfg = OmegaConf.merge(OmegaConf.structured(Config),
-                          OmegaConf.from_dotlist(["precision=int8", "ktile=64", "eviction.cache=ca",
+                          OmegaConf.from_dotlist(["precision=int8", "ktile=64", "cache.op=ca",
                                                   "tile.block=[128,128]", "tile.warps=[2,4]",
                                                   "pipeline.stages=2", "problem.sizes=[512,1024]",
                                                   "problem.shapes=[]", "backend=auto",
@@ -67,7 +67,7 @@ def test_flatten_config():
     assert flat["tile.block"] == "[128, 128]"
     assert flat["tile.warps"] == "[2, 4]"
     assert flat["precision"] == "int8"
-    assert flat["eviction.cache"] == "ca"
+    assert flat["cache.op"] == "ca"
     assert flat["backend"] == "auto"
     assert flat["ktile"] == "64"
     assert flat["pipeline.stages"] == "2"
@@ -97,7 +97,7 @@ def test_run_key():
     (["precision=fp16,bf16,int8,int4", "pipeline.stages=range(1,5)"], 16),
     (["precision=int8"], 1),
     ([], 1),
-    (["tile.block=[128,128],[64,128]", "eviction.cache=ca,cg"], 4),
+    (["tile.block=[128,128],[64,128]", "cache.op=ca,cg"], 4),
 ])
 def test_count_jobs(overrides, n):
     assert count_jobs(overrides) == n

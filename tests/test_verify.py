@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from experiments.verify import (bf16_bits, bf16_values, check, make_operands, pack_int4, poison,
-                                unpack_int4)
+from experiments.verify import (bf16_bits, bf16_values, check, fp8_finite_codes, fp8_values,
+                                make_operands, pack_int4, poison, tolerance, unpack_int4)
 
 # -- int4 packing -----------------------------------------------------------------------------
 
@@ -68,6 +68,8 @@ def test_bf16_values_exact():
     ("bf16", np.uint16, 64, -1.0, 1.0),
     ("int8", np.int8, 64, -128, 127),
     ("int4", np.uint8, 32, -8, 7),
+    ("fp8_e4m3", np.uint8, 64, -448, 448),
+    ("fp8_e5m2", np.uint8, 64, -57344, 57344),
 ])
 def test_make_operands_numpy(precision, dtype, k_cols, lo, hi):
     ops = make_operands(precision, 48, 40, 64, seed=5, xp=np)
@@ -85,6 +87,9 @@ def test_make_operands_numpy(precision, dtype, k_cols, lo, hi):
         assert np.array_equal(unpack_int4(ops.b).astype(np.float64), ops.b_ref)
     elif precision == "bf16":
         assert np.array_equal(bf16_values(ops.a).astype(np.float64), ops.a_ref)
+    elif precision.startswith("fp8"):
+        assert np.array_equal(fp8_values(ops.b, precision).astype(np.float64), ops.b_ref)
+        assert np.isfinite(ops.a_ref).all() and np.isfinite(ops.b_ref).all()
     else:
         assert np.array_equal(ops.a.astype(np.float64), ops.a_ref)
 
@@ -101,6 +106,106 @@ def test_make_operands_seed():
     b = make_operands("int8", 16, 16, 32, seed=3, xp=np)
     c = make_operands("int8", 16, 16, 32, seed=4, xp=np)
     assert np.array_equal(a.a, b.a) and not np.array_equal(a.a, c.a)
+
+
+# -- fp8 ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision, bits, value", [
+    ("fp8_e4m3", 0x00, 0.0),
+    ("fp8_e4m3", 0x01, 2.0 ** -9),                  # smallest subnormal: 1/8 * 2**-6
+    ("fp8_e4m3", 0x07, 7 / 8 * 2.0 ** -6),          # largest subnormal
+    ("fp8_e4m3", 0x08, 2.0 ** -6),                  # smallest normal
+    ("fp8_e4m3", 0x38, 1.0),                        # exponent 7 = bias
+    ("fp8_e4m3", 0x3C, 1.5),
+    ("fp8_e4m3", 0x7E, 448.0),                      # largest: 1.75 * 2**8
+    ("fp8_e4m3", 0xFE, -448.0),
+    ("fp8_e4m3", 0x80, -0.0),
+    ("fp8_e5m2", 0x01, 2.0 ** -16),                 # 1/4 * 2**-14
+    ("fp8_e5m2", 0x04, 2.0 ** -14),
+    ("fp8_e5m2", 0x3C, 1.0),
+    ("fp8_e5m2", 0x3E, 1.5),
+    ("fp8_e5m2", 0x7B, 57344.0),                    # 1.75 * 2**15
+    ("fp8_e5m2", 0xC0, -2.0),
+    ("fp8_e5m2", 0x7C, float("inf")),
+    ("fp8_e5m2", 0xFC, float("-inf")),
+])
+def test_fp8_values_exact(precision, bits, value):
+    got = fp8_values(np.array([bits], dtype=np.uint8), precision)
+    assert got.dtype == np.float32
+    assert got[0] == value and np.signbit(got[0]) == np.signbit(value)
+
+
+def test_fp8_nans_and_finite_codes():
+    codes = np.arange(256, dtype=np.uint8)
+    e4m3, e5m2 = fp8_values(codes, "fp8_e4m3"), fp8_values(codes, "fp8_e5m2")
+    assert np.flatnonzero(np.isnan(e4m3)).tolist() == [0x7F, 0xFF]
+    assert np.flatnonzero(np.isnan(e5m2)).tolist() == [0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF]
+    assert len(fp8_finite_codes("fp8_e4m3")) == 254 and len(fp8_finite_codes("fp8_e5m2")) == 248
+    # every finite value once, except +-0
+    assert len(set(e4m3[fp8_finite_codes("fp8_e4m3")].tolist())) == 253
+
+
+def test_fp8_operands_cover_the_codes():
+    ops = make_operands("fp8_e4m3", 128, 64, 128, seed=3, xp=np)
+    assert set(np.unique(ops.a).tolist()) == set(fp8_finite_codes("fp8_e4m3").tolist())
+
+
+# -- B stored K x N ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8", "int4", "fp8_e5m2"])
+def test_make_operands_row_b(precision):
+    col = make_operands(precision, 16, 64, 32, seed=9, xp=np)
+    row = make_operands(precision, 16, 64, 32, seed=9, xp=np, b_layout="row")
+    assert np.array_equal(col.a, row.a) and np.array_equal(col.b_ref, row.b_ref)
+    assert row.b_ref.shape == (64, 32)                  # the values stay N x K
+    if precision == "int4":
+        assert row.b.shape == (32, 32)                  # K x N/2: packed along N
+        assert np.array_equal(unpack_int4(row.b).T.astype(np.float64), row.b_ref)
+    else:
+        assert row.b.shape == (32, 64) and row.b.flags.c_contiguous
+        assert np.array_equal(row.b.T, col.b)
+
+
+def test_make_operands_bad_layout():
+    with pytest.raises(ValueError, match="b_layout='rows' is not valid; valid values: col, row"):
+        make_operands("int8", 16, 16, 32, seed=1, xp=np, b_layout="rows")
+
+
+# -- f16 accumulation ---------------------------------------------------------------------------
+
+def test_tolerance_f32_is_rtol():
+    assert tolerance("f32", 8192, 1e-3) == 1e-3
+
+
+@pytest.mark.parametrize("k, want", [
+    (256, 33 * 2.0 ** -10 / (1 - 33 * 2.0 ** -10)),     # worst case, n = 256/8 + 1 = 33
+    (1024, 8 * 129 ** 0.5 * 2.0 ** -10),                 # probabilistic bound is smaller from here
+    (8192, 8 * 1025 ** 0.5 * 2.0 ** -10),                # worst case is void (n u >= 1)
+])
+def test_tolerance_f16(k, want):
+    assert tolerance("f16", k, 1e-3) == pytest.approx(want, rel=1e-12)
+
+
+def test_tolerance_f16_small_k_keeps_rtol():
+    assert tolerance("f16", 8, 0.5) == 0.5
+
+
+def test_check_f16_c():
+    ops = make_operands("fp16", 32, 16, 256, seed=4, xp=np)
+    ref = ops.a_ref @ ops.b_ref.T
+    c = ref.astype(np.float16)                          # one rounding to f16: well inside the bound
+    tol = tolerance("f16", 256, 1e-3)
+    res = check(c, ops, is_float=True, rtol=tol)
+    assert res.ok and res.max_error < 2.0 ** -11
+    c[3, 4] = np.float16(ref[3, 4] + 0.1 * (np.abs(ops.a_ref[3]) @ np.abs(ops.b_ref[4])))
+    res = check(c, ops, is_float=True, rtol=tol)
+    assert not res.ok and res.where == (3, 4) and res.max_error == pytest.approx(0.1, rel=0.01)
+
+
+def test_poison_f16():
+    c = np.zeros((2, 3), dtype=np.float16)
+    poison(c)
+    assert np.isnan(c).all()
 
 
 # -- check --------------------------------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""Kernel families, by name: :func:`get` returns a family, :func:`names` lists them.
+
+Each family (one module here) implements :class:`~experiments.families.base.Family`; the runner knows
+nothing family-specific beyond this registry.
+"""
+from __future__ import annotations
+
+from ..spec import SpecError
+from .base import Build, Family, FamilySpec, Prepared, Rule
+from .cublas import CublasFamily
+from .dp4a import Dp4aFamily
+from .peak import PeakFamily
+from .wmma import WmmaFamily
+
+__all__ = ["get", "names", "Family", "FamilySpec", "Build", "Prepared", "Rule"]
+
+_CLASSES = (WmmaFamily, Dp4aFamily, CublasFamily, PeakFamily)
+
+
+def names() -> tuple[str, ...]:
+    """Registered family names, in registry order."""
+    return tuple(c.name for c in _CLASSES)
+
+
+def get(name: str) -> Family:
+    """The family called ``name`` (a new, stateless instance).
+
+    Raises SpecError naming the valid families for an unknown name.
+    """
+    for cls in _CLASSES:
+        if cls.name == name:
+            return cls()
+    raise SpecError(f"family={name!r} is not valid; valid: {', '.join(names())}")

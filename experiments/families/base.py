@@ -1,0 +1,216 @@
+"""The kernel-family interface: one :class:`Family` per way of computing (or bounding) a GEMM.
+
+A family declares its axes (name -> valid values) and restrictions (:class:`Rule`) as data, so one
+function (:meth:`Family.space`) enumerates every valid point for tests and ``--help``. The runner only
+sees this interface: ``spec`` validates, ``build`` produces source text (no GPU), ``prepare`` allocates,
+compiles and returns the launch and verify closures (GPU), ``flops`` and ``unit`` give the throughput.
+Family modules: :mod:`.wmma`, :mod:`.dp4a`, :mod:`.cublas`, :mod:`.peak`; registry in the package.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from ..spec import ARCHS, SpecError
+
+__all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
+           "TEMPLATE_DIR", "sm_of", "parse_pair"]
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "kernels_ptx"
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One resolved, validated point of a family's space.
+
+    params: sorted ((key, value), ...) of every option after defaults and ``auto`` are resolved
+    (a dict is accepted and sorted). entry: the kernel's name, derived from family, precision and
+    params (never written by hand), a valid C/PTX identifier; unique within one arch's space.
+    """
+    family: str
+    precision: str
+    arch: str
+    params: tuple
+    entry: str = field(init=False)
+
+    def __post_init__(self):
+        items = self.params.items() if isinstance(self.params, dict) else self.params
+        object.__setattr__(self, "params", tuple(sorted((str(k), v) for k, v in items)))
+        parts = [self.family, self.precision] + [f"{k}{v}" for k, v in self.params]
+        object.__setattr__(self, "entry", re.sub(r"[^0-9A-Za-z_]", "_", "_".join(parts)))
+
+    @property
+    def p(self) -> dict:
+        """params as a dict."""
+        return dict(self.params)
+
+    def flat(self) -> dict:
+        """Plain dict for tracking: family, precision, arch, entry and every param."""
+        return {"family": self.family, "precision": self.precision, "arch": self.arch,
+                "entry": self.entry, **self.p}
+
+
+@dataclass(frozen=True)
+class Build:
+    """What ``prepare`` compiles. kind: "ptx" (driver JIT), "cuda" (C++ through NVRTC) or "none"
+    (a library call); options: NVRTC options for "cuda"."""
+    kind: str
+    source: str
+    entry: str
+    options: tuple = ()
+
+
+@dataclass
+class Prepared:
+    """launch(): enqueue one launch on the current CuPy stream. verify(): after one launch and a
+    synchronize, compare with the reference (an :class:`experiments.verify.VerifyResult`).
+    note: what is not like-for-like with the mma_sync kernels ("" when nothing)."""
+    launch: Callable[[], None]
+    verify: Callable[[], object]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A restriction: ``check(precision, params, arch)`` returns None, or the message naming the key,
+    the value and the valid values. ``why`` is the one-line reason shown in help."""
+    name: str
+    why: str
+    check: Callable[[str, dict, str], str | None]
+
+
+def sm_of(arch: str) -> int:
+    """'sm_90' -> 90 (also 'sm_90a' -> 90)."""
+    return int(re.sub(r"[^0-9]", "", arch))
+
+
+def parse_pair(text: str) -> tuple[int, int]:
+    """'128x64' -> (128, 64)."""
+    a, b = str(text).split("x")
+    return int(a), int(b)
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), trim_blocks=True,
+                              lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True)
+
+
+def render_template(name: str, **context) -> str:
+    """Render ``kernels_ptx/<name>`` with ``context`` (a missing variable raises)."""
+    return _env().get_template(name).render(**context)
+
+
+def _coerce(value, valid: tuple):
+    """Config values arrive as str or int; match the axis' own type."""
+    if valid and isinstance(valid[0], int) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return value
+    return str(value)
+
+
+class Family:
+    """Base of every family; subclasses set the class attributes and implement build/prepare.
+
+    name: registry key; title: what one kernel is, for messages ("cuBLAS GEMM"); axes: axis name ->
+    valid values, ``precision`` first ("auto" where a value is derived); defaults: axis -> default
+    (else the first value); rules: restrictions checked after :meth:`resolve`.
+    """
+    name: str = ""
+    title: str = ""
+    axes: dict = {}
+    defaults: dict = {}
+    rules: tuple = ()
+
+    # ------------------------------------------------------------------ space and validation
+    def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
+        """Validate and resolve one point. options: axis -> value (missing -> default).
+
+        Raises SpecError naming the key, the value and the valid values (unknown arch, precision,
+        option key or value, or a rule that rejects the combination).
+        """
+        arch, precision = str(arch), str(precision)
+        if arch not in ARCHS:
+            raise SpecError(f"target.arch={arch!r} is not valid for family={self.name}; "
+                            f"valid: {', '.join(ARCHS)}")
+        precs = self.axes["precision"]
+        if precision not in precs:
+            raise SpecError(f"family={self.name}: no {self.title} for precision={precision}; "
+                            f"valid: {', '.join(precs)}")
+        opts = dict(options or {})
+        keys = [k for k in self.axes if k != "precision"]
+        unknown = sorted(set(opts) - set(keys))
+        if unknown:
+            raise SpecError(f"family={self.name} has no option {unknown[0]!r}; valid options: "
+                            f"{', '.join(keys) or '(none)'}")
+        params = {}
+        for key in keys:
+            valid = self.axes[key]
+            value = _coerce(opts.get(key, self.defaults.get(key, valid[0])), valid)
+            if value not in valid:
+                raise SpecError(f"family={self.name} {key}={value!r} is not valid; "
+                                f"valid: {', '.join(map(str, valid))}")
+            params[key] = value
+        params = self.resolve(precision, params, arch)
+        for rule in self.rules:
+            if msg := rule.check(precision, params, arch):
+                raise SpecError(f"family={self.name} precision={precision} {arch}: {msg}")
+        return FamilySpec(self.name, precision, arch, params)
+
+    def resolve(self, precision: str, params: dict, arch: str) -> dict:
+        """Replace "auto" values and add derived params (subclasses); may raise SpecError."""
+        return params
+
+    def space(self, arch: str) -> Iterator[FamilySpec]:
+        """Every valid spec for ``arch``, each once (product of the axes, rules applied)."""
+        seen = set()
+        for values in itertools.product(*self.axes.values()):
+            kw = dict(zip(self.axes, values, strict=True))
+            try:
+                s = self.spec(kw.pop("precision"), kw, arch)
+            except SpecError:
+                continue
+            if s.entry not in seen:
+                seen.add(s.entry)
+                yield s
+
+    def describe(self) -> str:
+        """Axes and rules as text (for ``--help``)."""
+        lines = [f"family={self.name}: {self.title}"]
+        lines += [f"  {k:<10} {', '.join(map(str, v))}" for k, v in self.axes.items()]
+        lines += [f"  rule {r.name}: {r.why}" for r in self.rules]
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ per spec
+    def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
+        """Raise SpecError unless this kernel handles an M x N x K problem (default: any)."""
+
+    def build(self, spec: FamilySpec) -> Build:
+        """Source text and entry name; no GPU needed."""
+        raise NotImplementedError
+
+    def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int) -> Prepared:
+        """Operands, compiled kernel, launch and verify closures (worker side, needs CuPy)."""
+        raise NotImplementedError
+
+    def flops(self, spec: FamilySpec, m: int, n: int, k: int) -> int:
+        """Operations of one launch: 2*M*N*K for a GEMM."""
+        return 2 * m * n * k
+
+    def unit(self, spec: FamilySpec) -> str:
+        """TFLOP/s for float types, TOP/s for integer types."""
+        return "TOP/s" if spec.precision.startswith("int") else "TFLOP/s"
+
+    def rate(self, spec: FamilySpec, m: int, n: int, k: int, us: float) -> float:
+        """Throughput in :meth:`unit` of one launch that takes ``us`` microseconds."""
+        scale = 1e3 if self.unit(spec) == "GB/s" else 1e6
+        return self.flops(spec, m, n, k) / us / scale

@@ -1,0 +1,306 @@
+"""Kernel families (experiments.families) on the CPU: spaces, validation messages, entry names, work
+counts, exact peak results, and every source of every space compiled for sm_80, sm_89 and sm_90.
+
+Compilation covers the whole space, not a subset: the CUDA C++ kernels of one arch (wmma and dp4a,
+22 per arch) are rendered with literals only and extern "C" names, so they are compiled as one
+translation unit (``nvcc -arch=sm_XX -ptx``, then ``ptxas -v`` on the result), one nvcc per arch;
+the peak PTX (10-11 per arch) is assembled file by file. All calls run in a thread pool; the file
+takes about 10 s on 2 cores. Tests that need nvcc or ptxas skip with the reason where they are absent.
+"""
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from experiments import families
+from experiments.assemble import parse_ptxas_report
+from experiments.families.base import FamilySpec
+from experiments.families.peak import expected_accumulators, operand_words
+from experiments.families.wmma import f16_accumulation_rtol
+from experiments.spec import SpecError
+
+ARCHS = ("sm_80", "sm_89", "sm_90")
+COUNTS = {"wmma": 20, "dp4a": 2, "cublas": 3}      # per arch; peak: 10 on sm_80 (no fp8), else 11
+
+
+def _spec(family, precision, arch="sm_90", **opts):
+    return families.get(family).spec(precision, opts, arch)
+
+
+# ------------------------------------------------------------------ registry and spaces
+def test_registry_names_and_unknown_family():
+    assert families.names() == ("wmma", "dp4a", "cublas", "peak")
+    assert all(families.get(n).name == n for n in families.names())
+    with pytest.raises(SpecError, match=r"family='mma' is not valid; valid: wmma, dp4a, cublas, peak"):
+        families.get("mma")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_space_sizes_and_unique_entries(arch):
+    entries = []
+    for name in families.names():
+        specs = list(families.get(name).space(arch))
+        want = COUNTS.get(name, 10 if arch == "sm_80" else 11)
+        assert len(specs) == want, name
+        assert all(s.family == name and s.arch == arch for s in specs)
+        entries += [s.entry for s in specs]
+    assert len(entries) == len(set(entries)) == 35 + (arch != "sm_80")
+    assert all(re.fullmatch(r"[A-Za-z_][0-9A-Za-z_]*", e) for e in entries)
+
+
+@pytest.mark.parametrize("name", ["wmma", "dp4a", "cublas", "peak"])
+def test_every_spec_validates_again_from_its_own_values(name):
+    fam = families.get(name)
+    for s in fam.space("sm_89"):
+        opts = {k: v for k, v in s.params if k in fam.axes}
+        assert fam.spec(s.precision, opts, "sm_89") == s
+
+
+def test_space_contents():
+    wmma = {(s.precision, s.p["acc"]) for s in families.get("wmma").space("sm_90")}
+    assert wmma == {("fp16", "f32"), ("fp16", "f16"), ("bf16", "f32"), ("int8", "s32"), ("int4", "s32")}
+    peak = [(s.precision, s.p.get("mma", s.p.get("copy"))) for s in families.get("peak").space("sm_89")]
+    assert peak == [("fp16", "m16n8k16"), ("fp16", "m16n8k8"), ("bf16", "m16n8k16"), ("bf16", "m16n8k8"),
+                    ("int8", "m16n8k32"), ("int8", "m16n8k16"), ("int4", "m16n8k64"), ("int4", "m16n8k32"),
+                    ("fp8_e4m3", "m16n8k32"), ("copy", "kernel"), ("copy", "memcpy")]
+
+
+def test_defaults_resolve():
+    s = _spec("wmma", "int8")
+    assert s.p == {"acc": "s32", "bk": 64, "block": "128x128", "warps": "2x4"}
+    assert s.entry == "wmma_int8_accs32_bk64_block128x128_warps2x4"
+    assert _spec("wmma", "int4").p["bk"] == 128 and _spec("wmma", "fp16").p["bk"] == 32
+    assert _spec("peak", "fp16").p == {"mma": "m16n8k16", "chains": 8, "iters": 16, "units": 2 ** 20}
+    assert _spec("peak", "int4", "sm_89").p["iters"] == 16          # native s4: the native work size
+    assert _spec("peak", "int4", "sm_90").p == {"mma": "m16n8k64", "chains": 8, "iters": 1, "units": 2 ** 18}
+    assert _spec("peak", "copy").p == {"copy": "kernel", "bytes": 2 ** 30}
+    assert _spec("cublas", "bf16").entry == "cublas_bf16"
+
+
+def test_family_spec_entry_is_derived_and_flat():
+    s = FamilySpec("wmma", "fp16", "sm_90", {"warps": "2x4", "acc": "f32"})
+    assert s.params == (("acc", "f32"), ("warps", "2x4"))
+    assert s.entry == "wmma_fp16_accf32_warps2x4"
+    assert s.flat() == {"family": "wmma", "precision": "fp16", "arch": "sm_90",
+                        "entry": "wmma_fp16_accf32_warps2x4", "acc": "f32", "warps": "2x4"}
+    assert FamilySpec("wmma", "fp16", "sm_90", {"warps": "2x2", "acc": "f32"}).entry != s.entry
+
+
+# ------------------------------------------------------------------ validation messages
+@pytest.mark.parametrize("call, message", [
+    (lambda: _spec("cublas", "int4"), "family=cublas: no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8"),
+    (lambda: _spec("wmma", "fp8_e4m3"), "no WMMA GEMM for precision=fp8_e4m3; valid: fp16, bf16, int8, int4"),
+    (lambda: _spec("dp4a", "fp16"), "no DP4A GEMM for precision=fp16; valid: int8"),
+    (lambda: _spec("wmma", "fp16", block="96x96"), "family=wmma block='96x96' is not valid; valid: 128x128, 64x64"),
+    (lambda: _spec("wmma", "fp16", warps="4x4"), "warps='4x4' is not valid; valid: 2x4, 2x2"),
+    (lambda: _spec("wmma", "int8", acc="f16"), "acc=f16 is not valid with precision=int8; valid: s32"),
+    (lambda: _spec("wmma", "bf16", acc="f16"), "acc=f16 is not valid with precision=bf16; valid: f32"),
+    (lambda: _spec("wmma", "fp16", tile="128x128"), "family=wmma has no option 'tile'; valid options: acc, block, warps"),
+    (lambda: _spec("cublas", "fp16", block="64x64"), "family=cublas has no option 'block'; valid options: (none)"),
+    (lambda: _spec("wmma", "fp16", arch="sm_75"), "target.arch='sm_75' is not valid for family=wmma; valid: sm_80"),
+    (lambda: _spec("peak", "fp8_e4m3", arch="sm_80"), "mma.sync with fp8_e4m3 needs sm_89 or later, not sm_80"),
+    (lambda: _spec("peak", "fp16", mma="m16n8k64"), "mma=m16n8k64 is not valid with precision=fp16; valid: auto, m16n8k8, m16n8k16"),
+    (lambda: _spec("peak", "copy", mma="m16n8k16"), "family=peak mma=m16n8k16 applies to the mma types only"),
+    (lambda: _spec("peak", "int8", copy="memcpy"), "family=peak copy=memcpy applies to precision=copy only"),
+])
+def test_validation_messages(call, message):
+    with pytest.raises(SpecError) as err:
+        call()
+    assert message in str(err.value)
+
+
+def test_wmma_int4_is_valid_on_sm_90():
+    """nvcc 13.0 compiles the sub-byte WMMA API for sm_90 too (test_cuda_sources_compile), so int4 is
+    not rejected there; prepare notes that ptxas emulates s4 on sm_90."""
+    s = _spec("wmma", "int4", "sm_90")
+    assert "experimental::precision::s4" in families.get("wmma").build(s).source
+    assert s.p["acc"] == "s32"
+
+
+@pytest.mark.parametrize("family, precision, opts, mnk, message", [
+    ("wmma", "int4", {}, (512, 512, 96), "K=96 is not a multiple of BK=128"),
+    ("wmma", "fp16", {}, (100, 512, 512), "M=100 is not a multiple of BM=128"),
+    ("wmma", "fp16", {"block": "64x64"}, (64, 96, 32), "N=96 is not a multiple of BN=64"),
+    ("dp4a", "int8", {"block": "64x64"}, (64, 64, 48), "K=48 is not a multiple of BK=32"),
+    ("cublas", "int8", {}, (512, 512, 6), "needs K and N multiples of 4 (leading dimensions of A, B and C), got K=6, N=512"),
+    ("cublas", "fp16", {}, (0, 8, 8), "problem 0x8x8 must have sizes in [1, 2**31)"),
+])
+def test_check_problem_rejects_with_numbers(family, precision, opts, mnk, message):
+    fam = families.get(family)
+    with pytest.raises(SpecError, match=re.escape(message)):
+        fam.check_problem(fam.spec(precision, opts, "sm_90"), *mnk)
+
+
+def test_check_problem_accepts_multiples():
+    for fam, prec, mnk in (("wmma", "int4", (128, 128, 128)), ("wmma", "fp16", (256, 384, 96)),
+                           ("dp4a", "int8", (128, 256, 32)), ("cublas", "fp16", (7, 9, 11)),
+                           ("cublas", "int8", (7, 8, 12))):
+        f = families.get(fam)
+        assert f.check_problem(f.spec(prec, {}, "sm_90"), *mnk) is None
+
+
+# ------------------------------------------------------------------ work counts and units
+def test_flops_units_and_rates():
+    wmma, peak, cublas = families.get("wmma"), families.get("peak"), families.get("cublas")
+    assert wmma.flops(_spec("wmma", "fp16"), 512, 1024, 2048) == 2_147_483_648
+    assert wmma.unit(_spec("wmma", "fp16")) == "TFLOP/s" and wmma.unit(_spec("wmma", "int4")) == "TOP/s"
+    assert cublas.unit(_spec("cublas", "int8")) == "TOP/s"
+    fp16 = _spec("peak", "fp16")
+    assert peak.flops(fp16, 1, 2, 3) == peak.flops(fp16, 4096, 4096, 4096) == 2 ** 39   # 2^20 * 16 * 8 * 4096
+    assert peak.flops(_spec("peak", "int4", "sm_90"), 0, 0, 0) == 2 ** 35           # 2^18 * 1 * 8 * 16384
+    assert peak.flops(_spec("peak", "fp16", mma="m16n8k8"), 0, 0, 0) == 2 ** 38
+    copy = _spec("peak", "copy")
+    assert peak.flops(copy, 0, 0, 0) == 2 ** 31 and peak.unit(copy) == "GB/s"
+    assert peak.unit(_spec("peak", "int8")) == "TOP/s" and peak.unit(fp16) == "TFLOP/s"
+    assert peak.rate(fp16, 0, 0, 0, 1000.0) == pytest.approx(549.755813888, rel=1e-12)
+    assert peak.rate(copy, 0, 0, 0, 500.0) == pytest.approx(4294.967296, rel=1e-12)
+    assert wmma.rate(_spec("wmma", "fp16"), 4096, 4096, 4096, 1000.0) == pytest.approx(137.438953472, rel=1e-12)
+
+
+@pytest.mark.parametrize("precision, k, words", [
+    ("fp16", 16, (0x3C003C00, 0x2C002C00, 1.0)),
+    ("fp16", 8, (0x3C003C00, 0x30003000, 1.0)),
+    ("bf16", 16, (0x3F803F80, 0x3D803D80, 1.0)),
+    ("fp8_e4m3", 32, (0x38383838, 0x10101010, 1.0)),
+    ("int8", 32, (0x01010101, 0x01010101, 32.0)),
+    ("int4", 64, (0x11111111, 0x11111111, 64.0)),
+])
+def test_peak_operand_words(precision, k, words):
+    assert operand_words(precision, k) == words
+
+
+def test_peak_operand_values_give_the_increment():
+    """Decoded independently: K products of A and B elements sum to the stated increment."""
+    for prec, k in (("fp16", 16), ("fp16", 8)):
+        a, b, inc = operand_words(prec, k)
+        av, bv = (float(np.array([w & 0xFFFF], np.uint16).view(np.float16)[0]) for w in (a, b))
+        assert av * bv * k == inc == 1.0
+    a, b, inc = operand_words("bf16", 16)
+    av, bv = (float(np.array([(w & 0xFFFF) << 16], np.uint32).view(np.float32)[0]) for w in (a, b))
+    assert av * bv * 16 == inc == 1.0
+    a, b, inc = operand_words("fp8_e4m3", 32)      # e4m3: exponent bias 7, 3 mantissa bits
+    e4m3 = lambda byte: 2.0 ** (((byte >> 3) & 0xF) - 7) * (1 + (byte & 7) / 8)  # noqa: E731
+    assert e4m3(a & 0xFF) * e4m3(b & 0xFF) * 32 == inc == 1.0
+
+
+def test_peak_expected_accumulators_exact():
+    s = _spec("peak", "fp16")                       # 2^20 units of 16 iterations, +1.0 per mma
+    out = expected_accumulators(s, warps=3)
+    assert out.shape == (96, 32) and out.dtype == np.float32
+    assert 2 ** 20 == 3 * 349_525 + 1               # warp 0 does one unit more
+    assert out[0, 0] == 349_526 * 16 and out[31, 3] == 349_526 * 16
+    assert out[32, 0] == out[95, 0] == 349_525 * 16
+    assert out[0, 4] == 349_526 * 16 + 1 and out[40, 31] == 349_525 * 16 + 7   # chain c starts at c
+    assert (out[::32, 0] // 16).sum() == 2 ** 20
+    i8 = expected_accumulators(_spec("peak", "int8"), warps=5)
+    assert i8.dtype == np.int32 and i8[0, 0] == (2 ** 20 // 5 + 1) * 16 * 32 and i8[32 * 4, 8] == 2 ** 20 // 5 * 512 + 2
+
+
+def test_f16_accumulation_rtol():
+    assert f16_accumulation_rtol(512, 1e-3) == pytest.approx(2 ** -10 * 8)
+    assert f16_accumulation_rtol(2048, 1e-3) == pytest.approx(2 ** -10 * 16)
+    assert f16_accumulation_rtol(8, 1e-3) == 1e-3
+
+
+def test_describe_lists_axes_and_rules():
+    text = families.get("wmma").describe()
+    assert "block      128x128, 64x64" in text and "rule acc:" in text
+
+
+# ------------------------------------------------------------------ compilation
+def _run(cmd, cwd):
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+
+
+def _compile_cuda(arch, tmp):
+    fams = [families.get(n) for n in ("wmma", "dp4a")]
+    specs = [(f, s) for f in fams for s in f.space(arch)]
+    builds = [f.build(s) for f, s in specs]
+    assert {b.kind for b in builds} == {"cuda"}
+    (tmp / f"all_{arch}.cu").write_text("\n".join(b.source for b in builds))
+    r = _run(["nvcc", f"-arch={arch}", "-ptx", f"all_{arch}.cu", "-o", f"all_{arch}.ptx"], tmp)
+    if r.returncode:
+        return r, None, builds
+    return r, _run(["ptxas", f"-arch={arch}", "-v", f"all_{arch}.ptx", "-o", f"all_{arch}.cubin"], tmp), builds
+
+
+def test_cuda_sources_compile(tmp_path, need_ptxas):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not found (CUDA toolkit): the CUDA C++ families are compiled by NVRTC on the GPU only")
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda a: (a, *_compile_cuda(a, tmp_path)), ARCHS))
+    for arch, nv, px, builds in results:
+        assert nv.returncode == 0, f"nvcc {arch}:\n{nv.stderr[-3000:]}"
+        assert px.returncode == 0, f"ptxas {arch}:\n{px.stderr[-3000:]}"
+        ptx = (tmp_path / f"all_{arch}.ptx").read_text()
+        for b in builds:
+            assert f".entry {b.entry}(" in ptx
+            rep = parse_ptxas_report(px.stderr, b.entry)
+            assert rep["spill_stores"] == rep["spill_loads"] == 0, (arch, b.entry, rep)
+            assert 0 < rep["registers"] <= 255
+            if b.entry.startswith("wmma"):
+                want = 2 * (int(re.search(r"block(\d+)x", b.entry).group(1)) * 2) * 64
+                assert rep["static_smem"] == want, (b.entry, rep)      # 2 stages of (BM + BN) x 64 bytes
+        assert ptx.count("wmma.mma.sync.aligned") > 0 and "dp4a.s32.s32" in ptx
+
+
+def test_peak_ptx_assembles(tmp_path, need_ptxas):
+    fam = families.get("peak")
+    jobs = []
+    for arch in ARCHS:
+        for s in fam.space(arch):
+            b = fam.build(s)
+            if b.kind == "none":
+                assert s.p["copy"] == "memcpy"
+                continue
+            assert f".target {arch}" in b.source and f".entry {b.entry}(" in b.source
+            path = tmp_path / f"{b.entry}_{arch}.ptx"
+            path.write_text(b.source)
+            jobs.append((arch, b, path))
+    assert len(jobs) == 9 + 10 + 10
+
+    def assemble(job):
+        arch, b, path = job
+        return job, _run([need_ptxas, f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+                         tmp_path)
+    with ThreadPoolExecutor(4) as pool:
+        for (arch, b, _), r in pool.map(assemble, jobs):
+            assert r.returncode == 0, f"{b.entry} {arch}:\n{r.stderr[-2000:]}"
+            rep = parse_ptxas_report(r.stderr, b.entry)
+            assert rep["spill_stores"] == 0 and rep["static_smem"] == 0
+            # 4 blocks of 256 threads per SM fit the 64 Ki registers: at most 64 per thread
+            assert rep["registers"] <= 64, (b.entry, arch, rep)
+            if "copy" not in b.entry:
+                assert len(re.findall(r"^ +mma\.sync\.aligned", b.source, re.M)) == 8   # one per chain
+
+
+def _column_major_gemm_ex(bufs, transa, transb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c,
+                          ctype, ldc, compute, algo):
+    """cublasGemmEx as the cuBLAS guide defines it (column-major, op = N or T), on NumPy buffers
+    looked up by address."""
+    def mat(ptr, rows, cols, ld):           # element (i, j) at flat[i + j * ld]
+        return bufs[ptr][:ld * cols].reshape(cols, ld).T[:rows]
+    op_a = mat(a, k, m, lda).T if transa == 1 else mat(a, m, k, lda)
+    op_b = mat(b, n, k, ldb).T if transb == 1 else mat(b, k, n, ldb)
+    out = bufs[alpha][0] * (op_a @ op_b)
+    if bufs[beta][0] != 0:                  # beta = 0: C is not read (it may hold NaN)
+        out = out + bufs[beta][0] * mat(c, m, n, ldc)
+    bufs[c][:ldc * n].reshape(n, ldc).T[:m] = out
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
+def test_cublas_arguments_give_row_major_a_times_b_transposed(precision):
+    from experiments.families.cublas import CUDA_R_8I, CUDA_R_32I, gemm_args
+    m, n, k = 3, 5, 8
+    rs = np.random.RandomState(0)
+    a, b = rs.randint(-9, 9, (m, k)), rs.randint(-9, 9, (n, k))
+    bufs = {1: a.ravel().astype(float), 2: b.ravel().astype(float), 3: np.full(m * n, np.nan),
+            4: np.ones(1), 5: np.zeros(1)}
+    args = gemm_args(precision, m, n, k, 1, 2, 3, 4, 5)
+    _column_major_gemm_ex(bufs, *args)
+    np.testing.assert_array_equal(bufs[3].reshape(m, n), a @ b.T)
+    want = {"fp16": (2, 0, 68), "bf16": (14, 0, 68), "int8": (CUDA_R_8I, CUDA_R_32I, 72)}[precision]
+    assert (args[7], args[10], args[14], args[16]) == (want[0], want[0], want[1], want[2])

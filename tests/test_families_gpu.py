@@ -1,0 +1,118 @@
+"""Kernel families on the GPU (``gpu`` marker): every GEMM family verified at 512, 1024 and 2048 for
+each precision it supports (integers exactly; floats within verify's rtol = 1e-3 of (|A| |B|)_ij, f16
+accumulation within wmma.f16_accumulation_rtol), an unlaunched kernel failing verification, every peak
+verified exactly and timed (TFLOP/s, TOP/s or GB/s printed), and a throughput table at 4096.
+
+Run with ``python -m pytest tests/test_families_gpu.py -s`` to see the printed numbers; about a minute
+on an H200 (NVRTC compiles each CUDA C++ kernel once, then CuPy's cache serves it).
+"""
+import pytest
+
+from experiments import families
+from experiments.timing import time_launches
+
+pytestmark = pytest.mark.gpu
+
+SIZES = (512, 1024, 2048)
+TIMING = dict(warmup=2, batches=5, min_batch_ms=10.0)
+GEMMS = [("wmma", "fp16", {}), ("wmma", "fp16", {"acc": "f16"}), ("wmma", "bf16", {}), ("wmma", "int8", {}),
+         ("wmma", "int4", {}), ("dp4a", "int8", {}), ("cublas", "fp16", {}), ("cublas", "bf16", {}),
+         ("cublas", "int8", {})]
+OTHER_TILES = [("wmma", "fp16", {"block": "64x64", "warps": "2x2"}), ("wmma", "int8", {"block": "64x64"}),
+               ("wmma", "int4", {"warps": "2x2"}), ("wmma", "bf16", {"block": "64x64"}),
+               ("dp4a", "int8", {"block": "64x64"})]
+UNLAUNCHED = [("wmma", "fp16", {"acc": "f16"}), ("wmma", "int4", {}), ("dp4a", "int8", {}), ("cublas", "bf16", {})]
+
+
+def _ids(cases):
+    return ["-".join([f, p] + [f"{k}{v}" for k, v in o.items()]) for f, p, o in cases]
+
+
+def _arch():
+    from experiments.families.gpu import device_sm
+    return f"sm_{device_sm()}"
+
+
+def _prepared(family, precision, opts, n, seed=7):
+    fam = families.get(family)
+    spec = fam.spec(precision, opts, _arch())
+    return fam, spec, fam.prepare(spec, fam.build(spec), n, n, n, seed)
+
+
+def _launch_and_verify(prep):
+    import cupy
+    prep.launch()
+    cupy.cuda.Device().synchronize()
+    return prep.verify()
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("family, precision, opts", GEMMS, ids=_ids(GEMMS))
+def test_gemm_verifies(family, precision, opts, n):
+    _, spec, prep = _prepared(family, precision, opts, n)
+    res = _launch_and_verify(prep)
+    assert res.ok, f"{spec.entry} at {n}: {res.message()}"
+    assert res.mismatches == 0
+    if precision.startswith("int"):
+        assert res.max_error == 0 and res.tolerance == 0
+    elif opts.get("acc") == "f16":
+        from experiments.families.wmma import f16_accumulation_rtol
+        assert res.tolerance == f16_accumulation_rtol(n, 1e-3) and res.max_error <= res.tolerance
+    else:
+        assert res.tolerance == 1e-3 and res.max_error <= 1e-3
+
+
+@pytest.mark.parametrize("family, precision, opts", OTHER_TILES, ids=_ids(OTHER_TILES))
+def test_other_tiles_verify(family, precision, opts):
+    _, spec, prep = _prepared(family, precision, opts, 512)
+    res = _launch_and_verify(prep)
+    assert res.ok, f"{spec.entry}: {res.message()}"
+
+
+@pytest.mark.parametrize("family, precision, opts", UNLAUNCHED, ids=_ids(UNLAUNCHED))
+def test_unlaunched_output_fails_verification(family, precision, opts):
+    import cupy
+    _, _, prep = _prepared(family, precision, opts, 512)
+    cupy.cuda.Device().synchronize()
+    res = prep.verify()                 # C still holds the poison
+    assert not res.ok and res.mismatches == 512 * 512
+
+
+def test_peaks_verify_and_time():
+    fam = families.get("peak")
+    print(f"\npeaks on {_arch()}:")
+    for spec in fam.space(_arch()):
+        prep = fam.prepare(spec, fam.build(spec), 0, 0, 0, 3)
+        res = _launch_and_verify(prep)
+        assert res.ok, f"{spec.entry}: {res.message()}"
+        t = time_launches(prep.launch, **TIMING)
+        rate = fam.rate(spec, 0, 0, 0, t["median_us"])
+        print(f"  {spec.entry:<58} {t['median_us']:9.1f} us  {rate:9.1f} {fam.unit(spec)}"
+              f"  spread {t['spread']:.1%}  {prep.note}")
+        assert 50 < t["median_us"] < 20_000, "one launch should last about 1 ms"
+        assert rate > 0
+
+
+def test_throughput_table_at_4096():
+    """One row per family and precision (default options): verified, then timed; the mma.sync
+    peak of the same precision for scale. Not asserted against numbers."""
+    n, rows, peaks = 4096, [], {}
+    peak = families.get("peak")
+    for precision in ("fp16", "bf16", "int8", "int4"):
+        spec = peak.spec(precision, {}, _arch())
+        prep = peak.prepare(spec, peak.build(spec), 0, 0, 0, 3)
+        assert _launch_and_verify(prep).ok
+        peaks[precision] = peak.rate(spec, 0, 0, 0, time_launches(prep.launch, **TIMING)["median_us"])
+    for family, precision, opts in GEMMS:
+        fam, spec, prep = _prepared(family, precision, opts, n)
+        res = _launch_and_verify(prep)
+        assert res.ok, f"{spec.entry}: {res.message()}"
+        t = time_launches(prep.launch, **TIMING)
+        rows.append((family, precision, spec.p.get("acc", ""), t["median_us"],
+                     fam.rate(spec, n, n, n, t["median_us"]), fam.unit(spec), peaks[precision], prep.note))
+    print(f"\nN = {n} on {_arch()}:")
+    print(f"  {'family':<7} {'prec':<5} {'acc':<4} {'median us':>10} {'throughput':>11} {'unit':<8} "
+          f"{'of peak':>7}  note")
+    for family, prec, acc, us, rate, unit, pk, note in rows:
+        print(f"  {family:<7} {prec:<5} {acc:<4} {us:10.1f} {rate:11.1f} {unit:<8} {rate / pk:7.1%}  {note}")
+    assert len(rows) == len(GEMMS) and all(r[4] > 0 for r in rows)
