@@ -187,7 +187,17 @@ def _copy(s: KernelSpec, operand: str) -> dict:
     passes = [(j * rpp * stride, j == full) for j in range(full + (part > 0))]
     cop = f"cp.async.{s.cache_op}.shared.global" + (".L2::cache_hint" if hint != "none" else "")
     return dict(cpr=cpr, rows_per_pass=rpp, passes=passes, part=part, stride=stride, row_bytes=row_bytes,
-                hint=hint, cop=cop)
+                hint=hint, cop=cop, policy=L2_POLICY.get(hint))
+
+
+# The 64-bit cache-policy operand of ``.L2::cache_hint`` for an eviction priority over the whole
+# access (fraction 1.0): the values ``createpolicy.fractional.L2::<priority>.b64 p, 1.0`` yields, as
+# CUTLASS spells them (cute/arch/copy_sm90_desc.hpp, CacheHintSm90). The template moves them into a
+# register instead of running createpolicy: a fractional createpolicy feeding cp.async is miscompiled
+# by some ptxas versions (Triton turned such policies off for ptxas 13.3), and those kernels raised
+# cudaErrorIllegalInstruction on an H200 with driver 580.
+L2_POLICY = {"evict_normal": "0x1000000000000000", "evict_first": "0x12F0000000000000",
+             "evict_last": "0x14F0000000000000"}
 
 
 def template_context(s: KernelSpec) -> dict:

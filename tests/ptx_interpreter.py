@@ -204,7 +204,9 @@ class Interpreter:
         else:
             assert args[2] == "16" and (len(args) == 4) == (".L2::cache_hint" in op)
             if len(args) == 4:
-                assert (self.val(args[3])[mask] == 0xC0FFEE).all(), "cache hint without createpolicy"
+                policies = [0x1000000000000000, 0x12F0000000000000, 0x14F0000000000000]
+                assert np.isin(self.val(args[3])[mask], np.array(policies, dtype=np.uint64)).all(), \
+                    "cache hint without a cache policy"
             dst, src = self.addr(args[0])[mask], self.addr(args[1])[mask]
             assert ((src >= 0) & (src + 16 <= len(self.gmem))).all(), "global read out of bounds"
             assert ((dst >= 0) & (dst + 16 <= len(self.smem))).all(), "shared write out of bounds"

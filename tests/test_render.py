@@ -203,8 +203,8 @@ def test_template_l2_hints_and_f16_accumulation():
                    l2_hint_b="evict_first")
     ptx = render(s)
     assert ".version 7.4" in ptx
-    assert "createpolicy.fractional.L2::evict_last.b64 %pol_a, 1.0;" in ptx
-    assert "createpolicy.fractional.L2::evict_first.b64 %pol_b, 1.0;" in ptx
+    assert "mov.b64     %pol_a, 0x14F0000000000000;" in ptx          # evict_last
+    assert "mov.b64     %pol_b, 0x12F0000000000000;" in ptx          # evict_first
     assert "cp.async.cg.shared.global.L2::cache_hint [%dst_a+0], [%g_src], 16, %pol_a;" in ptx
     assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%acc0_0_0, %acc0_0_1}" in ptx
     assert "st.global.b32       [%c_row+32], %acc0_2_0;" in ptx         # n8 tile 2: 16 halves = 32 B in
