@@ -6,7 +6,14 @@ Tracking (``job``, ``sweep``), the report and the analysis read names from here,
 from __future__ import annotations
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "clock_reasons", "run_name", "result_line",
-           "params_of", "outcome_of", "sweep_note", "throughput_figure", "sweep_view"]
+           "params_of", "outcome_of", "sweep_note", "throughput_figure", "sweep_view", "family_run_name",
+           "BASELINES", "PEAK", "SPEEDUP", "PCT_OF_PEAK", "family_params"]
+
+# families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
+BASELINES = ("wmma", "dp4a", "cublas")
+PEAK = "peak"
+SPEEDUP = "speedup_vs_{}"        # metric: this run's throughput / the best baseline run's
+PCT_OF_PEAK = "pct_of_peak"      # metric: 100 * this run's throughput / the peak run's
 
 # metric -> unit; throughput's unit depends on the element type and is the tag `throughput_unit`
 METRICS = {
@@ -19,7 +26,11 @@ METRICS = {
     "smem_static_bytes": "bytes/block", "registers": "registers/thread",
     "spill_stores_bytes": "bytes/thread", "spill_loads_bytes": "bytes/thread",
     "stack_frame_bytes": "bytes/thread", "theoretical_occupancy": "fraction of the SM's warps",
-    "blocks_per_sm": "blocks",
+    "blocks_per_sm": "blocks", "verify_rtol": "tolerance verification used (0 = exact)",
+    "speedup_vs_wmma": "x (throughput / the best verified wmma run's, same GPU, size and precision)",
+    "speedup_vs_dp4a": "x (throughput / the best verified dp4a run's, same GPU, size and precision)",
+    "speedup_vs_cublas": "x (throughput / the best verified cublas run's, same GPU, size and precision)",
+    "pct_of_peak": "% of the peak family's mma.sync throughput, same GPU, driver, precision (tag peak_run)",
 }
 
 TAGS = {
@@ -32,7 +43,9 @@ TAGS = {
     "git_commit": "the project's commit",
     "gpu": "GPU name", "compute_capability": "e.g. 90", "driver": "NVIDIA driver",
     "cuda_driver": "CUDA version of the driver", "cuda_runtime": "CUDA runtime of CuPy", "cupy": "CuPy",
-    "verified": "true | false", "throughput_unit": "TFLOP/s | TOP/s",
+    "verified": "true | false", "throughput_unit": "TFLOP/s | TOP/s | GB/s (the family's unit())",
+    "family_note": "what a family's run is not like-for-like with the mma_sync kernels",
+    "peak_run": "the run id of the peak measurement pct_of_peak divides by",
     "clocks_throttled": "NVML clock-event reasons during timing, decoded (none = full clocks)",
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
@@ -45,7 +58,7 @@ TAGS = {
 # the kernel's PTX and SASS are logged as .txt so that the UI previews them
 ARTIFACTS = {"ptx": "kernel.ptx.txt", "sass": "kernel.sass.txt", "ptxas": "ptxas_report.txt",
              "config": "config.yaml", "batches": "batch_us.txt", "traceback": "traceback.txt",
-             "figure": "throughput_vs_size.png"}
+             "figure": "throughput_vs_size.png", "cuda": "kernel.cu.txt"}
 
 OUTCOMES = ("verified", "static", "skipped", "failed", "interrupted")
 
@@ -65,15 +78,35 @@ def clock_reasons(mask: int | None) -> str:
     return "+".join(names + ([hex(rest)] if rest else [])) or "none"
 
 
+# the values of the default kernel: a run name puts the axes that differ from them first
+_SHORT = {"manual": "man", "none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
+_DEFAULT_TOKENS = {"bk": "bk32", "s": "s3", "tile": "256x128", "ld": "ldx4x2", "cache": "cg", "l2": "",
+                   "b": "", "acc": ""}
+
+
 def run_name(spec, size: tuple[int, int, int] | None = None) -> str:
-    """A name that reads well when the UI cuts it: the size first, then the kernel's main axes, e.g.
-    ``8192 int8 bk64 s3 256x128`` (``512x1024x256`` for a non-square size; no size for static runs)."""
+    """A name that reads well when the UI cuts it: the size first, then the precision, then the axes
+    that differ from the default kernel (e.g. ``s2`` in a sweep over stages), then the others:
+    ``8192 int8 bk64 m16n8k32 s3 256x128``, ``1024 fp16 s2 bk32 m16n8k16 256x128``,
+    ``2048 int4 ldx4man brow ca bk64 m16n8k64 s2 32x64`` (``512x1024x256`` for a non-square size;
+    no size for static runs)."""
+    get = lambda name, default: getattr(spec, name, default)  # noqa: E731
+    hints = (get("l2_hint_a", "none"), get("l2_hint_b", "none"))
+    tokens = {"bk": f"bk{spec.ktile}", "mma": spec.mma_shape, "s": f"s{spec.stages}",
+              "tile": f"{spec.bm}x{spec.bn}",
+              "ld": "ld" + "".join(_SHORT.get(get(f"loader_{x}", d), get(f"loader_{x}", d)) for x, d in
+                                   (("a", "x4"), ("b", "x2"))),
+              "cache": get("cache_op", "cg"),
+              "l2": "" if hints == ("none", "none") else "l2" + "".join(_SHORT[h] for h in hints),
+              "b": "" if get("b_layout", "col") == "col" else f"b{get('b_layout', 'col')}",
+              "acc": f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32") else ""}
+    differ = [v for k, v in tokens.items() if v and k in _DEFAULT_TOKENS and v != _DEFAULT_TOKENS[k]]
+    usual = [tokens[k] for k in ("bk", "mma", "s", "tile") if tokens[k] not in differ]
     parts = []
     if size is not None:
         m, n, k = size
         parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
-    parts += [spec.precision, f"bk{spec.ktile}", spec.mma_shape, f"s{spec.stages}", f"{spec.bm}x{spec.bn}"]
-    return " ".join(parts)
+    return " ".join(parts + [spec.precision] + differ + usual)
 
 
 def result_line(size, median_us: float, throughput: float, unit: str, spread: float, clocks: str) -> str:
@@ -143,7 +176,7 @@ def throughput_figure(runs: list, path) -> bool:
     rows = [(r.data.tags.get("kernel", "?"), int(r.data.params["problem.m"]), r.data.metrics["throughput"],
              r.data.tags.get("throughput_unit", ""))
             for r in runs if outcome_of(r) == "verified" and "throughput" in r.data.metrics
-            and len({r.data.params.get(f"problem.{d}") for d in "mnk"}) == 1]
+            and "problem.m" in r.data.params and len({r.data.params.get(f"problem.{d}") for d in "mnk"}) == 1]
     if not rows:
         return False
     import matplotlib
@@ -177,3 +210,28 @@ def sweep_view(parent: str) -> tuple[str, str]:
     state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent}'", "orderByKey": "attributes.start_time",
              "orderByAsc": True, "selectedColumns": cols}
     return f"mlflow.sharedViewState.{parent}", json.dumps(state)
+
+
+def family_run_name(spec, axes, size: tuple[int, int, int] | None = None) -> str:
+    """Name of a run of a registered family: the size first (none for static runs and for families
+    that ignore it), then the family, the precision and the values of its option ``axes``, e.g.
+    ``1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``."""
+    parts = []
+    if size is not None:
+        m, n, k = size
+        parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
+    p = spec.p
+    parts += [spec.family, spec.precision] + [str(p[a]) for a in axes if a != "precision" and a in p]
+    return " ".join(parts)
+
+
+def family_params(flat_config: dict, family: str, spec_flat: dict) -> dict:
+    """The params of a run of a registered family: ``family`` and the flattened config without
+    ``tracking.*`` and without the mma_sync family's own keys (ktile, mma, acc, b_layout, tile.*,
+    loader.*, pipeline.*, cache.*, study_kernel), plus ``spec.<key>`` for every resolved spec value."""
+    own = ("ktile", "mma", "acc", "b_layout", "study_kernel", "family.name")
+    groups = ("tracking.", "tile.", "loader.", "pipeline.", "cache.")
+    params = {k: v for k, v in flat_config.items() if k not in own and not k.startswith(groups)}
+    params["family"] = family
+    params.update({f"spec.{k}": str(v) for k, v in spec_flat.items() if k not in ("family", "precision")})
+    return params
