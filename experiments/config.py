@@ -6,13 +6,16 @@ work with the key, the value and (for enums) the valid values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-__all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "Acc", "Backend", "Config", "register"]
+__all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "Acc", "Backend", "Config", "register",
+           "family_schema", "MMA_SYNC"]
+
+MMA_SYNC = "mma_sync"     # the default family: its axes are the root keys below
 
 
 class Precision(Enum):
@@ -124,7 +127,37 @@ class TrackingConf:
 
 
 @dataclass
+class MmaSyncConf:
+    name: str = MMA_SYNC        # options: the root keys (ktile, mma, acc, b_layout, tile, loader, ...)
+
+
+def _make_schema(name: str) -> type:
+    from .families import get
+    fam = get(name)
+    fields = [("name", str, field(default=name))]
+    for axis, values in fam.axes.items():
+        if axis == "precision":
+            continue
+        enum = Enum(f"{name}_{axis}", {str(v): str(v) for v in values}, module=__name__)
+        globals()[enum.__name__] = enum          # importable by name: configs pickle (joblib, submitit)
+        fields.append((axis, enum, field(default=enum[str(fam.defaults.get(axis, values[0]))])))
+    schema = make_dataclass(f"{name.capitalize()}Conf", fields)
+    schema.__module__ = __name__
+    globals()[schema.__name__] = schema
+    return schema
+
+
+def family_schema(name: str) -> type:
+    """Typed options of family ``name``, derived from its declared axes (``experiments.families``):
+    a dataclass with ``name`` and one Enum-typed field per axis other than precision, default as the
+    family declares it, so that ``family.block=99x99`` stops before any work with the valid values.
+    The classes are made once, when this module is imported. Raises KeyError for an unknown family."""
+    return _SCHEMAS[name]
+
+
+@dataclass
 class Config:
+    family: Any = None          # conf/family/<name>.yaml: name and the family's typed options
     precision: Precision = Precision.fp16
     ktile: int = 32
     mma: str = "auto"           # auto = largest native m16n8kK whose K divides ktile
@@ -143,9 +176,20 @@ class Config:
     tracking: TrackingConf = field(default_factory=TrackingConf)
 
 
+def _all_schemas() -> dict:
+    from .families import names
+    return {MMA_SYNC: MmaSyncConf, **{n: _make_schema(n) for n in names()}}
+
+
+_SCHEMAS = _all_schemas()     # made once per process; read-only after
+
+
 def register() -> None:
     """Store the schema as ``config_schema`` (first in conf/config.yaml's defaults); the presets in
     conf/tile/ and conf/problem/ merge into its typed ``tile`` and ``problem`` nodes, those in
-    conf/experiment/ and conf/variant/ (``# @package _global_``) into the root."""
+    conf/experiment/ and conf/variant/ (``# @package _global_``) into the root. Each family's typed
+    options are stored as ``schema/family/<name>``, which ``conf/family/<name>.yaml`` extends."""
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    for name, schema in _SCHEMAS.items():     # conf/family/<name>.yaml extends schema/family/<name>
+        cs.store(group="schema/family", name=name, node=schema)

@@ -1,6 +1,10 @@
 """Print (or write) the results table of a store: kernel, size, median us, throughput, spread.
 
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
+    python -m experiments.report --by-family [--out results/h200/baselines.md]
+
+``--by-family``: per GPU, precision and size, each family's best verified throughput, its
+pct_of_peak and its speedups over the baselines (experiments.compare), and the peak runs.
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 
 from .track import StoreError, Tracker, resolve_uri
 
-__all__ = ["results_table", "main"]
+__all__ = ["results_table", "families_table", "main"]
 
 
 def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
@@ -40,14 +44,75 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
     return "\n".join(out) + "\n"
 
 
+def _fmt(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
+    """Markdown of the families side by side, from the verified GPU runs of the store.
+
+    Per GPU: the peak runs (precision, mma shape or copy, throughput, unit; the latest per shape),
+    then one row per (precision, M x N x K, family) with the family's best verified run: its kernel,
+    throughput and unit, pct_of_peak and speedup_vs_<b> for b in record.BASELINES ("-" where the run
+    has none: baselines get no speedups, a size without a baseline run gets none). Runs without a
+    family param count as mma_sync. Read-only: raises StoreError when the store or experiment does
+    not exist."""
+    from .compare import family_of
+    from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
+    tr = Tracker(uri, experiment, create=False)
+    runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu' and tags.outcome = 'verified' "
+                                 "and attributes.status = 'FINISHED'", max_results=50000)
+    best, peaks = {}, {}
+    for r in runs:
+        p, m, t = r.data.params, r.data.metrics, r.data.tags
+        if "throughput" not in m:
+            continue
+        gpu, fam = t.get("gpu", ""), family_of(r)
+        if fam == PEAK:
+            key = (gpu, p.get("precision", "?"), p.get("spec.mma") or p.get("spec.copy", ""))
+            if key not in peaks or r.info.start_time > peaks[key].info.start_time:
+                peaks[key] = r
+        elif "problem.m" in p:
+            size = tuple(int(p[f"problem.{d}"]) for d in "mnk")
+            key = (gpu, p.get("precision", "?"), size, fam)
+            if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
+                best[key] = r
+    order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
+    out = [f"Families by precision and size; store: {uri}", ""]
+    for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):
+        out += [f"## {gpu or 'unknown GPU'}", "", "| peak | shape | throughput |", "| --- | --- | ---: |"]
+        for (g, prec, shape), r in sorted(peaks.items()):
+            if g == gpu:
+                out.append(f"| {prec} | {shape} | {r.data.metrics['throughput']:.1f} "
+                           f"{r.data.tags.get('throughput_unit', '')} |")
+        head = ["precision", "M x N x K", "family", "kernel", "throughput", "% of peak"]
+        head += [f"vs {b}" for b in BASELINES]
+        out += ["", "| " + " | ".join(head) + " |", "| --- | --- | --- | --- |" + " ---: |" * (len(head) - 4)]
+        rows = sorted((k for k in best if k[0] == gpu), key=lambda k: (k[1], k[2], order.get(k[3], 99), k[3]))
+        for key in rows:
+            r = best[key]
+            m = r.data.metrics
+            cells = [key[1], "x".join(map(str, key[2])), key[3], r.data.tags.get("kernel", "?"),
+                     f"{m['throughput']:.1f} {r.data.tags.get('throughput_unit', '')}",
+                     _fmt(m.get(PCT_OF_PEAK), ".1f")]
+            cells += [_fmt(m.get(SPEEDUP.format(b)), ".2f") for b in BASELINES]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default="tensor-core-ablations")
     ap.add_argument("--out", default=None, help="also write the table to this file")
+    ap.add_argument("--by-family", action="store_true",
+                    help="families side by side: throughput, pct_of_peak, speedups "
+                         "(results/h200/baselines.md)")
     args = ap.parse_args(argv)
+    table = families_table if args.by_family else results_table
     try:
-        text = results_table(resolve_uri(args.uri, create=False), args.experiment)
+        text = table(resolve_uri(args.uri, create=False), args.experiment)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
     print(text)

@@ -15,8 +15,8 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "device_info", "gpu_lock", "gpu_count",
-           "claim_gpu"]
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "measure_family", "device_info", "gpu_lock",
+           "gpu_count", "claim_gpu"]
 
 
 class WorkerError(RuntimeError):
@@ -117,10 +117,52 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
     return out
 
 
+def measure_family(family: str, precision: str, arch: str, params: list, build: dict, m: int, n: int,
+                   k: int, timing: dict, rtol: float, seed: int, pci_bus_id: str | None = None) -> dict:
+    """Verify, then time, one kernel of a registered family (``experiments.families``; worker side).
+
+    ``params`` are the resolved spec's (key, value) pairs and ``build`` the fields of its
+    :class:`~experiments.families.base.Build` (kind, source, entry, options), as the job made them.
+    The family's ``prepare`` makes the operands (C poisoned) and compiles the source (NVRTC for CUDA
+    C++, the driver's JIT for PTX); one launch, a synchronize, then ``verify()``; only a verified
+    kernel is timed with :func:`experiments.timing.time_launches`. ``rtol`` reaches families whose
+    ``prepare`` takes it (float results). Returns the dict of :func:`measure` (verify_* fields, jit_s:
+    seconds of prepare, timing, GPU state before/after) plus ``note`` (what is not like-for-like).
+    """
+    import inspect
+
+    import cupy
+
+    from .families import Build, FamilySpec, get
+    from .timing import gpu_state, time_launches
+
+    fam = get(family)
+    spec = FamilySpec(family, precision, arch, tuple((str(a), b) for a, b in params))
+    b = Build(build["kind"], build["source"], build["entry"], tuple(build.get("options", ())))
+    extra = {"rtol": rtol} if "rtol" in inspect.signature(fam.prepare).parameters else {}
+    t0 = time.perf_counter()
+    prep = fam.prepare(spec, b, m, n, k, seed, **extra)
+    jit_s = time.perf_counter() - t0
+    prep.launch()
+    cupy.cuda.Device().synchronize()
+    res = prep.verify()
+    out = {"verified": bool(res.ok), "verify_max_error": float(res.max_error),
+           "verify_mismatches": int(res.mismatches), "verify_message": "" if res.ok else res.message(),
+           "verify_rtol": float(res.tolerance), "jit_s": jit_s, "note": prep.note}
+    if not res.ok:
+        return out
+    out["state_before"] = gpu_state(pci_bus_id)
+    out["timing"] = time_launches(prep.launch, **timing)
+    out["state_after"] = gpu_state(pci_bus_id)
+    del prep
+    cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
 def _serve(conn) -> None:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the sweep's to handle; it kills us
-    funcs = {"measure": measure, "device_info": device_info}
+    funcs = {"measure": measure, "measure_family": measure_family, "device_info": device_info}
     while True:
         try:
             name, kwargs = conn.recv()
@@ -246,7 +288,8 @@ class GpuWorker:
         self._proc = self._conn = None
 
     def call(self, name: str, timeout: float, **kwargs):
-        """Call worker function ``name`` (measure, device_info); wait at most ``timeout`` seconds.
+        """Call worker function ``name`` (measure, measure_family, device_info); wait at most
+        ``timeout`` seconds.
 
         Raises WorkerError with the remote exception text, or saying that the worker timed out
         (it is killed: a hung kernel cannot be interrupted otherwise) or died (exit code).

@@ -1,7 +1,8 @@
 """Kernel families, by name: :func:`get` returns a family, :func:`names` lists them.
 
 Each family (one module here) implements :class:`~experiments.families.base.Family`; the runner knows
-nothing family-specific beyond this registry.
+nothing family-specific beyond this registry (:mod:`.runner`: the family, spec and resources of a
+config, for ``experiments.kernel``; docs/DESIGN.md: how to add a family).
 """
 from __future__ import annotations
 

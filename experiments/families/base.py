@@ -123,13 +123,17 @@ class Family:
 
     name: registry key; title: what one kernel is, for messages ("cuBLAS GEMM"); axes: axis name ->
     valid values, ``precision`` first ("auto" where a value is derived); defaults: axis -> default
-    (else the first value); rules: restrictions checked after :meth:`resolve`.
+    (else the first value); rules: restrictions checked after :meth:`resolve`. sized: the work depends
+    on M, N, K (False: one run per spec, the problem size is ignored); tensor_cores: the kernel's
+    SASS should hold the tensor-core MMA of its precision (the runner checks it where it has SASS).
     """
     name: str = ""
     title: str = ""
     axes: dict = {}
     defaults: dict = {}
     rules: tuple = ()
+    sized: bool = True
+    tensor_cores: bool = False
 
     # ------------------------------------------------------------------ space and validation
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
@@ -193,6 +197,10 @@ class Family:
     # ------------------------------------------------------------------ per spec
     def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
         """Raise SpecError unless this kernel handles an M x N x K problem (default: any)."""
+
+    def threads(self, spec: FamilySpec) -> int:
+        """Threads per block of the built kernel (for ptxas' occupancy); 0 for a library call."""
+        return 0
 
     def build(self, spec: FamilySpec) -> Build:
         """Source text and entry name; no GPU needed."""

@@ -35,6 +35,9 @@ class Dp4aFamily(Family):
             raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}. Choose problem sizes "
                             "that are multiples of the block tile.")
 
+    def threads(self, spec: FamilySpec) -> int:
+        return THREADS
+
     def build(self, spec: FamilySpec) -> Build:
         bm, bn = parse_pair(spec.p["block"])
         src = render_template("dp4a_gemm.cu.j2", entry=spec.entry, BM=bm, BN=bn, TM=bm // 16,

@@ -88,6 +88,12 @@ class PeakFamily(Family):
             "copy": ("auto", "kernel", "memcpy")}
     defaults = {"mma": "auto", "copy": "auto"}
     rules = (Rule("mma", "the shapes mma.sync offers per type; fp8 from sm_89", _mma_rule),)
+    sized = False
+    tensor_cores = True
+
+    def threads(self, spec: FamilySpec) -> int:
+        """256 (the copy and the mma loop); 0 for memcpy."""
+        return 0 if spec.p.get("copy") == "memcpy" else THREADS
 
     def resolve(self, precision, params, arch):
         """Drop the axis that does not apply (mma for copy, copy for mma types; only "auto" is

@@ -86,6 +86,7 @@ class WmmaFamily(Family):
     axes = {"precision": tuple(TYPES), "acc": ("auto", "f32", "f16", "s32"),
             "block": ("128x128", "64x64"), "warps": ("2x4", "2x2")}
     defaults = {"acc": "auto", "block": "128x128", "warps": "2x4"}
+    tensor_cores = True
     rules = (Rule("acc", "the accumulators WMMA offers per type (f16 only with fp16)", _acc_rule),
              Rule("tile", "warp tile a multiple of the fragment; copy chunks divide among threads",
                   _tile_rule))
@@ -104,6 +105,10 @@ class WmmaFamily(Family):
         if bad:
             raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}. Choose problem sizes "
                             "that are multiples of the block tile.")
+
+    def threads(self, spec: FamilySpec) -> int:
+        """32 x WM x WN."""
+        return _geometry(spec.precision, spec.p)["T"]
 
     def build(self, spec: FamilySpec) -> Build:
         g = _geometry(spec.precision, spec.p)

@@ -1,7 +1,7 @@
 """Build the MLflow store the analysis tests and notebooks run on (SQLite in a folder of the caller's).
 
 What is real and what is constructed:
-- REAL (measured with this tool on an NVIDIA H200, results/h200/main_job.md): kernel names, problem
+- REAL (measured with this tool on an NVIDIA H200, main_job_h200.md beside this file): kernel names, problem
   sizes, median_us, throughput and spread of 30 runs (6 kernels x 5 sizes), and the configuration
   each kernel name encodes. REAL (ptxas 13.0 for sm_90 on these kernels): registers per thread and the
   theoretical occupancy of 0.125 (one 256-thread block per SM). REAL (ncu_raw_set_full.csv of
@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-MAIN_JOB = REPO / "results" / "h200" / "main_job.md"
+# real H200 timings of this tool (the headline and fp16/bf16 sweeps), kept here as the fixture's source
+MAIN_JOB = Path(__file__).resolve().parent / "main_job_h200.md"
 PAPER_L4 = REPO.parent / "shared" / "reference" / "paper_l4"
 EXPERIMENT = "tensor-core-ablations"
 
@@ -41,7 +42,7 @@ _NAME = re.compile(r"gemm_(?P<prec>\w+?)_bk(?P<bk>\d+)_m16n8k(?P<mk>\d+)_ldx4x2_
 
 
 def main_job_rows(path: Path = MAIN_JOB) -> list[dict]:
-    """The 30 measured rows of results/h200/main_job.md: kernel, m, n, k, median_us, throughput,
+    """The 30 measured rows of main_job_h200.md (a table experiments.report wrote on an H200): kernel, m, n, k, median_us, throughput,
     unit, spread (a fraction), status."""
     rows = []
     for line in path.read_text().splitlines():

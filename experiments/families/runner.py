@@ -1,0 +1,110 @@
+"""What the runner (``experiments.job``) needs of a registered family, from the composed config:
+the family's name and options, the validated spec, the problem sizes it runs, and the resources
+ptxas reports for its source without a GPU.
+
+Resources: PTX goes to :func:`experiments.assemble.assemble` as it is; CUDA C++ is first compiled to
+PTX with ``nvcc -arch=<arch> -ptx`` where nvcc exists (the GPU compiles the same source with NVRTC);
+a library call (``Build.kind == "none"``: cuBLAS, memcpy) has nothing to assemble and needs a GPU.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from enum import Enum
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..assemble import Assembly, PtxasError, PtxasMissing, assemble
+from ..spec import PRECISIONS, SpecError, resolve_arch
+from . import get
+from .base import Build, Family, FamilySpec
+
+__all__ = ["MMA_SYNC", "family_name", "family_options", "family_spec", "family_shapes", "resources",
+           "sass_subject", "NvccError"]
+
+MMA_SYNC = "mma_sync"
+
+
+class NvccError(RuntimeError):
+    """nvcc rejected a CUDA C++ source; the message holds its output."""
+
+
+def family_name(cfg) -> str:
+    """The config's family (``family.name``); mma_sync when the config has no family node."""
+    node = cfg.get("family")
+    return str(node.name) if node is not None and node.get("name") else MMA_SYNC
+
+
+def family_options(cfg) -> dict:
+    """The family's options from the config (``family.*`` without ``name``), Enum members by value."""
+    node = cfg.get("family") or {}
+    return {str(k): (v.value if isinstance(v, Enum) else v) for k, v in node.items() if k != "name"}
+
+
+def family_spec(cfg, gpu_cc: int | None) -> tuple[Family, FamilySpec]:
+    """(family, spec) for the config: ``target.arch`` resolved as for mma_sync (auto = the GPU's own,
+    sm_90 without a GPU), then ``families.get(name).spec(precision, options, arch)``.
+
+    Raises SpecError naming the key, the value and the valid values (e.g. ``family=cublas
+    precision=int4``: no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8)."""
+    fam = get(family_name(cfg))
+    precision = cfg.precision.name if isinstance(cfg.precision, Enum) else str(cfg.precision)
+    arch = resolve_arch(str(cfg.target.arch), gpu_cc)
+    return fam, fam.spec(precision, family_options(cfg), arch)
+
+
+def family_shapes(fam: Family, spec: FamilySpec, shapes: list) -> list:
+    """The sizes to measure: ``shapes`` checked with the family's ``check_problem`` (SpecError naming
+    every size that does not fit), or ``[None]`` for a family whose work ignores the size (peak)."""
+    if not fam.sized:
+        return [None]
+    if not shapes:
+        raise SpecError("problem.sizes and problem.shapes are both empty; give at least one size")
+    bad = []
+    for m, n, k in shapes:
+        try:
+            fam.check_problem(spec, m, n, k)
+        except SpecError as exc:
+            bad.append(f"{m}x{n}x{k}: {exc}")
+    if bad:
+        raise SpecError(f"{len(bad)} of {len(shapes)} problem sizes do not fit {spec.entry}: "
+                        + " | ".join(bad))
+    return shapes
+
+
+def resources(fam: Family, spec: FamilySpec, build: Build, workdir: Path) -> tuple[Assembly | None, str]:
+    """ptxas' resources of a family's kernel for ``spec.arch``, without a GPU: (assembly, note).
+
+    The assembly is None when there is nothing to assemble (a library call: note says it needs a GPU)
+    or a tool is missing (note names it). Raises PtxasError or NvccError when a tool rejects the source.
+    """
+    if build.kind == "none":
+        return None, f"needs a GPU: {fam.title} {spec.entry} is a library call, there is no kernel source"
+    ptx = build.source
+    if build.kind == "cuda":
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            return None, "nvcc not found: the CUDA C++ source is compiled by NVRTC on the GPU only"
+        workdir.mkdir(parents=True, exist_ok=True)
+        src, out = workdir / f"{spec.entry}.cu", workdir / f"{spec.entry}.ptx"
+        src.write_text(build.source)
+        proc = subprocess.run([nvcc, f"-arch={spec.arch}", "-ptx", str(src), "-o", str(out)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NvccError(f"nvcc -arch={spec.arch} -ptx {src.name} failed:\n{proc.stderr or proc.stdout}")
+        ptx = out.read_text()
+    try:
+        return assemble(ptx, build.entry, spec.arch, threads=fam.threads(spec), dyn_smem=0,
+                        workdir=workdir), "ok"
+    except PtxasMissing as exc:
+        return None, str(exc)
+    except PtxasError:
+        raise
+
+
+def sass_subject(fam: Family, spec: FamilySpec):
+    """What :func:`experiments.assemble.sass_summary` checks the SASS against (an object with
+    ``prec``), or None when the family's kernel is not meant to run on the tensor cores."""
+    if fam.tensor_cores and spec.precision in PRECISIONS:
+        return SimpleNamespace(prec=PRECISIONS[spec.precision])
+    return None

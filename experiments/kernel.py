@@ -1,0 +1,195 @@
+"""One job's kernel, whatever its family: validated spec, source, ptxas' resources, run names, run
+identity and the worker call that verifies and times it (:class:`Kernel`), for ``experiments.job``.
+
+``mma_sync`` (the default family) is built from the root keys and its PTX template; every other
+family through the registry (``experiments.families``: spec, build, unit, rate). Both give the same
+Kernel, so the runner's static and GPU paths and the tracking after them are shared.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import record, track
+from .assemble import SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble, sass_summary
+from .families.runner import (MMA_SYNC, NvccError, family_name, family_shapes, family_spec, resources,
+                              sass_subject)
+from .render import ptx_sha256
+from .spec import KernelSpec, SpecError, spec_from_config
+from .timing import tflops
+from .toolchain import toolchain_tags
+
+__all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit"]
+
+
+@dataclass
+class Kernel:
+    """What the runner needs of one kernel: how it is named, identified, built (sources for the
+    artifacts, ptxas' resources), called in the worker and rated; and the run's params and tags."""
+    entry: str
+    arch: str
+    sources: dict             # artifact name -> text (the PTX, or the CUDA C++)
+    identity: tuple           # spec, source hash, ptxas version: the run key's kernel part
+    unit: str                 # of throughput: TFLOP/s, TOP/s or GB/s
+    name: Callable            # size (or None) -> run name
+    call: tuple               # (worker function, its kwargs besides the size and the settings)
+    rate: Callable            # (m, n, k, us) -> throughput in unit
+    shapes: list              # sizes to measure; [None] where the work ignores the size
+    params: dict
+    tags: dict
+    asm: Assembly | None = None
+    static: dict = field(default_factory=dict)   # static metrics (threads, registers, SASS counts)
+    static_note: str = ""     # why there are no resources (no ptxas or nvcc, or a library call)
+    needs_gpu: bool = False   # a library call: nothing to assemble, only a GPU can run it
+
+
+class SourceRejected(RuntimeError):
+    """ptxas or nvcc rejected the kernel's source. ``kernel`` holds what is known (name, tags,
+    sources) so the job can track the failed run; ``tool`` names the tool."""
+
+    def __init__(self, kernel: Kernel, tool: str, message: str):
+        super().__init__(message)
+        self.kernel, self.tool = kernel, tool
+
+
+def shapes_of(cfg) -> list[tuple[int, int, int]]:
+    """problem.shapes, else the square problem.sizes, as (M, N, K) tuples."""
+    return [tuple(int(x) for x in s) for s in cfg.problem.shapes] or [(n, n, n) for n in cfg.problem.sizes]
+
+
+def _check_shapes(spec: KernelSpec, shapes) -> None:
+    """Every problem size must fit the kernel, in every backend, before any work (SpecError)."""
+    if not shapes:
+        raise SpecError("problem.sizes and problem.shapes are both empty; give at least one size")
+    bad = []
+    for m, n, k in shapes:
+        try:
+            spec.check_problem(m, n, k)
+        except SpecError as exc:
+            bad.append(f"{m}x{n}x{k}: {str(exc).split(': ', 1)[-1]}")
+    if bad:
+        raise SpecError(f"{len(bad)} of {len(shapes)} problem sizes do not fit {spec.entry}: "
+                        + " | ".join(bad))
+
+
+def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) -> dict:
+    m = {"threads": threads, "smem_dynamic_bytes": dyn_smem} if threads else {}
+    if asm is not None:
+        m.update(registers=asm.registers, spill_stores_bytes=asm.spill_stores,
+                 spill_loads_bytes=asm.spill_loads, stack_frame_bytes=asm.stack_frame,
+                 smem_static_bytes=asm.static_smem, theoretical_occupancy=asm.occupancy,
+                 blocks_per_sm=asm.blocks_per_sm)
+        if subject is not None:
+            m.update(sass_summary(asm, subject)[0])
+        elif asm.sass:
+            m.update({f"sass_{op}": asm.sass_counts.get(op, 0) for op in SASS_OPS})
+    return m
+
+
+def _base_tags(entry: str, sha: str, arch: str, use_gpu: bool, cfg) -> tuple[dict, dict]:
+    tools = toolchain_tags()
+    tags = {"kernel": entry, "ptx_sha256": sha, "arch": arch, "backend": "gpu" if use_gpu else "static",
+            **tools}
+    if cfg.get("study_kernel"):
+        tags["study_kernel"] = cfg.study_kernel
+    if commit := git_commit():
+        tags["git_commit"] = commit
+    return tags, tools
+
+
+def _mma_sync_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say, render) -> Kernel:
+    """The mma_sync family's kernel: spec from the root keys, PTX rendered from the template."""
+    spec = spec_from_config(cfg, gpu_cc)
+    shapes = shapes_of(cfg)
+    _check_shapes(spec, shapes)
+    ptx = render(spec)
+    sha = ptx_sha256(ptx)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ptx_path = out_dir / f"{spec.entry}.ptx"
+    ptx_path.write_text(ptx)
+    tags, tools = _base_tags(spec.entry, sha, spec.arch, use_gpu, cfg)
+    call = ("measure", {"ptx": ptx, "ptx_path": str(ptx_path), "spec": spec.as_kwargs()})
+    kern = Kernel(spec.entry, spec.arch, {record.ARTIFACTS["ptx"]: ptx},
+                  (sorted(spec.flat().items()), sha, tools["ptxas_version"]),
+                  "TFLOP/s" if spec.prec.is_float else "TOP/s", functools.partial(record.run_name, spec),
+                  call, tflops, shapes, {**record.params_of(params, spec.flat()), "family": MMA_SYNC}, tags)
+    try:
+        kern.asm = assemble(ptx, spec.entry, spec.arch, threads=spec.threads, dyn_smem=spec.smem_bytes,
+                            workdir=out_dir / "ptxas")
+    except PtxasMissing as exc:
+        say(f"[yellow]{exc}[/] Tracking the rendered kernel without resources.")
+        kern.static_note = "no ptxas"
+    except PtxasError as exc:
+        raise SourceRejected(kern, "ptxas", str(exc)) from None
+    if kern.asm is not None:
+        tags.update(sass_summary(kern.asm, spec)[1])
+    kern.static = _static_metrics(spec.threads, spec.smem_bytes, kern.asm, spec)
+    return kern
+
+
+def _family_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say, render=None) -> Kernel:
+    """A registered family's kernel (experiments.families): spec from ``family.*`` and precision,
+    source from the family's build, resources through nvcc and ptxas where they apply."""
+    fam, spec = family_spec(cfg, gpu_cc)
+    shapes = family_shapes(fam, spec, shapes_of(cfg) if fam.sized else [])
+    build = fam.build(spec)
+    sha = ptx_sha256(build.source)
+    tags, tools = _base_tags(spec.entry, sha, spec.arch, use_gpu, cfg)
+    art = {"ptx": record.ARTIFACTS["ptx"], "cuda": record.ARTIFACTS["cuda"]}.get(build.kind)  # none: none
+    call = ("measure_family", {"family": fam.name, "precision": spec.precision, "arch": spec.arch,
+                               "params": [list(p) for p in spec.params],
+                               "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
+                                         "options": list(build.options)}})
+    kern = Kernel(spec.entry, spec.arch, {art: build.source} if art else {},
+                  (sorted(spec.flat().items()), sha, tools["ptxas_version"]), fam.unit(spec),
+                  functools.partial(record.family_run_name, spec, tuple(fam.axes)), call,
+                  functools.partial(fam.rate, spec), shapes,
+                  record.family_params(params, fam.name, spec.flat()), tags)
+    try:
+        kern.asm, note = resources(fam, spec, build, out_dir / "ptxas")
+    except (PtxasError, NvccError) as exc:
+        raise SourceRejected(kern, "nvcc" if isinstance(exc, NvccError) else "ptxas", str(exc)) from None
+    kern.needs_gpu = build.kind == "none"
+    if kern.asm is None:
+        kern.static_note = note
+        if not kern.needs_gpu:
+            say(f"[yellow]{note}[/] Tracking the kernel without resources.")
+    subject = sass_subject(fam, spec)
+    if kern.asm is not None and subject is not None:
+        tags.update(sass_summary(kern.asm, subject)[1])
+    kern.static = _static_metrics(fam.threads(spec), 0, kern.asm, subject)
+    return kern
+
+
+def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: dict, say,
+                render: Callable) -> Kernel:
+    """The Kernel of the composed config ``cfg`` (family ``family.name``, default mma_sync) for a GPU
+    of compute capability ``gpu_cc`` (None: none). ``params``: the run params of the config (record.
+    params_of); ``say(text)`` prints a line for the job; ``render``: the mma_sync PTX renderer
+    (:func:`experiments.render.render`, given by the runner). Raises SpecError (an impossible
+    combination or size, naming key, value and valid values) or SourceRejected (ptxas or nvcc failed)."""
+    make = _mma_sync_kernel if family_name(cfg) == MMA_SYNC else _family_kernel
+    return make(cfg, out_dir, gpu_cc, use_gpu, params, say, render)
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """The project's own commit (``-dirty`` with uncommitted changes), or None when the project
+    folder is not the top of its own git repository (a copy, or a folder inside another repository)."""
+    import subprocess
+    root = str(track.PROJECT_ROOT)
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
+            return None
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("-dirty" if dirty else "") if head else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None

@@ -1,0 +1,350 @@
+"""The kernel families in the runner: ``family`` as a config group with typed options, static runs of
+every family through run.py (skipped combinations with their reason, cuBLAS "needs a GPU"), run
+names and params, and the speedup / pct_of_peak relations (experiments.compare) on a store built
+here. GPU tests (``gpu`` marker): the families verified through run.py, and pct_of_peak from a
+peak run.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from experiments import compare, families, record
+from experiments.config import register
+from experiments.report import families_table
+from experiments.families.runner import family_name, family_options, family_spec, family_shapes
+from experiments.spec import SpecError
+from experiments.track import Tracker
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENT = "family-tests"
+
+
+def _compose(*overrides):
+    register()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+# ------------------------------------------------------------------ config group
+def test_family_group_selects_typed_options():
+    cfg = _compose()
+    assert family_name(cfg) == "mma_sync" and family_options(cfg) == {}
+    cfg = _compose("family=wmma", "family.block=64x64", "precision=int8")
+    assert family_name(cfg) == "wmma"
+    assert family_options(cfg) == {"acc": "auto", "block": "64x64", "warps": "2x4"}
+    fam, spec = family_spec(cfg, None)
+    assert spec.entry == "wmma_int8_accs32_bk64_block64x64_warps2x4" and spec.arch == "sm_90"
+    cfg = _compose("family=peak", "precision=int8")
+    assert family_options(cfg) == {"mma": "auto", "copy": "auto"}
+    assert family_spec(cfg, 89)[1].arch == "sm_89"          # target.arch=auto: the GPU's own
+
+
+@pytest.mark.parametrize("override, text", [
+    ("family.block=99x99", "Invalid value '99x99', expected one of [128x128, 64x64]"),
+    ("family.blok=64x64", "Key 'blok' not in 'WmmaConf'"),
+])
+def test_family_options_are_typed(override, text):
+    with pytest.raises(Exception) as err:
+        _compose("family=wmma", override)
+    assert text in str(err.value) + str(err.value.__cause__)
+
+
+@pytest.mark.parametrize("overrides, text", [
+    (("family=cublas", "precision=int4"), "family=cublas: no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8"),
+    (("family=wmma", "precision=fp8_e4m3"), "family=wmma: no WMMA GEMM for precision=fp8_e4m3; "
+                                            "valid: fp16, bf16, int8, int4"),
+    (("family=peak", "precision=int8", "family.copy=memcpy"), "family=peak copy=memcpy applies to precision=copy"),
+])
+def test_impossible_family_combinations_name_the_valid_values(overrides, text):
+    with pytest.raises(SpecError) as err:
+        family_spec(_compose(*overrides), None)
+    assert text in str(err.value)
+
+
+def test_shapes_checked_per_family():
+    fam = families.get("wmma")
+    spec = fam.spec("int8", {}, "sm_90")
+    assert family_shapes(fam, spec, [(512, 512, 512)]) == [(512, 512, 512)]
+    with pytest.raises(SpecError, match=r"1 of 2 problem sizes do not fit wmma_int8_.*: 96x128x64: .*"
+                                        r"M=96 is not a multiple of BM=128"):
+        family_shapes(fam, spec, [(512, 512, 512), (96, 128, 64)])
+    peak = families.get("peak")
+    assert family_shapes(peak, peak.spec("int8", {}, "sm_90"), [(512, 512, 512)]) == [None]
+
+
+def test_run_names_and_params():
+    spec = families.get("wmma").spec("int8", {}, "sm_90")
+    axes = tuple(families.get("wmma").axes)
+    assert record.family_run_name(spec, axes, (1024, 1024, 1024)) == "1024 wmma int8 s32 128x128 2x4"
+    peak = families.get("peak").spec("int4", {}, "sm_90")
+    assert record.family_run_name(peak, tuple(families.get("peak").axes)) == "peak int4 m16n8k64"
+    flat = {"precision": "int8", "ktile": "32", "tile.block": "[256, 128]", "family.name": "wmma",
+            "family.block": "128x128", "problem.sizes": "[512]", "timing.batches": "10"}
+    params = record.family_params(flat, "wmma", spec.flat())
+    assert params == {"precision": "int8", "family": "wmma", "family.block": "128x128",
+                      "problem.sizes": "[512]", "timing.batches": "10", "spec.arch": "sm_90",
+                      "spec.entry": spec.entry, "spec.acc": "s32", "spec.bk": "64", "spec.block": "128x128",
+                      "spec.warps": "2x4"}
+
+
+# ------------------------------------------------------------------ run.py, static
+def test_help_lists_the_families(tmp_path):
+    rc, out = _run_cli(tmp_path, "--help")
+    assert rc == 0, out
+    assert "family: cublas, dp4a, mma_sync, peak, wmma" in out.splitlines()
+    rc, out = _run_cli(tmp_path, "--cfg", "job", "family=peak", "precision=int8")
+    assert rc == 0, out
+    assert "family:\n  name: peak\n  mma: auto\n  copy: auto\nprecision: int8\n" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def _run_cli(cwd, *args, hide_gpu=True, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    if hide_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return proc.returncode, proc.stdout
+
+
+def _store(tmp):
+    return [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"tracking.experiment={EXPERIMENT}",
+            f"hydra.sweep.dir={tmp}/out"]
+
+
+def _children(tmp) -> dict:
+    tr = Tracker(f"sqlite:///{tmp}/mlflow.db", EXPERIMENT, create=False)
+    runs = tr.client.search_runs([tr.experiment_id], max_results=100)
+    return {r.info.run_name: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+
+
+def test_static_sweep_of_families(tmp_path, need_ptxas):
+    rc, out = _run_cli(tmp_path, "-m", "family=wmma,cublas,peak", "precision=int8,int4", *_store(tmp_path))
+    assert rc == 0, out
+    runs = _children(tmp_path)
+    assert sorted(runs) == ["cublas int8", "peak int4 m16n8k64", "peak int8 m16n8k32",
+                            "skipped family=cublas precision=int4", "wmma int4 s32 128x128 2x4",
+                            "wmma int8 s32 128x128 2x4"]
+    assert all(r.info.status == "FINISHED" and r.data.params["family"] in ("wmma", "cublas", "peak")
+               for r in runs.values())
+    skipped = runs["skipped family=cublas precision=int4"]
+    assert skipped.data.tags["outcome"] == "skipped"
+    assert "no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8" in skipped.data.tags["skip_reason"]
+    cub = runs["cublas int8"]
+    assert cub.data.tags["outcome"] == "static" and cub.data.tags["ptxas"] == "not applicable"
+    assert cub.data.tags["mlflow.note.content"].startswith("Not run: needs a GPU: cuBLAS GEMM cublas_int8")
+    peak = runs["peak int8 m16n8k32"]
+    assert peak.data.tags["kernel"] == "peak_int8_chains8_iters16_mmam16n8k32_units1048576"
+    assert peak.data.metrics["threads"] == 256 and peak.data.metrics["spill_stores_bytes"] == 0
+    assert peak.data.params["spec.mma"] == "m16n8k32" and "ktile" not in peak.data.params
+    wmma = runs["wmma int8 s32 128x128 2x4"]
+    if shutil.which("nvcc"):       # CUDA C++ -> nvcc -ptx -> ptxas: resources
+        assert wmma.data.metrics["threads"] == 256 and wmma.data.metrics["smem_static_bytes"] == 32768
+        assert 0 < wmma.data.metrics["registers"] <= 255
+    else:
+        assert "registers" not in wmma.data.metrics and wmma.data.tags["ptxas"] == "missing"
+
+
+# ------------------------------------------------------------------ speedups and peaks
+def _add(tr, parent, family, precision, thr, size=(512, 512, 512), gpu="NVIDIA H200", driver="580.1",
+         mma=None):
+    params = {"family": family, "precision": precision}
+    if size:
+        params.update({"problem.m": size[0], "problem.n": size[1], "problem.k": size[2]})
+    if mma:
+        params["spec.mma"] = mma
+    rid = tr.start(f"{family} {precision} {thr}", params, {"gpu": gpu, "driver": driver, "outcome": "verified"},
+                   parent)
+    tr.log(rid, {"throughput": thr})
+    tr.end(rid)
+    time.sleep(0.002)           # start times apart: "latest" is well defined
+    return rid
+
+
+def test_speedups_and_pct_of_peak(tmp_path):
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT)
+    old = tr.start("sweep old", {}, {"kind": "sweep"})
+    new = tr.start("sweep new", {}, {"kind": "sweep"})
+    p_old = _add(tr, old, "peak", "int8", 1000.0, size=None, mma="m16n8k32")
+    p_k16 = _add(tr, old, "peak", "int8", 600.0, size=None, mma="m16n8k16")
+    _add(tr, old, "peak", "int8", 5000.0, size=None, mma="m16n8k32", driver="999.9")     # another driver
+    gemm = _add(tr, new, "mma_sync", "int8", 500.0, mma="m16n8k32")
+    assert compare.relate(tr, gemm) == {gemm: {"pct_of_peak": 50.0, "peak_run": p_old}}   # latest, no baseline
+    w1 = _add(tr, new, "wmma", "int8", 200.0)
+    _add(tr, new, "wmma", "int8", 250.0)                       # the best wmma run is the reference
+    _add(tr, new, "cublas", "int8", 400.0, size=(1024, 1024, 1024))     # another size: no relation
+    _add(tr, new, "cublas", "int8", 400.0, gpu="NVIDIA L4")    # another GPU: no relation
+    got = compare.relate(tr, w1)
+    assert got == {gemm: {"speedup_vs_wmma": 2.0}, w1: {"pct_of_peak": 20.0, "peak_run": p_old}}
+    cub = _add(tr, new, "cublas", "int8", 625.0)
+    assert compare.relate(tr, cub)[gemm] == {"speedup_vs_cublas": 0.8}
+    m = tr.client.get_run(gemm).data.metrics
+    assert (m["speedup_vs_wmma"], m["speedup_vs_cublas"], m["pct_of_peak"]) == (2.0, 0.8, 50.0)
+    assert "speedup_vs_wmma" not in tr.client.get_run(w1).data.metrics          # baselines: no speedups
+    # a GEMM run on the k16 shape divides by the k16 peak; one with another precision has no peak
+    g16 = _add(tr, new, "mma_sync", "int8", 300.0, mma="m16n8k16")
+    assert compare.relate(tr, g16)[g16] == {"pct_of_peak": 50.0, "peak_run": p_k16, "speedup_vs_wmma": 1.2,
+                                            "speedup_vs_cublas": 0.48}
+    g4 = _add(tr, new, "mma_sync", "int4", 10.0, mma="m16n8k64")
+    assert compare.relate(tr, g4) == {}
+    # a peak measured in the same sweep wins over the latest, and updates the sweep's GEMM runs
+    p_new = _add(tr, new, "peak", "int8", 800.0, size=None, mma="m16n8k32")
+    _add(tr, old, "peak", "int8", 2000.0, size=None, mma="m16n8k32")            # later, other sweep
+    got = compare.relate(tr, p_new)
+    assert got[gemm] == {"pct_of_peak": 62.5, "peak_run": p_new}
+    assert got[w1] == {"pct_of_peak": 25.0, "peak_run": p_new}
+    assert got[g16] == {"pct_of_peak": 37.5, "peak_run": p_new}     # no k16 peak in this sweep: the highest
+    assert g4 not in got
+    run = tr.client.get_run(gemm)
+    assert run.data.metrics["pct_of_peak"] == 62.5 and run.data.tags["peak_run"] == p_new
+    # the report by family: the tags backend and kernel, as the runner sets them
+    for r in tr.client.search_runs([tr.experiment_id], max_results=100):
+        tr.client.set_tag(r.info.run_id, "backend", "gpu")
+        tr.client.set_tag(r.info.run_id, "kernel", r.info.run_name.replace(" ", "_"))
+        tr.client.set_tag(r.info.run_id, "throughput_unit", "TOP/s")
+    lines = families_table(tr.uri, EXPERIMENT).splitlines()
+    h200 = lines[lines.index("## NVIDIA H200"):lines.index("## NVIDIA L4")]
+    assert h200[2:6] == ["| peak | shape | throughput |", "| --- | --- | ---: |",
+                         "| int8 | m16n8k16 | 600.0 TOP/s |", "| int8 | m16n8k32 | 2000.0 TOP/s |"]
+    print("\n".join(h200))
+    assert h200[-6:-1] == [   # the best run per family; pct_of_peak from the peak of the new sweep (800)
+        "| int4 | 512x512x512 | mma_sync | mma_sync_int4_10.0 | 10.0 TOP/s | - | - | - | - |",
+        "| int8 | 512x512x512 | mma_sync | mma_sync_int8_500.0 | 500.0 TOP/s | 62.5 | 2.00 | - | 0.80 |",
+        "| int8 | 512x512x512 | wmma | wmma_int8_250.0 | 250.0 TOP/s | 31.2 | - | - | - |",
+        "| int8 | 512x512x512 | cublas | cublas_int8_625.0 | 625.0 TOP/s | 78.1 | - | - | - |",
+        "| int8 | 1024x1024x1024 | cublas | cublas_int8_400.0 | 400.0 TOP/s | 50.0 | - | - | - |"]
+
+
+# ------------------------------------------------------------------ the GPU path, worker replaced
+class _Worker:
+    """Stands in for the GPU worker: records each call and answers like measure_family would for a
+    kernel that verifies and whose launches take ``us`` microseconds."""
+
+    def __init__(self, us):
+        self.us, self.calls = us, []
+
+    def call(self, name, timeout, **kw):
+        self.calls.append((name, kw))
+        state = {"sm_clock_mhz": 1980, "temperature_c": 40, "clock_event_reasons": 0}
+        return {"verified": True, "verify_max_error": 0.0, "verify_mismatches": 0, "verify_message": "",
+                "verify_rtol": 0.0, "jit_s": 0.5, "note": "a note",
+                "state_before": dict(state), "state_after": dict(state),
+                "timing": {"median_us": self.us, "min_us": self.us, "max_us": self.us * 1.1, "spread": 0.1,
+                           "launches_per_batch": 10, "batches": 3, "method": "cuda_graph", "l2_flush": False,
+                           "batch_us": [self.us] * 3}}
+
+
+def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
+    """run_job on a (stated) GPU for family=dp4a and family=peak: the worker gets measure_family with
+    the spec and the build; runs are named, rated in the family's unit and related (pct_of_peak)."""
+    import contextlib
+
+    from experiments import job, track
+    gpu = {"gpu": "NVIDIA H200", "compute_capability": 90, "driver": "580.1", "cuda_driver": "13.0",
+           "pci_bus_id": "0000:01:00.0", "uuid": "GPU-1"}
+    monkeypatch.chdir(tmp_path)
+    for key, val in (("key", "k1"), ("name", "sweep t"), ("jobs", "1"), ("overrides", "")):
+        monkeypatch.setenv(track.SWEEP_ENV[key], val)
+    monkeypatch.setattr(job, "claim_gpu", lambda *a: gpu)
+    monkeypatch.setattr(job, "_device", lambda g: {"gpu": g["gpu"], "compute_capability": 90,
+                                                   "cuda_runtime": "13.0", "cupy": "14.0"})
+    monkeypatch.setattr(job, "gpu_lock", lambda *a: contextlib.nullcontext())
+    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.experiment={EXPERIMENT}"]
+    worker = _Worker(1000.0)
+    monkeypatch.setattr(job, "_WORKER", worker)
+    assert job.run_job(_compose("family=peak", "precision=int8", *store)) == {
+        "finished": 1, "failed": 0, "done_before": 0}
+    name, kw = worker.calls[0]
+    assert name == "measure_family" and (kw["m"], kw["n"], kw["k"]) == (0, 0, 0)
+    assert kw["family"] == "peak" and kw["build"]["kind"] == "ptx" and ["mma", "m16n8k32"] in kw["params"]
+    worker.us = 100.0
+    assert job.run_job(_compose("family=dp4a", "precision=int8", "problem.sizes=[512]", *store))["finished"] == 1
+    name, kw = worker.calls[1]
+    assert (kw["m"], kw["n"], kw["k"], kw["arch"]) == (512, 512, 512, "sm_90") and kw["build"]["kind"] == "cuda"
+    runs = _children(tmp_path)
+    peak, dp4a = runs["peak int8 m16n8k32"], runs["512 dp4a int8 128x128"]
+    flops = 2 ** 20 * 16 * 8 * 2 * 16 * 8 * 32          # units x iters x chains x 2 x 16 x 8 x K
+    assert peak.data.metrics["throughput"] == round(flops / 1000.0 / 1e6, 2)
+    assert "problem.m" not in peak.data.params and peak.data.tags["family_note"] == "a note"
+    assert dp4a.data.metrics["throughput"] == round(2 * 512 ** 3 / 100.0 / 1e6, 2) == 2.68
+    assert dp4a.data.tags["throughput_unit"] == "TOP/s" and dp4a.data.params["family"] == "dp4a"
+    assert dp4a.data.tags["peak_run"] == peak.info.run_id
+    assert dp4a.data.metrics["pct_of_peak"] == round(100 * 2.68 / peak.data.metrics["throughput"], 2)
+    assert dp4a.data.tags["mlflow.note.content"].startswith("512x512x512: 100.0 us, 2.7 TOP/s")
+    assert peak.data.tags["mlflow.note.content"].startswith(
+        "peak_int8_chains8_iters16_mmam16n8k32_units1048576: 1000.0 us")
+    assert record.throughput_figure([peak], tmp_path / "f.png") is False      # no size: not plotted
+
+
+# ------------------------------------------------------------------ GPU
+def _gpu_sweep(tmp, *args):
+    rc, out = _run_cli(tmp, "-m", *args, "timing.batches=3", "timing.min_batch_ms=2", *_store(tmp),
+                       hide_gpu=False, timeout=900)
+    assert rc == 0, out
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family, precision", [("dp4a", "int8"), ("wmma", "fp16"), ("cublas", "int8"),
+                                               ("peak", "int8")])
+def test_measure_family_in_process(family, precision):
+    """The worker function itself: verified (exactly for integers, within rtol for floats), then timed."""
+    from experiments.families.gpu import device_sm
+    from experiments.worker import measure_family
+    fam = families.get(family)
+    spec = fam.spec(precision, {}, f"sm_{device_sm()}")
+    b = fam.build(spec)
+    res = measure_family(family, precision, spec.arch, [list(p) for p in spec.params],
+                         {"kind": b.kind, "source": b.source, "entry": b.entry, "options": list(b.options)},
+                         512, 512, 512, {"warmup": 1, "batches": 3, "min_batch_ms": 2.0}, 1e-3, 5)
+    assert res["verified"], res["verify_message"]
+    assert res["verify_mismatches"] == 0 and res["verify_rtol"] == (1e-3 if precision == "fp16" else 0.0)
+    t = res["timing"]
+    assert t["batches"] == 3 and 0 < t["min_us"] <= t["median_us"] <= t["max_us"]
+    print(f"{spec.entry}: {t['median_us']:.1f} us, {fam.rate(spec, 512, 512, 512, t['median_us']):.1f} "
+          f"{fam.unit(spec)}; {res['note']}")
+
+
+@pytest.mark.gpu
+def test_families_verify_through_run_py_and_relate(tmp_path):
+    """family=wmma,dp4a,cublas,mma_sync at 512 and 1024 (int8): every run verified; mma_sync runs get
+    speedup_vs_<baseline> = their throughput / the baseline's; then a peak sweep gives pct_of_peak."""
+    out = _gpu_sweep(tmp_path, "family=wmma,dp4a,cublas,mma_sync", "precision=int8", "problem.sizes=[512,1024]")
+    print(out)
+    runs = _children(tmp_path)
+    assert len(runs) == 8, sorted(runs)
+    assert all(r.data.tags["outcome"] == "verified" and r.data.tags["throughput_unit"] == "TOP/s"
+               and r.data.metrics["verify_mismatches"] == 0 for r in runs.values()), sorted(runs)
+    by = {(r.data.params["family"], int(r.data.params["problem.m"])): r for r in runs.values()}
+    for n in (512, 1024):
+        mine = by[("mma_sync", n)].data.metrics
+        for base in ("wmma", "dp4a", "cublas"):
+            want = mine["throughput"] / by[(base, n)].data.metrics["throughput"]
+            assert mine[f"speedup_vs_{base}"] == pytest.approx(want, rel=1e-3), (n, base)
+            assert "speedup_vs_wmma" not in by[(base, n)].data.metrics
+    out = _gpu_sweep(tmp_path, "family=peak", "precision=int8")
+    print(out)
+    peak = _children(tmp_path)["peak int8 m16n8k32"]
+    assert peak.data.tags["outcome"] == "verified" and peak.data.metrics["throughput"] > 100
+    # the GEMM sweep had no peak: a later run of it relates to the latest peak run in the store
+    _gpu_sweep(tmp_path, "family=mma_sync", "precision=int8", "problem.sizes=[2048]")
+    [run] = [r for r in _children(tmp_path).values() if r.data.params.get("problem.m") == "2048"]
+    want = 100 * run.data.metrics["throughput"] / peak.data.metrics["throughput"]
+    assert run.data.tags["peak_run"] == peak.info.run_id
+    assert run.data.metrics["pct_of_peak"] == pytest.approx(want, rel=1e-3) and 0 < want < 100
+
+
+def test_config_schema_lists_every_family():
+    cfg = _compose("family=dp4a")
+    assert OmegaConf.to_container(cfg.family, enum_to_str=True) == {"name": "dp4a", "block": "128x128"}
+    import pickle                       # parallel launchers pickle the job's config
+    assert pickle.loads(pickle.dumps(cfg)).family.block.value == "128x128"
+    assert sorted(p.stem for p in (ROOT / "conf" / "family").glob("*.yaml")) == sorted(
+        ("mma_sync",) + families.names())
