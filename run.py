@@ -20,8 +20,13 @@ OmegaConf.register_new_resolver("gpu_count", lambda: max(1, gpu_count()), use_ca
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
+    from experiments.config import Config
     from experiments.job import JobError, run_job
     from experiments.spec import SpecError
+    known = set(OmegaConf.structured(Config).keys())
+    if unknown := sorted(set(cfg.keys()) - known):
+        raise SystemExit(f"Unknown config key(s): {', '.join(unknown)} (added with '+'?). "
+                         f"Valid top-level keys: {', '.join(sorted(known))}; see python run.py --help")
     try:
         run_job(cfg)
     except SpecError as exc:   # single run: an impossible configuration stops before any work

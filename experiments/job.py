@@ -22,7 +22,7 @@ from rich.console import Console
 from . import record, track
 from .compare import relate
 from .families.runner import family_name
-from .kernel import Kernel, SourceRejected, git_commit, make_kernel
+from .kernel import Kernel, SourceRejected, check_settings, git_commit, make_kernel
 from .render import render
 from .spec import SpecError, value
 from .sweep import current_sweep
@@ -116,6 +116,7 @@ def _backend_tag(cfg) -> str:
 
 
 def _run(cfg, job: _Job) -> dict:
+    check_settings(cfg)
     backend = value(cfg.backend)
     gpu = None
     if backend != "static":

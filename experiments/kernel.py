@@ -56,8 +56,34 @@ class SourceRejected(RuntimeError):
 
 
 def shapes_of(cfg) -> list[tuple[int, int, int]]:
-    """problem.shapes, else the square problem.sizes, as (M, N, K) tuples."""
-    return [tuple(int(x) for x in s) for s in cfg.problem.shapes] or [(n, n, n) for n in cfg.problem.sizes]
+    """problem.shapes, else the square problem.sizes, as (M, N, K) tuples of positive ints.
+
+    Raises SpecError for a shape that is not [M, N, K] or a size that is not positive."""
+    for s in cfg.problem.shapes:
+        if len(s) != 3:
+            raise SpecError(f"problem.shapes entry {list(s)} is not [M, N, K]; "
+                            "e.g. 'problem.shapes=[[4096,4096,1024],[512,2048,512]]'")
+    shapes = [tuple(int(x) for x in s) for s in cfg.problem.shapes] or [(n, n, n) for n in cfg.problem.sizes]
+    bad = [s for s in shapes if min(s) <= 0]
+    if bad:
+        key = "problem.shapes" if cfg.problem.shapes else "problem.sizes"
+        got = ", ".join("x".join(map(str, s)) for s in bad)
+        raise SpecError(f"{key}: sizes must be positive; got {got}")
+    return shapes
+
+
+# timing and verification settings: (key, lowest valid value, whether the bound itself is valid)
+SETTING_BOUNDS = (("timing.warmup", 0, True), ("timing.batches", 1, True), ("timing.min_batch_ms", 0, False),
+                  ("timing.max_launches", 1, True), ("timing.timeout_s", 0, False), ("verify.rtol", 0, False))
+
+
+def check_settings(cfg) -> None:
+    """Raise SpecError for a timing or verification setting out of range (e.g. timing.batches=0)."""
+    from omegaconf import OmegaConf
+    for key, low, inclusive in SETTING_BOUNDS:
+        v = OmegaConf.select(cfg, key)
+        if v < low or (v == low and not inclusive):
+            raise SpecError(f"{key}={v} is not valid; it must be {'>=' if inclusive else '>'} {low}")
 
 
 def _check_shapes(spec: KernelSpec, shapes) -> None:

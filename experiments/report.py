@@ -32,6 +32,10 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
         rows.append((t.get("kernel", "?"), size, m.get("median_us"), m.get("throughput"),
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", "")))
+    if not rows:
+        static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
+        return (f"No run in {uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
+                "assembled only; their registers, spills and occupancy are in the MLflow UI).\n")
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     out = [f"GPU: {', '.join(gpus) or '-'}; store: {uri}", "",

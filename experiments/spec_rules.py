@@ -243,7 +243,8 @@ def _r_smem(s):
     if s.smem_bytes > lim.max_smem_block:
         return (f"{getattr(s, 'entry', 'the kernel')} needs {s.smem_bytes} bytes "
                 f"of shared memory per block ({s.stages} stages x {s.stage_bytes} B); {s.arch} allows "
-                f"{lim.max_smem_block}. Reduce pipeline.stages, ktile or tile.block.")
+                f"{lim.max_smem_block}: valid pipeline.stages here: 1..{lim.max_smem_block // s.stage_bytes} "
+                "(or reduce ktile or tile.block).")
 
 
 RULES = (

@@ -97,6 +97,9 @@ class SweepCallback(Callback):
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from .worker import nvml_gpu
+        if value(config.backend) == "gpu" and nvml_gpu() is None:
+            raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
+                             "use backend=auto or backend=static")
         try:
             uri = resolve_uri(config.tracking.uri)
             tracker = get_tracker(uri, config.tracking.experiment)

@@ -121,6 +121,19 @@ def _alive(tags: dict) -> bool:
     return True
 
 
+def _check_server(uri: str, timeout: float = 10.0) -> None:
+    """Raise StoreError at once when no MLflow tracking server answers at ``uri`` (MLflow's own
+    client would retry for minutes)."""
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).close()
+    except (urllib.error.URLError, OSError) as exc:
+        raise StoreError(f"no MLflow tracking server answers at {uri} ({exc}); start one "
+                         f"(mlflow server --host HOST --port PORT --backend-store-uri ...) or give "
+                         "another tracking.uri") from None
+
+
 class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
@@ -133,6 +146,8 @@ class Tracker:
         db = sqlite_path(uri)
         if not create and db is not None and not db.is_file():
             raise StoreError(f"no store at {db} (tracking URI {uri}); give the URI that run.py printed")
+        if uri.startswith(("http://", "https://")):
+            _check_server(uri)
         self.uri, self.experiment, self.open = uri, experiment, set()
         self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
         self.finished = 0
@@ -255,6 +270,8 @@ class Tracker:
                 rid = found[0].info.run_id
                 if found[0].info.status != "RUNNING":
                     self.client.update_run(rid, status="RUNNING")
+                if "skip_reason" in found[0].data.tags:      # an earlier interruption, now resumed
+                    self.client.delete_tag(rid, "skip_reason")
                 self.open.add(rid)
                 self.log(rid, tags={"owner_host": HOST, "owner_pid": PID, "jobs": sweep["jobs"]})
             else:

@@ -14,3 +14,12 @@ def test_results_table_groups_by_gpu(tmp_path):
     assert lines[0] == f"GPU: NVIDIA H200, NVIDIA L4; store: {tr.uri}"
     assert lines[4:] == ["| NVIDIA H200 | gemm_int8_bk64 | 8192x8192x8192 | 1605.0 | 685.1 TOP/s | 2.8% | verified |",
                          "| NVIDIA L4 | gemm_int8_bk64 | 8192x8192x8192 | 9000.0 | 122.2 TOP/s | 2.8% | verified |"]
+
+
+def test_results_table_of_a_store_without_gpu_runs_says_so(tmp_path):
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    for _ in range(2):
+        tr.end(tr.start("int8 bk64", {}, {"backend": "static"}))
+    assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
+                                          "(rendered and assembled only; their registers, spills and occupancy "
+                                          "are in the MLflow UI).\n")

@@ -6,6 +6,7 @@ every run ends FINISHED, FAILED or KILLED with a reason; no measurement is track
 continues under the same parent; no parent is empty.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,7 +121,7 @@ def test_ctrl_c_keeps_what_finished_and_a_rerun_resumes_under_the_same_parent(tm
     assert f"continuing parent run {parents[0].info.run_id}" in out
     parents2, children2 = assert_store_is_true(tmp_path)
     assert [p.info.run_id for p in parents2] == [parents[0].info.run_id]
-    assert parents2[0].info.status == "FINISHED"
+    assert parents2[0].info.status == "FINISHED" and "skip_reason" not in parents2[0].data.tags
     assert len([c for c in children2 if c.info.status == "FINISHED"]) == 24
 
 
@@ -292,3 +293,49 @@ def test_study_preset_static_view_with_sass_and_the_emulation_note(tmp_path):
         assert c.data.tags["mma_native"] == "false" and "IMMA.16832.S8.S8" in c.data.tags["mma_native_reason"]
         assert c.data.metrics["sass_IMMA"] > 0 and c.data.metrics["sass_CALL"] > 0
         assert c.data.metrics["registers"] > 0
+
+
+@pytest.mark.parametrize("args, text", [
+    (["+foo=bar", "precision=int8"], "Unknown config key(s): foo (added with '+'?). Valid top-level keys: acc,"),
+    (["backend=gpu"], "Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static"),
+    (["pipeline.stages=20"], "sm_90 allows 232448: valid pipeline.stages here: 1..7 (or reduce ktile or tile.block)"),
+])
+def test_bad_input_stops_before_any_run(tmp_path, args, text):
+    rc, out = run_cli(tmp_path, *args, *store_args(tmp_path, False))
+    assert rc == 1 and text in out and "Traceback" not in out, out
+    assert all_runs(tmp_path) == ([], [])
+
+
+def test_unreachable_tracking_server_fails_at_once(tmp_path):
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    rc, out = run_cli(tmp_path, "precision=int8", f"tracking.uri=http://127.0.0.1:{port}",
+                      f"hydra.run.dir={tmp_path}/out")
+    assert rc == 1 and f"Store error: no MLflow tracking server answers at http://127.0.0.1:{port}" in out, out
+    assert time.time() - t0 < 60
+
+
+def test_shapes_and_settings_are_checked():
+    from omegaconf import OmegaConf
+
+    from experiments.config import Config
+    from experiments.kernel import check_settings, shapes_of
+    from experiments.spec import SpecError
+    base = OmegaConf.structured(Config)
+    for dotlist, text in ((["problem.shapes=[[256,128]]"], "problem.shapes entry [256, 128] is not [M, N, K]"),
+                          (["problem.sizes=[512,-512]"], "problem.sizes: sizes must be positive; got -512x-512x-512"),
+                          (["problem.sizes=[0]"], "got 0x0x0")):
+        with pytest.raises(SpecError, match=re.escape(text)):
+            shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
+    assert shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(["problem.shapes=[[512,1024,256]]"]))) == \
+        [(512, 1024, 256)]
+    for dotlist, text in ((["timing.batches=0"], "timing.batches=0 is not valid; it must be >= 1"),
+                          (["verify.rtol=-1"], "verify.rtol=-1.0 is not valid; it must be > 0"),
+                          (["timing.min_batch_ms=0"], "timing.min_batch_ms=0.0 is not valid; it must be > 0")):
+        with pytest.raises(SpecError, match=re.escape(text)):
+            check_settings(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
+    check_settings(base)
