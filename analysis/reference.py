@@ -155,6 +155,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from experiments.track import resolve_uri
     uri = resolve_uri(args.uri)
+    if not (Path(args.dir) / "durations.csv").is_file():
+        raise SystemExit(f"no study CSVs (durations.csv, ablation_int4_k64.csv) in {args.dir}; "
+                         "give their folder with --dir")
     parent = load_into_mlflow(uri, args.dir, args.claims)
     flagged = read_study(args.dir, load_spec(args.claims)).dropna(subset=["implausible"])
     print(f"Study loaded into {uri}, experiment {load_spec(args.claims)['reference']['experiment']!r} "

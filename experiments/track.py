@@ -165,7 +165,8 @@ class Tracker:
                 raise StoreError(
                     f"experiment {experiment!r} (id {exp.experiment_id}) in {uri} was deleted. Restore it "
                     f"with `mlflow experiments restore --experiment-id {exp.experiment_id}` "
-                    f"(MLFLOW_TRACKING_URI={uri}), or use another name: tracking.experiment=NAME.")
+                    f"(MLFLOW_TRACKING_URI={uri}), or use another experiment name (run.py: "
+                    "tracking.experiment=NAME; the report and profile commands: --experiment NAME).")
             else:
                 self.experiment_id = exp.experiment_id
                 if db is not None:
