@@ -339,3 +339,17 @@ def test_shapes_and_settings_are_checked():
         with pytest.raises(SpecError, match=re.escape(text)):
             check_settings(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
     check_settings(base)
+
+
+def test_study_int8_preset_runs_its_baselines(tmp_path):
+    """The study's run 2 with its baselines (int8_wmma, int8_dp4a) as variants of their families."""
+    rc, out = run_cli(tmp_path, "-m", "experiment=l4_run2_int8", *store_args(tmp_path))
+    assert rc == 0, out
+    _, children = assert_store_is_true(tmp_path)
+    by_study = {c.data.tags["study_kernel"]: c for c in children}
+    assert sorted(by_study) == ["int8_dp4a", "int8_ptx_3stage", "int8_ptx_manual_pack", "int8_ptx_mma_k16",
+                                "int8_ptx_mma_k32", "int8_wmma"]
+    assert by_study["int8_wmma"].data.params["family"] == "wmma"
+    assert by_study["int8_dp4a"].data.params["family"] == "dp4a"
+    assert by_study["int8_ptx_mma_k32"].data.params["family"] == "mma_sync"
+    assert all(c.data.metrics.get("registers", 0) > 0 for c in children)
