@@ -41,7 +41,7 @@ class CacheOp(Enum):
 
 class L2Hint(Enum):
     none = "none"                   # no .L2::cache_hint
-    evict_first = "evict_first"     # createpolicy.fractional.L2::evict_first + .L2::cache_hint
+    evict_first = "evict_first"     # L2 cache policy evict_first on .L2::cache_hint (render.L2_POLICY)
     evict_last = "evict_last"
     evict_normal = "evict_normal"
 
