@@ -97,7 +97,8 @@ class SweepCallback(Callback):
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from .worker import nvml_gpu
-        if value(config.backend) == "gpu" and nvml_gpu() is None:
+        gpu = nvml_gpu() if value(config.backend) != "static" else None
+        if value(config.backend) == "gpu" and gpu is None:
             raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
         try:
@@ -116,7 +117,6 @@ class SweepCallback(Callback):
         if multirun:
             handoff[SWEEP_ENV["parent"]] = tracker.parent(info)
         _hand_to_jobs(config, handoff)
-        gpu = nvml_gpu() if value(config.backend) != "static" else None
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
         elif gpu:

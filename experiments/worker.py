@@ -192,6 +192,13 @@ def gpu_count() -> int:
         return 0
 
 
+def _lock_path(kind: str, pci_bus_id: str) -> str:
+    """The host-wide lock file of one GPU: ``kind`` 'slot' (claimed by a job process for its life)
+    or 'gpu' (held while verifying and timing)."""
+    name = "".join(c if c.isalnum() else "_" for c in pci_bus_id)
+    return os.path.join(tempfile.gettempdir(), f"tensorcore-ablations-{kind}-{name}.lock")
+
+
 _SLOT: list = []      # the GPU this process has claimed (its lock is held for the process's life)
 
 
@@ -215,8 +222,7 @@ def claim_gpu(on_wait=None) -> dict | None:
         for h in handles:
             bus = pynvml.nvmlDeviceGetPciInfo(h).busId
             bus = bus.decode() if isinstance(bus, bytes) else bus
-            name = "".join(c if c.isalnum() else "_" for c in bus)
-            lock = FileLock(os.path.join(tempfile.gettempdir(), f"tensorcore-ablations-slot-{name}.lock"))
+            lock = FileLock(_lock_path("slot", bus))
             try:
                 lock.acquire(timeout=0)
             except Timeout:
@@ -240,8 +246,7 @@ def gpu_lock(pci_bus_id: str | None, on_wait=None):
     turn. ``on_wait(holder)`` is called once when the GPU is busy (holder: 'pid N on HOST').
     """
     from filelock import FileLock, Timeout
-    name = "".join(c if c.isalnum() else "_" for c in (pci_bus_id or "default"))
-    path = os.path.join(tempfile.gettempdir(), f"tensorcore-ablations-gpu-{name}.lock")
+    path = _lock_path("gpu", pci_bus_id or "default")
     lock = FileLock(path)
     try:
         lock.acquire(timeout=0.05)

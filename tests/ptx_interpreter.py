@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from experiments.render import L2_POLICY
 from experiments.verify import bf16_values, fp8_values, make_operands
 
 __all__ = ["Interpreter", "run_gemm"]
@@ -189,9 +190,6 @@ class Interpreter:
     def _bar(self, op, args, mask):
         assert mask.all(), "bar.sync under a predicate"
 
-    def _createpolicy(self, op, args, mask):
-        self.set(args[0], np.full(self.T, 0xC0FFEE, dtype=np.uint64), mask)
-
     # ---------------------------------------------------------------------------------- memory
     def _cp(self, op, args, mask):
         if op == "cp.async.commit_group":
@@ -204,7 +202,7 @@ class Interpreter:
         else:
             assert args[2] == "16" and (len(args) == 4) == (".L2::cache_hint" in op)
             if len(args) == 4:
-                policies = [0x1000000000000000, 0x12F0000000000000, 0x14F0000000000000]
+                policies = [int(v, 16) for v in L2_POLICY.values()]
                 assert np.isin(self.val(args[3])[mask], np.array(policies, dtype=np.uint64)).all(), \
                     "cache hint without a cache policy"
             dst, src = self.addr(args[0])[mask], self.addr(args[1])[mask]
