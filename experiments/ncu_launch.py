@@ -181,11 +181,43 @@ def _spec_of(client, run, dst: Path):
                          f"artifact {name} gave: {type(exc).__name__}: {exc}") from None
 
 
+def _family_item(run) -> dict:
+    """Plan entry of a run of a registered family (``experiments.families``): the spec rebuilt from the
+    run's ``family.*`` options, precision and ``spec.arch``, its source built again and checked
+    against tag ptx_sha256. Raises ValueError for a library call (cuBLAS, memcpy: the library picks
+    its kernels, which ncu's name filter cannot name) or a source that no longer matches the run."""
+    from .families import get
+    from .render import ptx_sha256
+    p, t = run.data.params, run.data.tags
+    fam = get(p["family"])
+    options = {k.split(".", 1)[1]: v for k, v in p.items()
+               if k.startswith("family.") and k.split(".", 1)[1] in fam.axes}
+    spec = fam.spec(p["precision"], options, p.get("spec.arch") or t.get("arch", ""))
+    if spec.entry != t.get("kernel"):
+        raise ValueError(f"the run's spec gives kernel {spec.entry}, its tag kernel is {t.get('kernel')}")
+    build = fam.build(spec)
+    if build.kind == "none":
+        raise ValueError(f"{spec.entry} is a library call: the library chooses its own kernels, which "
+                         "the profiler's kernel filter cannot name")
+    if t.get("ptx_sha256") and ptx_sha256(build.source) != t["ptx_sha256"]:
+        raise ValueError(f"{spec.entry}'s source built today differs from the run's (tag ptx_sha256): "
+                         "the family's template changed since; re-run the sweep to profile it")
+    size = [int(p.get(f"problem.{d}", 0)) for d in "mnk"]
+    return {"run_id": run.info.run_id, "entry": spec.entry, "family": fam.name,
+            "precision": spec.precision, "arch": spec.arch, "params": [list(x) for x in spec.params],
+            "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
+                      "options": list(build.options)},
+            "m": size[0], "n": size[1], "k": size[2], "seed": int(p.get("verify.seed_used", "0"))}
+
+
 def plan_item(client, run, workdir: Path) -> dict:
     """The launcher's plan entry of a run: its PTX artifact downloaded (and checked against tag
-    ptx_sha256), its KernelSpec (:func:`_spec_of`), problem size and verification seed.
-    Raises ValueError saying what is missing or inconsistent."""
+    ptx_sha256), its KernelSpec (:func:`_spec_of`), problem size and verification seed; for a run of
+    a registered family, :func:`_family_item`. Raises ValueError saying what is missing or
+    inconsistent."""
     p, t = run.data.params, run.data.tags
+    if p.get("family", "mma_sync") != "mma_sync":
+        return _family_item(run)
     dst = workdir / run.info.run_id
     dst.mkdir(parents=True, exist_ok=True)
     spec = _spec_of(client, run, dst)
@@ -263,6 +295,15 @@ def _launch_all(items: list, phase: str) -> None:
     from .launch import GemmLaunch
     from .verify import make_operands
     for i, (it, spec, kern) in enumerate(items):
+        if "family" in it:          # prepare compiles (cached) and makes the operands, as measure_family
+            launch = _family_launch(it)
+            print(marker("start", phase, i), flush=True)
+            launch()
+            cupy.cuda.Device().synchronize()
+            print(marker("done", phase, i), flush=True)
+            del launch
+            cupy.get_default_memory_pool().free_all_blocks()
+            continue
         # the operands and C as experiments.worker.measure makes them (same seed), unverified
         ops = make_operands(spec.precision, it["m"], it["n"], it["k"], it["seed"], b_layout=spec.b_layout)
         del ops.a_ref, ops.b_ref
@@ -273,6 +314,15 @@ def _launch_all(items: list, phase: str) -> None:
         cupy.cuda.Device().synchronize()
         print(marker("done", phase, i), flush=True)
         del ops, c, launch
+
+
+def _family_launch(it: dict):
+    """The launch closure of a family item, made by the family's ``prepare`` (same seed as the run)."""
+    from .families import Build, FamilySpec, get
+    spec = FamilySpec(it["family"], it["precision"], it["arch"], tuple((str(a), b) for a, b in it["params"]))
+    b = it["build"]
+    build = Build(b["kind"], b["source"], b["entry"], tuple(b.get("options", ())))
+    return get(it["family"]).prepare(spec, build, it["m"], it["n"], it["k"], it["seed"]).launch
 
 
 def main(argv=None) -> int:
@@ -288,6 +338,10 @@ def main(argv=None) -> int:
     items, kernels, failed = [], {}, {}
     for it in plan["items"]:
         try:
+            if "family" in it:      # compiled once here so that a kernel that cannot load fails first
+                _family_launch(it)
+                items.append((it, None, None))
+                continue
             spec = KernelSpec(**{**it["spec"], "ptx_version": tuple(it["spec"].get("ptx_version", (0, 0)))})
             ptx = Path(it["ptx_path"]).read_text()
             if (it["entry"], ptx) not in kernels:      # sizes of one kernel share its module

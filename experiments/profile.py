@@ -91,6 +91,15 @@ def select_runs(client, exp_id: str, parent: str | None, filter_string: str | No
     return runs, what
 
 
+def _sized(family: str | None) -> bool:
+    """Whether runs of ``family`` (None: mma_sync) have a problem size (the peak family has none)."""
+    from .families import get
+    try:
+        return family in (None, "mma_sync") or get(family).sized
+    except ValueError:      # a family this version does not know: ncu_launch says so
+        return True
+
+
 def triage(runs: list, gpu: str | None, rerun: bool) -> tuple[list, list]:
     """Split runs into (to profile, [(run, why not)]): only FINISHED, verified GPU runs measured on
     this GPU (``gpu``; None: not checked) and not profiled before (tag ncu=done, unless ``rerun``)."""
@@ -103,7 +112,7 @@ def triage(runs: list, gpu: str | None, rerun: bool) -> tuple[list, list]:
         elif status != "FINISHED" or t.get("verified") != "true":
             why = (f"not verified (status {status}, verified={t.get('verified', 'unknown')}"
                    f"{': ' + err[0][:120] if err else ''}): only FINISHED, verified runs are profiled")
-        elif "problem.m" not in r.data.params:
+        elif "problem.m" not in r.data.params and _sized(r.data.params.get("family")):
             why = "no problem size (params problem.m/n/k)"
         elif gpu is not None and t.get("gpu") != gpu:
             why = f"measured on {t.get('gpu')}, this machine has {gpu}"

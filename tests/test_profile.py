@@ -434,3 +434,45 @@ def test_sweep_then_profile_with_ncu(tmp_path):
         assert "not returned" not in r.data.tags["ncu.missing"], r.data.tags["ncu.missing"]
         assert 0 < m["ncu.achieved_occupancy_pct"] <= 100 and m["ncu.tensor_pipe_active_pct"] > 0
         assert 0.5 < m["ncu_over_event_time"] < 3 and m["ncu.dram_cycles_active"] > 0
+
+
+def test_runs_of_registered_families(store, fake_ncu):
+    """wmma (CUDA C++) and peak (PTX) runs are rebuilt from their family.* params and profiled;
+    a cuBLAS run is refused with the reason; a run whose source changed since is refused."""
+    from mlflow.entities import Param
+
+    from experiments import families
+    from experiments.render import ptx_sha256
+    client = store["client"]
+    exp = client.get_experiment_by_name(store["experiment"]).experiment_id
+
+    def add(family, precision, options, size, sha=None):
+        spec = families.get(family).spec(precision, options, "sm_90")
+        build = families.get(family).build(spec)
+        tags = {"kernel": spec.entry, "backend": "gpu", "gpu": "NVIDIA H200", "verified": "true",
+                "arch": "sm_90", "ptx_sha256": sha or ptx_sha256(build.source),
+                "mlflow.parentRunId": store["parent"]}
+        rid = client.create_run(exp, run_name=spec.entry, tags=tags).info.run_id
+        params = {"family": family, "precision": precision, "verify.seed_used": "7",
+                  **{f"family.{k}": str(v) for k, v in options.items()},
+                  **{f"spec.{k}": str(v) for k, v in spec.flat().items() if k not in ("family", "precision")}}
+        if size:
+            params.update({"problem.m": size, "problem.n": size, "problem.k": size})
+        client.log_batch(rid, params=[Param(k, str(v)) for k, v in params.items()])
+        client.set_terminated(rid)
+        return rid, spec
+
+    wmma, wspec = add("wmma", "int8", {"block": "128x128", "warps": "2x4"}, 512)
+    peak, pspec = add("peak", "fp16", {"mma": "auto"}, None)
+    blas, _ = add("cublas", "fp16", {}, 512)
+    stale, _ = add("dp4a", "int8", {}, 512, sha="0" * 64)
+    assert run(store, "--filter", "params.family != 'mma_sync'") == 1
+    plan = json.loads(Path(calls(fake_ncu)[0][-1]).read_text())
+    items = {it["entry"]: it for it in plan["items"]}
+    assert set(items) == {wspec.entry, pspec.entry}
+    assert items[wspec.entry]["build"]["kind"] == "cuda" and items[pspec.entry]["build"]["kind"] == "ptx"
+    assert (items[wspec.entry]["m"], items[wspec.entry]["seed"]) == (512, 7)
+    assert [client.get_run(r).data.tags["ncu"] for r in (wmma, peak, blas, stale)] == ["done", "done",
+                                                                                      "failed", "failed"]
+    assert "is a library call" in client.get_run(blas).data.tags["ncu_error"]
+    assert "differs from the run's (tag ptx_sha256)" in client.get_run(stale).data.tags["ncu_error"]

@@ -72,7 +72,8 @@ def profile(argv: list) -> int:
             if phase == "profile":
                 v = {n: values[n] for n in wanted}
                 v["gpu__time_duration.sum"] = ("ns", f"{10 * it['m']:,}")
-                bn, bm = int(it["spec"]["bn"]), int(it["spec"]["bm"])
+                spec = it.get("spec", {"bn": max(it["n"], 1), "bm": max(it["m"], 1)})  # a family: its own grid
+                bn, bm = int(spec["bn"]), int(spec["bm"])
                 rows.append({"entry": it["entry"], "grid": f"({it['n'] // bn}, {it['m'] // bm}, 1)",
                              "values": v})
         if code:
