@@ -21,7 +21,7 @@ from .spec import ARCHS
 
 __all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
            "theoretical_occupancy", "parse_ptxas_report", "disassemble", "sass_mix", "sass_opcodes",
-           "sass_summary", "SASS_OPS"]
+           "sass_summary", "SASS_OPS", "SASS_OPS_SM90A", "PTXAS_FATAL_INFOS", "fatal_infos"]
 
 PTXAS_HINT = ("ptxas was not found. Install the CUDA toolkit (ptxas is in its bin/ folder) or "
               "`pip install nvidia-cuda-nvcc` (CUDA 13: nvidia-cuda-nvcc; CUDA 12: "
@@ -110,6 +110,13 @@ def parse_ptxas_report(text: str, entry: str) -> dict:
     )
 
 
+def fatal_infos(report: str) -> list[str]:
+    """The lines of a ``ptxas -v`` report carrying one of :data:`PTXAS_FATAL_INFOS` (wgmma serialized,
+    a wait or fence injected, setmaxnreg ignored); [] when there is none."""
+    return [ln.strip() for ln in report.splitlines() if any(f"({c})" in ln or f" {c} " in ln
+                                                            for c in PTXAS_FATAL_INFOS)]
+
+
 def _error_context(ptx: str, stderr: str, path: str, around: int = 3) -> str:
     lines = ptx.splitlines()
     parts = [stderr.strip(), f"PTX file: {path}"]
@@ -145,9 +152,16 @@ def theoretical_occupancy(arch: str, threads: int, registers: int, smem_bytes: i
 
 
 # one SASS instruction: /*offset*/, an optional guard predicate, the mnemonic with its modifiers
-_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+# (shape modifiers such as HGMMA's .64x256x16 keep their lowercase x)
+_SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+(?:x[0-9]+)*)*)")
 # the instruction classes reported as metrics sass_<op> (tensor-core MMA, shared/global movement, ...)
 SASS_OPS = ("HMMA", "IMMA", "QMMA", "HGMMA", "LDSM", "LDGSTS", "LDS", "STS", "CALL", "BAR", "F2FP")
+# reported too for sm_90a kernels: the warpgroup MMA of int8 and fp8 and the TMA tile load / store
+SASS_OPS_SM90A = ("IGMMA", "QGMMA", "UTMALDG", "UTMASTG")
+# ptxas infos that make a wgmma / setmaxnreg kernel slower than written: the build fails with them
+# (C7511, C7515: wgmma serialized; C7517, C7519: a missing wait / fence patched in; C7508: setmaxnreg
+# ignored for want of a register cap at entry)
+PTXAS_FATAL_INFOS = ("C7508", "C7511", "C7515", "C7517", "C7519")
 
 
 def sass_opcodes(sass: str) -> dict:
@@ -193,17 +207,20 @@ def sass_summary(asm: Assembly, spec) -> tuple[dict, dict]:
                     "mma_native_reason": "no SASS: cuobjdump or nvdisasm was not found"}
     ops = sass_opcodes(asm.sass)
     base = sass_mix(asm.sass)
-    metrics = {f"sass_{op}": base.get(op, 0) for op in SASS_OPS}
+    metrics = {f"sass_{op}": base.get(op, 0)
+               for op in SASS_OPS + (SASS_OPS_SM90A if asm.arch == "sm_90a" else ())}
     metrics["sass_instructions"] = sum(ops.values())
     opcode, need, avoid = spec.prec.sass_mma
-    native = {op: n for op, n in ops.items() if op.split(".")[0] == opcode
+    # the warpgroup form (wgmma, sm_90a: HGMMA, IGMMA, QGMMA) runs the same type natively
+    native = {op: n for op, n in ops.items() if op.split(".")[0] in (opcode, opcode[0] + "GMMA")
               and (not need or need in op.split(".")[1:]) and not set(avoid) & set(op.split(".")[1:])}
     want = f"{opcode}{'.*.' + need if need else ''}"
     if native:
         found = ", ".join(f"{n} x {op}" for op, n in sorted(native.items()))
         return metrics, {"mma_native": "true",
                          "mma_native_reason": f"{found}: mma.sync .{spec.prec.ptx} runs on the tensor cores"}
-    mma = {op: n for op, n in ops.items() if op.split(".")[0] in ("HMMA", "IMMA", "QMMA", "HGMMA")}
+    mma = {op: n for op, n in ops.items()
+           if op.split(".")[0] in ("HMMA", "IMMA", "QMMA", "HGMMA", "IGMMA", "QGMMA")}
     other = ", ".join(f"{n} x {op}" for op, n in sorted(mma.items())) or "no tensor-core instruction"
     conv = f", {base.get('F2FP', 0)} x F2FP conversions" if base.get("F2FP") else ""
     calls = f", {base['CALL']} x CALL" if base.get("CALL") else ""
@@ -232,6 +249,10 @@ def assemble(ptx: str, entry: str, arch: str, *, threads: int, dyn_smem: int,
     if proc.returncode != 0:
         raise PtxasError(_error_context(ptx, proc.stderr or proc.stdout, str(src)))
     report = (proc.stdout + proc.stderr).strip()
+    if fatal := fatal_infos(report):
+        raise PtxasError(f"ptxas assembled {entry} for {arch} but reported what makes it slower than "
+                         f"written (build checks {', '.join(PTXAS_FATAL_INFOS)}):\n" + "\n".join(fatal)
+                         + f"\nPTX file: {src}")
     asm = Assembly(arch=arch, report=report, cubin=out.read_bytes(),
                    **parse_ptxas_report(report, entry))
     asm.occupancy, asm.blocks_per_sm, asm.occupancy_limiter = theoretical_occupancy(

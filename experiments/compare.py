@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
 
-__all__ = ["relate", "family_of", "speedups", "peak_of"]
+__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs"]
 
 MMA_SYNC = "mma_sync"
 _VERIFIED = "attributes.status = 'FINISHED' and tags.outcome = 'verified'"
@@ -32,7 +32,8 @@ def _q(value: str) -> str:
     return "'" + str(value).replace("'", "\\'") + "'"
 
 
-def _search(tr, where: str) -> list:
+def verified_runs(tr, where: str) -> list:
+    """The verified FINISHED runs of the tracker's experiment that also match the MLflow filter ``where``."""
     return tr.client.search_runs([tr.experiment_id], f"{_VERIFIED} and {where}", max_results=50000)
 
 
@@ -52,7 +53,7 @@ def speedups(tr, run, only: tuple = BASELINES) -> dict:
     out = {}
     if _thr(run) is None or "problem.m" not in run.data.params:
         return out
-    found = [r for r in _search(tr, _same_problem(run)) if family_of(r) in only and (_thr(r) or 0) > 0]
+    found = [r for r in verified_runs(tr, _same_problem(run)) if family_of(r) in only and (_thr(r) or 0) > 0]
     for b in only:
         best = max((_thr(r) for r in found if family_of(r) == b), default=None)
         if best:
@@ -65,7 +66,7 @@ def peak_of(tr, run):
     t, p = run.data.tags, run.data.params
     where = (f"params.family = 'peak' and tags.gpu = {_q(t.get('gpu', ''))} and "
              f"tags.driver = {_q(t.get('driver', ''))} and params.precision = {_q(p.get('precision'))}")
-    peaks = [r for r in _search(tr, where) if (_thr(r) or 0) > 0]
+    peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0]
     parent = t.get("mlflow.parentRunId")
     same = [r for r in peaks if parent and r.data.tags.get("mlflow.parentRunId") == parent]
     peaks = same or peaks
@@ -104,14 +105,14 @@ def relate(tr, rid: str) -> dict:
         where = (f"tags.mlflow.parentRunId = {_q(parent)} and tags.gpu = {_q(run.data.tags.get('gpu', ''))} "
                  f"and tags.driver = {_q(run.data.tags.get('driver', ''))} and "
                  f"params.precision = {_q(run.data.params.get('precision'))}")
-        for r in _search(tr, where):
+        for r in verified_runs(tr, where):
             if family_of(r) != PEAK and (got := _log_peak(tr, r)):
                 logged[r.info.run_id] = got
         return logged
     mine = _log_peak(tr, run)
     if fam in BASELINES:
         if "problem.m" in run.data.params:
-            for r in _search(tr, _same_problem(run)):
+            for r in verified_runs(tr, _same_problem(run)):
                 if family_of(r) not in BASELINES + (PEAK,) and (got := speedups(tr, r, (fam,))):
                     tr.log(r.info.run_id, got)
                     logged[r.info.run_id] = got

@@ -25,6 +25,7 @@ class Precision(Enum):
     int4 = "int4"
     fp8_e4m3 = "fp8_e4m3"   # mma.sync .e4m3 (sm_89 and later, PTX ISA 8.4)
     fp8_e5m2 = "fp8_e5m2"   # mma.sync .e5m2 (sm_89 and later, PTX ISA 8.4)
+    copy = "copy"           # family=peak only: device-to-device copy bandwidth (GB/s)
 
 
 class Loader(Enum):
@@ -69,6 +70,7 @@ class TileConf:
     block: List[int] = field(default_factory=lambda: [256, 128])   # BM, BN
     warps: List[int] = field(default_factory=lambda: [4, 2])       # warps along M, along N
     group_m: int = 8            # block rasterization: block rows per group (1 = row-major)
+    auto: bool = False          # tile=auto: block and warps chosen per problem size (spec.auto_tile)
 
 
 @dataclass
@@ -138,7 +140,11 @@ def _make_schema(name: str) -> type:
     for axis, values in fam.axes.items():
         if axis == "precision":
             continue
-        enum = Enum(f"{name}_{axis}", {str(v): str(v) for v in values}, module=__name__)
+        if set(map(str, values)) == {"true", "false"}:   # a switch: typed bool (Hydra parses true/false)
+            fields.append((axis, bool, field(default=str(fam.defaults.get(axis, values[0])) == "true")))
+            continue
+        # values keep their type: an int axis takes family.bn=128 as Hydra parses it (an int)
+        enum = Enum(f"{name}_{axis}", {str(v): v for v in values}, module=__name__)
         globals()[enum.__name__] = enum          # importable by name: configs pickle (joblib, submitit)
         fields.append((axis, enum, field(default=enum[str(fam.defaults.get(axis, values[0]))])))
     schema = make_dataclass(f"{name.capitalize()}Conf", fields)

@@ -22,9 +22,10 @@ from rich.console import Console
 from . import record, track
 from .compare import relate
 from .families.runner import family_name
-from .kernel import Kernel, SourceRejected, check_settings, git_commit, make_kernel
+from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
+                     tile_is_auto)
 from .render import render
-from .spec import SpecError, value
+from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
@@ -123,17 +124,47 @@ def _run(cfg, job: _Job) -> dict:
         gpu = claim_gpu(lambda: console.print(f"{job.label} waiting for a free GPU"))
     if backend == "gpu" and gpu is None:
         raise JobError("backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static")
+    if not tile_is_auto(cfg):
+        return _run_kernel(cfg, job, gpu)
+    counts: dict = {}
+    for sub, tags in _auto_tiles(cfg, job, gpu):
+        job.params = {**record.params_of(track.flatten(sub), {}), "family": family_name(sub)}
+        for key, n in _run_kernel(sub, job, gpu, tags).items():
+            counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+def _auto_tiles(cfg, job, gpu) -> list[tuple[object, dict]]:
+    """tile=auto: the configs of the tiles the sizes get (kernel.auto_tile_plans) on this GPU's SMs
+    (asked of the GPU; without one, spec.sm_count's table or default), with the runs' tags."""
+    if gpu is not None:
+        sms, source = sm_count(gpu["gpu"], _device(gpu).get("sm_count"))
+    else:
+        sms, source = sm_count((nvml_gpu() or {}).get("gpu"))
+    plans = auto_tile_plans(cfg, gpu["compute_capability"] if gpu else None, sms)
+    chosen = "; ".join(", ".join("x".join(map(str, shape)) for shape, _ in group) + f" -> {group[0][1].name}"
+                       for _, group in plans)
+    console.print(f"{job.label} tile=auto on {sms} SMs ({source}): {chosen}")
+    return [(sub, {"tile_auto": "true", "tile_auto_sms": f"{sms} ({source})"}) for sub, _ in plans]
+
+
+def _run_kernel(cfg, job: _Job, gpu, auto_tags: dict | None = None) -> dict:
+    """Build the kernel of ``cfg`` and run it: static, or per size on the GPU. ``auto_tags``: the
+    tile=auto tags (the choice is part of the run key, so it is measured as a run of its own)."""
     try:
         kern = make_kernel(cfg, job.out_dir, gpu["compute_capability"] if gpu else None, gpu is not None,
                            job.params, lambda text: console.print(f"{job.label} {text}"), render)
     except SourceRejected as exc:
         job.params = exc.kernel.params
-        job.start(exc.kernel.name(None), exc.kernel.tags)
+        job.start(exc.kernel.name(None), {**exc.kernel.tags, **(auto_tags or {})})
         _log_kernel_artifacts(job.tr, job.rid, exc.kernel, cfg)
         job.end("failed", f"{exc.tool} rejected the source:\n{exc}", str(exc), "assemble")
         console.print(f"{job.label} [red]{exc.tool} failed[/] for {exc.kernel.entry}:\n{exc}")
         return {"failed": 1}
     job.params = kern.params
+    if auto_tags:
+        kern.tags.update(auto_tags)
+        kern.identity = (*kern.identity, "tile_auto")
     if gpu is None:
         return _run_static(cfg, job, kern)
     return _run_gpu(cfg, job, kern, gpu)
@@ -254,10 +285,13 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     t = res["timing"]
     thr = kern.rate(m, n, k, t["median_us"])
     # results first: the run page lists metrics in logging order; rounded within the timing's noise
-    metrics = {"throughput": round(thr, 2), "median_us": round(t["median_us"], 3),
+    clock = record.clock_metrics(thr, t)
+    first = ("throughput_per_ghz", "sm_clock_mhz_mean", "throughput_at_max_clock")
+    metrics = {"throughput": round(thr, 2), **{f: clock[f] for f in first if f in clock},
+               "median_us": round(t["median_us"], 3),
                "spread": round(t["spread"], 4), "min_us": round(t["min_us"], 3),
                "max_us": round(t["max_us"], 3), **ver,
-               "launches_per_batch": t["launches_per_batch"], "batches": t["batches"]}
+               "launches_per_batch": t["launches_per_batch"], "batches": t["batches"], **clock}
     reasons = [res[f"state_{w}"].pop("clock_event_reasons", None) for w in ("before", "after")]
     for when in ("before", "after"):
         metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
@@ -267,10 +301,11 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
                               "l2_flush": t["l2_flush"], "throughput_unit": kern.unit,
                               "clocks_throttled": clocks})
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
-    line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks)
+    line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
     job.end("verified", line if sized else kern.entry + line[line.index(":"):])
+    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock else ""
     console.print(f"{job.label} {label}: {t['median_us']:10.1f} us  {thr:8.1f} {kern.unit}  "
-                  f"spread {t['spread']:.1%}  [green]verified[/]")
+                  f"spread {t['spread']:.1%}{sm}  [green]verified[/]")
     return True
 
 

@@ -18,11 +18,11 @@ from .assemble import SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble, sa
 from .families.runner import (MMA_SYNC, NvccError, family_name, family_shapes, family_spec, resources,
                               sass_subject)
 from .render import ptx_sha256
-from .spec import KernelSpec, SpecError, spec_from_config
+from .spec import KernelSpec, SpecError, auto_tile, spec_from_config
 from .timing import tflops
 from .toolchain import toolchain_tags
 
-__all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit"]
+__all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit", "tile_is_auto", "auto_tile_plans"]
 
 
 @dataclass
@@ -70,6 +70,39 @@ def shapes_of(cfg) -> list[tuple[int, int, int]]:
         got = ", ".join("x".join(map(str, s)) for s in bad)
         raise SpecError(f"{key}: sizes must be positive; got {got}")
     return shapes
+
+
+def tile_is_auto(cfg) -> bool:
+    """Whether ``cfg`` asks tile=auto (conf/tile/auto.yaml) of the mma_sync family; other families
+    have tiles of their own (``family.*``) and ignore it."""
+    return family_name(cfg) == MMA_SYNC and bool(cfg.tile.get("auto", False))
+
+
+def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, list]]:
+    """tile=auto: one config per distinct tile the problem sizes get (:func:`experiments.spec.auto_tile`
+    on ``sms`` SMs), in the order of the sizes, each with ``tile.block``/``tile.warps`` set to the
+    choice and ``problem.sizes`` (or ``problem.shapes``) to the sizes that chose it.
+
+    Returns [(config, [(size, AutoTile), ...]), ...]. Raises SpecError (a bad size; no preset fits)."""
+    import copy
+
+    from omegaconf import read_write
+    plans: dict = {}
+    for shape in shapes_of(cfg):
+        choice = auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)
+        plans.setdefault(choice.name, []).append((shape, choice))
+    out = []
+    for group in plans.values():
+        sub = copy.deepcopy(cfg)
+        s = group[0][1].spec
+        with read_write(sub):
+            sub.tile.block, sub.tile.warps = [s.bm, s.bn], [s.warps_m, s.warps_n]
+            if cfg.problem.shapes:
+                sub.problem.shapes = [list(shape) for shape, _ in group]
+            else:
+                sub.problem.sizes = [shape[0] for shape, _ in group]
+        out.append((sub, group))
+    return out
 
 
 # timing and verification settings: (key, lowest valid value, whether the bound itself is valid)

@@ -5,9 +5,9 @@ Tracking (``job``, ``sweep``), the report and the analysis read names from here,
 """
 from __future__ import annotations
 
-__all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "clock_reasons", "run_name", "result_line",
-           "params_of", "outcome_of", "sweep_note", "throughput_figure", "sweep_view", "family_run_name",
-           "BASELINES", "PEAK", "SPEEDUP", "PCT_OF_PEAK", "family_params"]
+__all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
+           "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "throughput_figure",
+           "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP", "PCT_OF_PEAK", "family_params"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -31,7 +31,18 @@ METRICS = {
     "speedup_vs_dp4a": "x (throughput / the best verified dp4a run's, same GPU, size and precision)",
     "speedup_vs_cublas": "x (throughput / the best verified cublas run's, same GPU, size and precision)",
     "pct_of_peak": "% of the peak family's mma.sync throughput, same GPU, driver, precision (tag peak_run)",
+    # the SM clock during the timed batches (NVML samples every ~5 ms; absent without NVML)
+    "sm_clock_mhz_mean": "MHz (mean of the SM clock samples during the timed batches)",
+    "sm_clock_mhz_min": "MHz (lowest sample)", "sm_clock_mhz_max": "MHz (highest sample)",
+    "sm_clock_samples": "samples", "sm_clock_mhz_max_possible": "MHz (the GPU's highest SM clock, NVML)",
+    "throughput_per_ghz": "throughput / (sm_clock_mhz_mean / 1000): throughput's unit per GHz",
+    "throughput_at_max_clock": "throughput x sm_clock_mhz_max_possible / sm_clock_mhz_mean (throughput's "
+                               "unit): what the run would reach at the full clock if it scaled with it",
 }
+
+# timing fields of experiments.timing.time_launches logged as metrics under the same names
+CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
+                "sm_clock_mhz_max_possible")
 
 TAGS = {
     "kernel": "PTX entry name, derived from the spec",
@@ -53,6 +64,8 @@ TAGS = {
     "skip_reason": "why the run was skipped or interrupted", "study_kernel": "the study's kernel name",
     "mma_native": "true | false | unknown: the SASS holds the tensor-core MMA of the element type",
     "mma_native_reason": "what the SASS holds instead (e.g. emulation of .s4 on sm_90)",
+    "tile_auto": "true: tile=auto chose this run's block tile and warps (params tile.*: the choice)",
+    "tile_auto_sms": "SMs tile=auto planned the waves for, and where the number came from",
 }
 
 # the kernel's PTX and SASS are logged as .txt so that the UI previews them
@@ -109,10 +122,32 @@ def run_name(spec, size: tuple[int, int, int] | None = None) -> str:
     return " ".join(parts + [spec.precision] + differ + usual)
 
 
-def result_line(size, median_us: float, throughput: float, unit: str, spread: float, clocks: str) -> str:
-    """One-line result of a verified run, for its description."""
+def clock_metrics(throughput: float, timing: dict) -> dict:
+    """The SM clock metrics of a verified run from the timing dict of ``time_launches``: the
+    :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / mean clock in GHz) and
+    ``throughput_at_max_clock`` (throughput x max possible / mean clock), both in throughput's unit,
+    rounded like throughput. Returns {} when the clock was not read (no NVML): never invented."""
+    out = {f: timing[f] for f in CLOCK_FIELDS if timing.get(f) is not None}
+    mean = out.get("sm_clock_mhz_mean")
+    if not mean:
+        return {}
+    out["sm_clock_mhz_mean"] = round(mean, 1)
+    out["throughput_per_ghz"] = round(throughput / (mean / 1000.0), 2)
+    if out.get("sm_clock_mhz_max_possible"):
+        out["throughput_at_max_clock"] = round(throughput * out["sm_clock_mhz_max_possible"] / mean, 2)
+    return out
+
+
+def result_line(size, median_us: float, throughput: float, unit: str, spread: float, clocks: str,
+                clock: dict | None = None) -> str:
+    """One-line result of a verified run, for its description; ``clock``: :func:`clock_metrics`
+    (the mean SM clock during timing and the GPU's highest, MHz), left out when empty."""
     m, n, k = size
-    return (f"{m}x{n}x{k}: {median_us:.1f} us, {throughput:.1f} {unit} (spread {spread:.1%}), verified; "
+    sm = ""
+    if clock and clock.get("sm_clock_mhz_mean"):
+        top = clock.get("sm_clock_mhz_max_possible")
+        sm = f"; SM clock {clock['sm_clock_mhz_mean']:.0f} MHz" + (f" of {top:.0f}" if top else "")
+    return (f"{m}x{n}x{k}: {median_us:.1f} us, {throughput:.1f} {unit} (spread {spread:.1%}), verified{sm}; "
             f"clock-event reasons during timing: {clocks}")
 
 

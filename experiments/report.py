@@ -3,6 +3,9 @@
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
     python -m experiments.report --by-family [--out results/h200/baselines.md]
 
+Runs timed with NVML's SM clock samples add two columns: the mean SM clock during timing (MHz) and
+the throughput at the GPU's highest clock (``throughput_at_max_clock``); older runs show "-".
+
 ``--by-family``: per GPU, precision and size, each family's best verified throughput, its
 pct_of_peak and its speedups over the baselines (experiments.compare), and the peak runs.
 """
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from .track import StoreError, Tracker, resolve_uri
 
+CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
 __all__ = ["results_table", "families_table", "main"]
 
 
@@ -31,20 +35,24 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
         size = (int(p["problem.m"]), int(p["problem.n"]), int(p["problem.k"]))
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
         rows.append((t.get("kernel", "?"), size, m.get("median_us"), m.get("throughput"),
-                     t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", "")))
+                     t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
+                     m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
         static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
         return (f"No run in {uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
                 "assembled only; their registers, spills and occupancy are in the MLflow UI).\n")
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
+    clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
     out = [f"GPU: {', '.join(gpus) or '-'}; store: {uri}", "",
-           "| GPU | kernel | M x N x K | median us | throughput | spread | status |",
-           "| --- | --- | --- | ---: | ---: | ---: | --- |"]
-    for kern, size, us, thr, unit, spread, status, gpu in rows:
+           "| GPU | kernel | M x N x K | median us | throughput | spread | status |"
+           + (" SM clock MHz | at max clock |" if clocked else ""),
+           "| --- | --- | --- | ---: | ---: | ---: | --- |" + (" ---: | ---: |" if clocked else "")]
+    for kern, size, us, thr, unit, spread, status, gpu, mhz, at_max in rows:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         out.append(f"| {gpu} | {kern} | {'x'.join(map(str, size))} | {f(us, '.1f')} | "
-                   f"{f(thr, '.1f')} {unit} | {f(spread, '.1%')} | {status} |")
+                   f"{f(thr, '.1f')} {unit} | {f(spread, '.1%')} | {status} |"
+                   + (f" {f(mhz, '.0f')} | {f(at_max, '.1f')} |" if clocked else ""))
     return "\n".join(out) + "\n"
 
 
@@ -89,10 +97,11 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
             if g == gpu:
                 out.append(f"| {prec} | {shape} | {r.data.metrics['throughput']:.1f} "
                            f"{r.data.tags.get('throughput_unit', '')} |")
-        head = ["precision", "M x N x K", "family", "kernel", "throughput", "% of peak"]
-        head += [f"vs {b}" for b in BASELINES]
-        out += ["", "| " + " | ".join(head) + " |", "| --- | --- | --- | --- |" + " ---: |" * (len(head) - 4)]
         rows = sorted((k for k in best if k[0] == gpu), key=lambda k: (k[1], k[2], order.get(k[3], 99), k[3]))
+        clocked = any(CLOCK in best[k].data.metrics for k in rows)
+        head = ["precision", "M x N x K", "family", "kernel", "throughput", "% of peak"]
+        head += [f"vs {b}" for b in BASELINES] + (["SM clock MHz", "at max clock"] if clocked else [])
+        out += ["", "| " + " | ".join(head) + " |", "| --- | --- | --- | --- |" + " ---: |" * (len(head) - 4)]
         for key in rows:
             r = best[key]
             m = r.data.metrics
@@ -100,6 +109,8 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
                      f"{m['throughput']:.1f} {r.data.tags.get('throughput_unit', '')}",
                      _fmt(m.get(PCT_OF_PEAK), ".1f")]
             cells += [_fmt(m.get(SPEEDUP.format(b)), ".2f") for b in BASELINES]
+            if clocked:
+                cells += [_fmt(m.get(CLOCK), ".0f"), _fmt(m.get(AT_MAX), ".1f")]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"

@@ -14,13 +14,14 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from math import prod
 
-from .spec_rules import RULES, Axis, Geometry, Rule, choose, make_axes, valid_ktiles
+from .spec_rules import RULES, Axis, Geometry, Rule, choose, make_axes, preset_tiles, valid_ktiles
 from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES,
                           PRECISIONS, ArchLimits, Precision)
 
 __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
            "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
-           "resolve_arch", "value"]
+           "resolve_arch", "value", "AutoTile", "auto_tile", "tile_cost", "sm_count", "SM_COUNTS",
+           "DEFAULT_SMS"]
 
 _HINT = {"none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 
@@ -276,3 +277,107 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
         loader_a=value(cfg.loader.a), loader_b=value(cfg.loader.b), b_layout=value(cfg.b_layout),
         acc=value(cfg.acc), l2_hint_a=value(cfg.cache.l2_hint_a), l2_hint_b=value(cfg.cache.l2_hint_b),
     )
+
+
+# ------------------------------------------------------------------------------ tile=auto
+# SMs per GPU by (a part of) its NVML name, for when the GPU itself cannot be asked (CUDA Programming
+# Guide and the vendors' data sheets); the first entry whose text is in the name wins
+SM_COUNTS = {"H100 PCIe": 114, "H100 NVL": 132, "H100": 132, "H200": 132, "H800": 132, "GH200": 132,
+             "B200": 148, "A100": 108, "A800": 108, "A30": 56, "A10": 72, "L40S": 142, "L40": 142,
+             "L4": 58, "RTX 4090": 128, "RTX 6000 Ada": 142}
+DEFAULT_SMS = 132          # H100 SXM / H200
+# the cost of moving one operand element, in MMA work of one C element (see tile_cost): an H200's
+# mma.sync peak over its L2 bandwidth (about 630 TFLOP/s / 10 TB/s, per 2-byte element and 2 FLOP)
+# and over its shared-memory bandwidth (132 SMs x 128 B/clk x 1.98 GHz = 33 TB/s), rounded
+AUTO_GLOBAL_COST = 64.0
+AUTO_SHARED_COST = 16.0
+
+
+def sm_count(gpu_name: str | None = None, reported: int | None = None) -> tuple[int, str]:
+    """SMs of the GPU tile=auto plans for, and where the number comes from: ``reported`` (the GPU's
+    own count, CUDA's multiProcessorCount) when given, else :data:`SM_COUNTS` by ``gpu_name``, else
+    :data:`DEFAULT_SMS` (an H100 SXM or H200), saying so. Returns (SMs, source text)."""
+    if reported:
+        return int(reported), "from the GPU"
+    for key, sms in SM_COUNTS.items():
+        if gpu_name and key in gpu_name:
+            return sms, f"table entry {key!r}"
+    return DEFAULT_SMS, (f"{gpu_name!r} not in the table" if gpu_name else "no GPU") + \
+        f": assumed {DEFAULT_SMS} (H100/H200)"
+
+
+def _registers(s: KernelSpec) -> int:
+    """Registers per thread estimated from the spec: accumulators and two fragment sets (rule
+    ``registers``) plus 32 for addresses and loop state (ptxas 13.0 on sm_90: 224 for the 64x64 fp16
+    warp tile), capped at 255 and at what ``.reqntid`` leaves each thread of the block."""
+    wm, wn = s.warp_tile
+    need = (wm // 16) * (wn // 8) * s.accum.regs_per_tile + 2 * ((wm // 16) * 4 + (wn // 8) * 2) + 32
+    lim = ARCHS[s.arch]
+    return min(need, lim.max_regs_thread, lim.regs_sm // s.threads // 8 * 8)
+
+
+def tile_cost(s: KernelSpec, m: int, n: int, sms: int) -> tuple[float, int, int]:
+    """Estimated time of ``s`` on an M x N output (any K) over ``sms`` SMs, in units of one C
+    element's MMA work per K step, with the blocks per SM and the blocks:
+
+    - blocks = ceil(M/BM) * ceil(N/BN); b = blocks one SM holds at once (theoretical occupancy from
+      the spec's threads, shared memory and estimated registers);
+    - the busiest SM gets ceil(blocks / SMs) blocks and runs them in ceil(that / b) waves of at
+      most b blocks sharing the SM: time = waves * min(b, ceil(blocks / SMs)) * cost of one block;
+    - one block's cost = BM * BN * (1 + G (1/BM + 1/BN) + S (1/WTM + 1/WTN)): its MMA work plus the
+      global -> shared copies (BM + BN rows per K step) and the shared -> register loads of its warp
+      tiles (WTM x WTN), G = :data:`AUTO_GLOBAL_COST`, S = :data:`AUTO_SHARED_COST`: larger tiles
+      cost less per FLOP.
+    Returns (time, b, blocks); b is 0 when one block does not fit an SM (time: infinity)."""
+    from .assemble import theoretical_occupancy
+    blocks = -(-m // s.bm) * -(-n // s.bn)
+    b = theoretical_occupancy(s.arch, s.threads, _registers(s), s.smem_bytes)[1]
+    if b < 1:
+        return float("inf"), 0, blocks
+    per_sm = -(-blocks // sms)
+    wm, wn = s.warp_tile
+    block = s.bm * s.bn * (1 + AUTO_GLOBAL_COST * (1 / s.bm + 1 / s.bn)
+                           + AUTO_SHARED_COST * (1 / wm + 1 / wn))
+    return -(-per_sm // b) * min(b, per_sm) * block, b, blocks
+
+
+@dataclass(frozen=True)
+class AutoTile:
+    """tile=auto's choice for one problem size: the preset's name, its spec, the estimated time
+    (:func:`tile_cost`), blocks per SM and blocks."""
+    name: str
+    spec: KernelSpec
+    cost: float
+    blocks_per_sm: int
+    blocks: int
+
+
+def auto_tile(cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None = None,
+              tiles: dict | None = None) -> AutoTile:
+    """tile=auto: the block tile and warps of the composed config ``cfg`` for an M x N x K problem
+    on a GPU of ``sms`` SMs, among ``tiles`` (name -> (BM, BN, WM, WN); default the presets of
+    conf/tile/): of the presets that make a valid kernel with the config's other keys and fit the
+    size (multiples of BM, BN; no tails), the one of least :func:`tile_cost`; ties go to the larger
+    tile, then the taller (BM), then fewer threads, then the name.
+
+    Raises SpecError when no preset fits, with each preset's reason."""
+    from omegaconf import OmegaConf
+    fits, why = [], []
+    for name, (bm, bn, wm, wn) in (tiles or preset_tiles()).items():
+        c = OmegaConf.merge(cfg, {"tile": {"block": [bm, bn], "warps": [wm, wn]}})
+        try:
+            s = spec_from_config(c, gpu_cc)
+            s.check_problem(m, n, k)
+        except SpecError as exc:
+            why.append(f"{name}: {exc}")
+            continue
+        cost, b, blocks = tile_cost(s, m, n, sms)
+        if b:
+            fits.append(AutoTile(name, s, cost, b, blocks))
+        else:
+            why.append(f"{name}: one block does not fit an SM")
+    if not fits:
+        raise SpecError(f"tile=auto: no tile preset fits {m}x{n}x{k} with this configuration: "
+                        + " | ".join(why))
+    return min(fits, key=lambda t: (round(t.cost, 6), -t.spec.bm * t.spec.bn, -t.spec.bm, t.spec.threads,
+                                    t.name))

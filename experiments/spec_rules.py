@@ -13,7 +13,7 @@ from typing import Callable
 from .spec_tables import (ACCUMULATORS, ARCHS, B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS,
                           MAX_STAGES, PRECISIONS, Precision, tile_presets)
 
-__all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose"]
+__all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
 
 
 class Geometry:
@@ -113,8 +113,9 @@ def _axis(key, attrs, values, meaning, shaping=True, labels=None):
 
 def make_axes(tiles: dict | None = None, archs=None) -> tuple:
     """The axes in enumeration order (the shaping ones first, pipeline.stages last of them);
-    ``tiles`` (name -> (BM, BN, WM, WN)) defaults to conf/tile/, ``archs`` to every target."""
-    tiles = tiles or tile_presets()
+    ``tiles`` (name -> (BM, BN, WM, WN)) defaults to conf/tile/ (without ``auto``, which chooses
+    among the others), ``archs`` to every target."""
+    tiles = tiles or preset_tiles()
     return (
         _axis("target.arch", ("arch",), tuple(archs or ARCHS), "GPU target (`.target`), with its limits"),
         _axis("precision", ("precision",), tuple(PRECISIONS), "A/B element type"),
@@ -135,6 +136,11 @@ def make_axes(tiles: dict | None = None, archs=None) -> tuple:
               "space takes 1 and 8, the two template branches)", shaping=False),
     )
 
+
+def preset_tiles() -> dict:
+    """The block tiles of conf/tile/ (name -> (BM, BN, WM, WN)), without ``auto`` (tile=auto picks
+    one of these per problem size: :func:`experiments.spec.auto_tile`)."""
+    return {name: t for name, t in tile_presets().items() if name != "auto"}
 
 
 def choose(key: str, value, valid, given: str = "") -> str | None:

@@ -87,6 +87,8 @@ ARCHS = {
     "sm_86": ArchLimits(86, (7, 1), 99 * 1024, 100 * 1024, 48, 16),
     "sm_89": ArchLimits(89, (7, 8), 99 * 1024, 100 * 1024, 48, 24),
     "sm_90": ArchLimits(90, (7, 8), 227 * 1024, 228 * 1024, 64, 32),
+    # the arch-specific target (wgmma, setmaxnreg; PTX ISA 8.0): the same chip, the same limits
+    "sm_90a": ArchLimits(90, (8, 0), 227 * 1024, 228 * 1024, 64, 32),
     "sm_100": ArchLimits(100, (8, 6), 227 * 1024, 228 * 1024, 64, 32),
     "sm_120": ArchLimits(120, (8, 7), 99 * 1024, 100 * 1024, 48, 32),
 }

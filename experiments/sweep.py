@@ -93,7 +93,16 @@ class SweepCallback(Callback):
     A multirun's parent run is found again (the same sweep ran before) or created at the start and
     handed to the jobs; a single run's is made by its job once the configuration is valid. A parent
     that ends without children is deleted, so no empty parent stays.
+
+    ``benchmark`` ({goal, out}; a preset sets it as ``hydra.callbacks.tracking.benchmark``, e.g.
+    conf/experiment/h200_performance.yaml): at the end of a sweep that measured on a GPU, run
+    :func:`experiments.performance.check` on it (goal: share of peak, 0..1; out: where the report
+    goes) and exit 1 when it fails.
     """
+
+    def __init__(self, benchmark=None):
+        self.benchmark = dict(benchmark) if benchmark else None
+        self.measured = False
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from .worker import nvml_gpu
@@ -108,6 +117,7 @@ class SweepCallback(Callback):
             raise SystemExit(f"Store error: {exc}") from None
         info = sweep_info(config, multirun)
         self.uri, self.experiment = uri, config.tracking.experiment
+        self.measured = gpu is not None
         self.key, self.t0 = info["key"], time.time()
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
@@ -182,9 +192,25 @@ class SweepCallback(Callback):
             print(f"Note: {len(emulated)} kernel(s) of this sweep run an emulated MMA on their target "
                   f"(tag mma_native=false), e.g. {emulated[0]}. Conclusions about them are about the "
                   "emulation, not the tensor cores.", flush=True)
+        failed = self._benchmark() if self.benchmark and self.measured and closed else None
         if crashed:
             raise SystemExit(f"{len(crashed)} job(s) could not run: "
                              + "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in crashed[:3]))
+        if failed:
+            raise SystemExit(failed)
+
+    def _benchmark(self) -> str | None:
+        """The performance check of this sweep (``benchmark``); returns why it failed, or None."""
+        from .performance import check
+        tracker = get_tracker(self.uri, self.experiment)
+        parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
+        res = check(self.uri, self.experiment, parent, float(self.benchmark.get("goal", 0.8)))
+        print(res.markdown, flush=True)
+        if out := self.benchmark.get("out"):
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(res.markdown)
+            print(f"Performance report written to {out}.", flush=True)
+        return None if res.ok else "Performance check failed: " + "; ".join(res.failures)
 
     def _start(self, config: DictConfig, multirun: bool) -> None:
         # Hydra turns a callback's exception into a warning and goes on; a sweep that cannot be

@@ -5,13 +5,19 @@ batch, then ``batches`` batches of ``L`` back-to-back launches between two CUDA 
 chosen so that one batch lasts at least ``min_batch_ms``. With ``cuda_graph`` the L launches are
 captured once into a CUDA graph and each batch is one graph launch, so Python's launch overhead
 does not enter small problems. Per-launch time = batch time / L.
+
+Clock honesty: while the batches run, a background thread samples the SM clock of the timed GPU
+with NVML every few milliseconds (:class:`ClockSampler`); long GEMMs on an H200 run at a
+power-capped clock (NVML clock-event reason sw_power_cap, about 1785 instead of 1980 MHz), and the
+mean clock says which clock a throughput was measured at. Without NVML the clock fields are absent.
 """
 from __future__ import annotations
 
 import math
 import statistics
+import threading
 
-__all__ = ["time_launches", "gpu_state", "tflops"]
+__all__ = ["time_launches", "gpu_state", "tflops", "ClockSampler", "clock_summary"]
 
 
 def tflops(m: int, n: int, k: int, us: float) -> float:
@@ -19,12 +25,89 @@ def tflops(m: int, n: int, k: int, us: float) -> float:
     return 2.0 * m * n * k / (us * 1e-6) / 1e12
 
 
+def _nvml_handle(nvml, pci_bus_id: str | None):
+    nvml.nvmlInit()
+    return (nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
+            else nvml.nvmlDeviceGetHandleByIndex(0))
+
+
+def clock_summary(samples_mhz, max_possible_mhz: float | None = None) -> dict:
+    """Mean, min and max (MHz) and the count of SM clock samples, plus the GPU's highest SM clock
+    (``sm_clock_mhz_max_possible``, MHz) when known. Returns {} for no samples: a clock that was not
+    read is absent, never zero."""
+    samples = [float(x) for x in samples_mhz]
+    if not samples:
+        return {}
+    out = {"sm_clock_mhz_mean": statistics.fmean(samples), "sm_clock_mhz_min": min(samples),
+           "sm_clock_mhz_max": max(samples), "sm_clock_samples": len(samples)}
+    if max_possible_mhz:
+        out["sm_clock_mhz_max_possible"] = float(max_possible_mhz)
+    return out
+
+
+class ClockSampler:
+    """Samples the SM clock (MHz) of one GPU with NVML in a background thread.
+
+    ``with ClockSampler(pci_bus_id, interval_s=0.005) as clk: ...`` takes a sample on entry, then one
+    every ``interval_s`` seconds (NVML updates the reading about that often), and one on exit;
+    ``clk.summary()`` gives :func:`clock_summary` of them. ``pci_bus_id`` selects the GPU (None: NVML
+    device 0). Without NVML (not installed, no driver, not permitted) it samples nothing and
+    ``summary()`` is {}; it never raises for NVML's sake.
+    """
+
+    def __init__(self, pci_bus_id: str | None = None, interval_s: float = 0.005):
+        self.pci_bus_id, self.interval_s = pci_bus_id, interval_s
+        self.samples: list = []
+        self.max_possible = None
+        self._nvml = self._handle = self._thread = None
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        try:
+            self.samples.append(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001 - a failed reading is a missing sample
+            pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> ClockSampler:
+        try:
+            import pynvml
+            self._nvml = pynvml
+            self._handle = _nvml_handle(pynvml, self.pci_bus_id)
+            self.max_possible = pynvml.nvmlDeviceGetMaxClockInfo(self._handle, pynvml.NVML_CLOCK_SM)
+        except Exception:  # noqa: BLE001 - NVML missing or not permitted: no samples
+            self._handle = None
+            return self
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="sm-clock-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()
+            self._thread = None
+
+    def summary(self) -> dict:
+        """:func:`clock_summary` of the samples taken (MHz); {} without NVML."""
+        return clock_summary(self.samples, self.max_possible)
+
+
 def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: float = 20.0,
-                  max_launches: int = 2000, cuda_graph: bool = True, l2_flush: bool = False) -> dict:
+                  max_launches: int = 2000, cuda_graph: bool = True, l2_flush: bool = False,
+                  pci_bus_id: str | None = None, clock_interval_s: float = 0.005) -> dict:
     """Time ``launch()`` (enqueues one kernel on the current CuPy stream).
 
     Returns per-launch times in microseconds: median_us, min_us, max_us, spread (max-min)/median,
-    and launches_per_batch, batches, method, batch_us (list). Raises what the launches raise
+    and launches_per_batch, batches, method, batch_us (list); with NVML also the SM clock during the
+    timed batches, sampled every ``clock_interval_s`` seconds on the GPU ``pci_bus_id`` (None: NVML
+    device 0) from the first batch to the end of the last (:func:`clock_summary`: sm_clock_mhz_mean,
+    _min, _max in MHz, sm_clock_samples, sm_clock_mhz_max_possible). Raises what the launches raise
     (a faulting kernel surfaces at the first synchronize).
     """
     import cupy
@@ -57,19 +140,21 @@ def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: f
                     launch()
         stream.synchronize()
         per_launch = []
-        for _ in range(batches):
-            if flush is not None:
-                flush.fill(1)
-            start.record(stream)
-            run()
-            end.record(stream)
-            end.synchronize()
-            per_launch.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / n)
+        with ClockSampler(pci_bus_id, clock_interval_s) as clock:
+            for _ in range(batches):
+                if flush is not None:
+                    flush.fill(1)
+                start.record(stream)
+                run()
+                end.record(stream)
+                end.synchronize()
+                per_launch.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / n)
     med = statistics.median(per_launch)
     return dict(median_us=med, min_us=min(per_launch), max_us=max(per_launch),
                 spread=(max(per_launch) - min(per_launch)) / med, launches_per_batch=n,
                 batches=batches, batch_us=per_launch,
-                method="cuda_graph" if cuda_graph else "stream", l2_flush=bool(l2_flush))
+                method="cuda_graph" if cuda_graph else "stream", l2_flush=bool(l2_flush),
+                **clock.summary())
 
 
 def gpu_state(pci_bus_id: str | None = None) -> dict:
@@ -79,9 +164,7 @@ def gpu_state(pci_bus_id: str | None = None) -> dict:
     """
     try:
         import pynvml
-        pynvml.nvmlInit()
-        h = (pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
-             else pynvml.nvmlDeviceGetHandleByIndex(0))
+        h = _nvml_handle(pynvml, pci_bus_id)
         out = {"sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)}
         try:

@@ -78,8 +78,9 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
     (float32, int32 or float16); float results are checked within
     :func:`experiments.verify.tolerance` (``rtol``, or the f16-accumulation bound for K).
     Returns verified (bool), verify_* fields (verify_rtol: the tolerance used) and, when verified,
-    the timing dict of :func:`experiments.timing.time_launches`, GPU state before/after and the JIT
-    resources.
+    the timing dict of :func:`experiments.timing.time_launches` (with the SM clock sampled on the GPU
+    ``pci_bus_id`` during the timed batches, where NVML reads it), GPU state before/after and the
+    JIT resources.
     """
     import cupy
     import numpy as np
@@ -112,7 +113,7 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
         return out
     cupy.get_default_memory_pool().free_all_blocks()
     out["state_before"] = gpu_state(pci_bus_id)
-    out["timing"] = time_launches(launch, **timing)
+    out["timing"] = time_launches(launch, **timing, pci_bus_id=pci_bus_id)
     out["state_after"] = gpu_state(pci_bus_id)
     return out
 
@@ -152,7 +153,7 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     if not res.ok:
         return out
     out["state_before"] = gpu_state(pci_bus_id)
-    out["timing"] = time_launches(prep.launch, **timing)
+    out["timing"] = time_launches(prep.launch, **timing, pci_bus_id=pci_bus_id)
     out["state_after"] = gpu_state(pci_bus_id)
     del prep
     cupy.get_default_memory_pool().free_all_blocks()

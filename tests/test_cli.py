@@ -120,7 +120,7 @@ def test_headline_again_tracks_nothing_new(headline):
 @pytest.mark.parametrize("override, texts", [
     ("ktile=32.5", ["Value '32.5' of type 'float' could not be converted to Integer", "full_key: ktile"]),
     ("ktile=abc", ["Value 'abc' of type 'str' could not be converted to Integer", "full_key: ktile"]),
-    ("precision=int5", ["Invalid value 'int5', expected one of [fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2]",
+    ("precision=int5", ["Invalid value 'int5', expected one of [fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2, copy]",
                         "full_key: precision"]),
     ("precsion=int8", ["Could not override 'precsion'", "Key 'precsion' not in 'Config'"]),
 ])

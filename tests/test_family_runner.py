@@ -19,7 +19,7 @@ from experiments import compare, families, record
 from experiments.config import register
 from experiments.report import families_table
 from experiments.families.runner import family_name, family_options, family_spec, family_shapes
-from experiments.spec import SpecError
+from experiments.spec import SpecError, spec_from_config
 from experiments.track import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +44,12 @@ def test_family_group_selects_typed_options():
     cfg = _compose("family=peak", "precision=int8")
     assert family_options(cfg) == {"mma": "auto", "copy": "auto"}
     assert family_spec(cfg, 89)[1].arch == "sm_89"          # target.arch=auto: the GPU's own
+    # precision=copy reaches the peak family from the command line (it used to stop at the enum)
+    cfg = _compose("family=peak", "precision=copy", "family.copy=memcpy")
+    assert family_spec(cfg, 90)[1].entry == "peak_copy_bytes1073741824_copymemcpy"
+    with pytest.raises(SpecError, match=r"precision=copy is not valid; valid values: fp16, bf16, int8, int4, "
+                                        r"fp8_e4m3, fp8_e5m2"):
+        spec_from_config(_compose("precision=copy"), 90)
 
 
 @pytest.mark.parametrize("override, text", [
@@ -98,7 +104,7 @@ def test_run_names_and_params():
 def test_help_lists_the_families(tmp_path):
     rc, out = _run_cli(tmp_path, "--help")
     assert rc == 0, out
-    assert "family: cublas, dp4a, mma_sync, peak, wmma" in out.splitlines()
+    assert "family: cublas, dp4a, mma_sync, peak, wgmma, wmma" in out.splitlines()
     rc, out = _run_cli(tmp_path, "--cfg", "job", "family=peak", "precision=int8")
     assert rc == 0, out
     assert "family:\n  name: peak\n  mma: auto\n  copy: auto\nprecision: int8\n" in out

@@ -23,3 +23,17 @@ def test_results_table_of_a_store_without_gpu_runs_says_so(tmp_path):
     assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
                                           "(rendered and assembled only; their registers, spills and occupancy "
                                           "are in the MLflow UI).\n")
+
+
+def test_results_table_shows_the_sm_clock_of_runs_timed_with_it(tmp_path):
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    for clock in ({"sm_clock_mhz_mean": 1785.0, "throughput_at_max_clock": 364.0}, {}):
+        rid = tr.start("8192 fp16", {"problem.m": 8192, "problem.n": 8192, "problem.k": 8192},
+                       {"backend": "gpu", "gpu": "NVIDIA H200", "kernel": f"k{len(clock)}",
+                        "throughput_unit": "TFLOP/s"})
+        tr.log(rid, {"median_us": 3353.4, "throughput": 328.2, "spread": 0.018, **clock})
+        tr.end(rid)
+    lines = results_table(tr.uri, "e").splitlines()
+    assert lines[2].endswith("| status | SM clock MHz | at max clock |")
+    assert lines[4:] == ["| NVIDIA H200 | k0 | 8192x8192x8192 | 3353.4 | 328.2 TFLOP/s | 1.8% | verified | - | - |",
+                         "| NVIDIA H200 | k2 | 8192x8192x8192 | 3353.4 | 328.2 TFLOP/s | 1.8% | verified | 1785 | 364.0 |"]

@@ -184,7 +184,7 @@ def test_chunks_of_a_row_divide_the_threads():
 def test_fp8_needs_sm89_and_ptx_84():
     msg = spec_error("precision=fp8_e4m3", "ktile=64", "target.arch=sm_80")
     assert msg == ("precision=fp8_e4m3 needs target.arch sm_89 or later (mma.sync with .e4m3, PTX ISA 8.4); "
-                   "valid target.arch: sm_89, sm_90, sm_100, sm_120")
+                   "valid target.arch: sm_89, sm_90, sm_90a, sm_100, sm_120")
     s = spec("precision=fp8_e5m2", "ktile=64", "target.arch=sm_89")
     assert (s.mma_shape, s.acc, s.ptx_version) == ("m16n8k32", "f32", (8, 4))
     assert spec("precision=fp8_e4m3", "ktile=32", "target.arch=sm_120").ptx_version == (8, 7)
@@ -209,7 +209,7 @@ def test_group_m_range():
 def test_unknown_arch():
     msg = spec_error("target.arch=sm_75")
     assert msg == ("target.arch='sm_75' is not supported; valid: auto, sm_80, sm_86, sm_89, sm_90, "
-                   "sm_100, sm_120")
+                   "sm_90a, sm_100, sm_120")
 
 
 def test_bad_ptx_version_string():

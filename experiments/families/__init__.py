@@ -11,11 +11,12 @@ from .base import Build, Family, FamilySpec, Prepared, Rule
 from .cublas import CublasFamily
 from .dp4a import Dp4aFamily
 from .peak import PeakFamily
+from .wgmma import WgmmaFamily
 from .wmma import WmmaFamily
 
 __all__ = ["get", "names", "Family", "FamilySpec", "Build", "Prepared", "Rule"]
 
-_CLASSES = (WmmaFamily, Dp4aFamily, CublasFamily, PeakFamily)
+_CLASSES = (WmmaFamily, Dp4aFamily, CublasFamily, PeakFamily, WgmmaFamily)
 
 
 def names() -> tuple[str, ...]:

@@ -1,0 +1,248 @@
+"""The Hopper family: GEMMs built from TMA loads, an mbarrier ring and ``wgmma.mma_async`` (sm_90a).
+
+One PTX template (``kernels_ptx/wgmma_gemm.ptx.j2``, its contract in its header). A block computes a
+BM x BN tile of C = A B^T (A: M x K, B: N x K, both K contiguous, as the mma_sync family's ``col`` B):
+``consumers`` warpgroups each own 64 rows (BM = 64 x consumers) and issue one m64nBNkK wgmma per 32
+bytes of K, both operands read from shared memory through matrix descriptors (K-major, swizzled);
+accumulators stay in registers (f32, or s32 for int8) and are stored to C from there. The operands
+arrive by TMA (``cp.async.bulk.tensor.2d``, tensor maps passed by value) into a ring of ``stages``
+stages, each guarded by a full and an empty mbarrier; a stage is handed back to the loader only after
+the wgmma that read it has completed (``wgmma.wait_group 1`` one iteration later). The loader is a
+separate warpgroup that gives registers to the consumers with ``setmaxnreg`` (``producer=true``,
+warp specialization) or thread 0 of the consumers (``producer=false``). ``swizzle`` sets the width
+of a shared-memory row, hence BK (BK x element bytes = swizzle), the TMA swizzle mode and the
+descriptors' layout field together. ``persistent=true`` launches one block per SM, each walking
+tiles b, b + grid, ...; ``order`` maps a linear tile index to (tile row, tile column) in both modes.
+
+Sources: PTX ISA 9.0, 9.7.15 (wgmma.mma_async, its shared-memory matrix descriptor and the D
+register fragments), 9.7.9.25.5 (cp.async.bulk.tensor), 9.7.13.15 (mbarrier), 9.7.19.6 (setmaxnreg);
+CUDA Driver API, cuTensorMapEncodeTiled. The launch path (tensor maps through CuPy) follows a probe
+verified on an H200 (shared/reference/wgmma_probe).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..spec import ARCHS
+from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
+
+__all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
+           "encode_tiled"]
+
+ARCH = "sm_90a"             # wgmma and setmaxnreg exist only for the arch-specific target
+# precision -> (bytes per element, K of one wgmma, wgmma type suffix (dtype.atype.btype), operands after
+# scale-d, accumulator / C type, CUtensorMapDataType of the operand)
+TYPES = {
+    "fp16": (2, 16, "f32.f16.f16", ", 1, 1, 0, 0", "f32", 6),
+    "bf16": (2, 16, "f32.bf16.bf16", ", 1, 1, 0, 0", "f32", 9),
+    "fp8_e4m3": (1, 32, "f32.e4m3.e4m3", ", 1, 1", "f32", 0),
+    "fp8_e5m2": (1, 32, "f32.e5m2.e5m2", ", 1, 1", "f32", 0),
+    "int8": (1, 32, "s32.s8.s8", "", "s32", 0),
+}
+# swizzle width (bytes) -> (CUtensorMapSwizzle, descriptor layout field at bit 62)
+SWIZZLES = {128: (3, 1), 64: (2, 2), 32: (1, 3)}
+# registers per thread: cap at entry (producer variants, .maxnreg), producer after setmaxnreg.dec, and
+# the consumers' setmaxnreg.inc target per consumer count. The per-CTA pool must cover the increase:
+# 128 (168 - 40) >= 128 c (inc - 168): 240 for one consumer, 232 for two (64 x 256 = 128 x 128).
+REGS = {"launch": 168, "producer": 40, "consumer": {1: 240, 2: 232}}
+# fp8 wgmma adds products in an accumulator narrower than f32 (about 14 significant bits: DeepSeek-V3
+# technical report, section 3.3.2, "Increasing Accumulation Precision"); on an H200 the largest error
+# relative to (|A| |B|)_ij was 1.0e-3 to 1.4e-3 for K = 512 ... 8192, the same for every axis value
+# (a layout error gives errors of order 1). The bound 2**-8 leaves a margin of 2.7 and still flags a
+# kernel that writes zeros: the median |C_ref| / (|A| |B|)_ij is 0.01 at K = 8192 and larger below.
+FP8_RTOL = 2.0 ** -8
+GROUP = 8                   # tile rows per group with order=grouped
+ALIGN_SLACK = 1024          # the ring starts at a 1024-byte boundary of dynamic shared memory
+
+
+def geometry(precision: str, p: dict) -> dict:
+    """Block tile and derived sizes of one point (p: resolved params)."""
+    nbytes = TYPES[precision][0]
+    sw, bn, cons, stages = p["swizzle"], p["bn"], p["consumers"], p["stages"]
+    bm, bk = 64 * cons, sw // nbytes
+    stage = (bm + bn) * sw
+    return dict(BM=bm, BN=bn, BK=bk, SW=sw, STAGES=stages, stage_bytes=stage, a_bytes=bm * sw,
+                ksteps=sw // 32, T=128 * (cons + (p["producer"] == "true")))
+
+
+def smem_bytes(precision: str, p: dict) -> int:
+    """Dynamic shared memory of one block: alignment slack + stages x (BM + BN) x SW + the barriers."""
+    g = geometry(precision, p)
+    return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + 16 * g["STAGES"]
+
+
+def _smem_rule(precision, p, arch):
+    g = geometry(precision, p)
+    need, limit = smem_bytes(precision, p), ARCHS[arch].max_smem_block
+    if need > limit:
+        fit = (limit - ALIGN_SLACK) // (g["stage_bytes"] + 16)
+        return (f"stages={p['stages']} needs {need} bytes of shared memory per block ({p['stages']} x "
+                f"({g['BM']} + {g['BN']}) rows x {g['SW']} bytes + {ALIGN_SLACK + 16 * p['stages']}), "
+                f"more than the {limit} (227 KiB) of {arch}; valid with bn={p['bn']} "
+                f"consumers={p['consumers']} swizzle={p['swizzle']}: stages <= {fit}")
+    return None
+
+
+def _bool(value) -> str:
+    """Config booleans arrive as bool (Hydra) or text; the axes hold 'true' / 'false'."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower()
+
+
+class WgmmaFamily(Family):
+    """``family=wgmma`` (sm_90a): axes precision, bn (wgmma N), consumers (warpgroups of 64 rows),
+    producer (a loading warpgroup with setmaxnreg, or thread 0), stages (ring depth), swizzle (bytes
+    per smem row; BK follows), persistent (one block per SM) and order (tile order).
+    Sizes: multiples of BM, BN and BK."""
+    name = "wgmma"
+    title = "wgmma GEMM"
+    axes = {"precision": tuple(TYPES), "bn": (256, 192, 128, 64), "consumers": (2, 1),
+            "producer": ("true", "false"), "stages": tuple(range(2, 9)), "swizzle": (128, 64, 32),
+            "persistent": ("false", "true"), "order": ("grouped", "row")}
+    defaults = {"bn": 256, "consumers": 2, "producer": "true", "stages": 4, "swizzle": 128,
+                "persistent": "false", "order": "grouped"}
+    rules = (Rule("smem", "stages x (BM + BN) x swizzle bytes (+ 1 KiB alignment, barriers) must fit "
+                          "the 227 KiB of shared memory per block", _smem_rule),)
+    tensor_cores = True
+
+    def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
+        """As :meth:`Family.spec`; target.arch auto / sm_90 / sm_90a resolve to sm_90a, any other
+        arch is a SpecError naming sm_90a."""
+        arch = str(arch)
+        if arch in ("auto", "sm_90", ARCH):
+            arch = ARCH
+        else:
+            raise SpecError(f"family={self.name} needs target.arch=sm_90a (wgmma.mma_async and setmaxnreg "
+                            f"exist only on sm_90a; auto and sm_90 resolve to it), not target.arch={arch}")
+        opts = dict(options or {})
+        for key in ("producer", "persistent"):
+            if key in opts:
+                opts[key] = _bool(opts[key])
+        return super().spec(precision, opts, arch)
+
+    def resolve(self, precision, params, arch):
+        params["bk"] = params["swizzle"] // TYPES[precision][0]
+        return params
+
+    def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
+        """Raise SpecError unless M, N, K are positive multiples of BM, BN, BK (no tails)."""
+        g = geometry(spec.precision, spec.p)
+        bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
+               (("M", m, "BM", g["BM"]), ("N", n, "BN", g["BN"]), ("K", k, "BK", g["BK"])) if v <= 0 or v % t]
+        if bad:
+            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}. Choose problem sizes "
+                            "that are multiples of the block tile.")
+
+    def threads(self, spec: FamilySpec) -> int:
+        """128 x (consumers + 1 with a producer warpgroup)."""
+        return geometry(spec.precision, spec.p)["T"]
+
+    def dyn_smem(self, spec: FamilySpec) -> int:
+        """Dynamic shared memory per block (bytes), see :func:`smem_bytes`."""
+        return smem_bytes(spec.precision, spec.p)
+
+    def build(self, spec: FamilySpec) -> Build:
+        p, g = spec.p, geometry(spec.precision, spec.p)
+        nbytes, kk, types, tail, acc, _ = TYPES[spec.precision]
+        layout = SWIZZLES[p["swizzle"]][1]
+        desc_hi = (layout << 62) | ((8 * g["SW"] >> 4) << 32) | (1 << 16)
+        producer = p["producer"] == "true"
+        src = render_template(
+            "wgmma_gemm.ptx.j2", entry=spec.entry, version="%d.%d" % ARCHS[ARCH].min_ptx, arch=ARCH,
+            producer=producer, consumers=p["consumers"], persistent=p["persistent"] == "true",
+            grouped=p["order"] == "grouped", group=GROUP, desc_hi=f"0x{desc_hi:016X}",
+            wgmma_op=f"wgmma.mma_async.sync.aligned.m64n{g['BN']}k{kk}.{types}", wgmma_tail=tail,
+            acc_t=acc, nacc=g["BN"] // 2, bk_shift=g["BK"].bit_length() - 1,
+            bm_shift=g["BM"].bit_length() - 1, launch_regs=REGS["launch"], producer_regs=REGS["producer"],
+            consumer_regs=REGS["consumer"][p["consumers"]], smem_bytes=smem_bytes(spec.precision, p), **g)
+        return Build("ptx", src, spec.entry)
+
+    def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
+                *, rtol: float = 1e-3) -> Prepared:
+        """Operands as verify.make_operands makes them (B as N x K), C poisoned, tensor maps encoded
+        (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
+        dynamic shared memory allowed. fp16 and bf16 are checked within ``rtol``, fp8 within
+        the larger of ``rtol`` and :data:`FP8_RTOL`, int8 exactly."""
+        from ..verify import check, make_operands
+        from . import gpu
+        gpu.check_device(spec)
+        self.check_problem(spec, m, n, k)
+        p, g = spec.p, geometry(spec.precision, spec.p)
+        nbytes, _, _, _, acc, dtype = TYPES[spec.precision]
+        ops = make_operands(spec.precision, m, n, k, seed)
+        c = gpu.poisoned((m, n), np.float32 if acc == "f32" else np.int32)
+        smem = smem_bytes(spec.precision, p)
+        kern = gpu.load_ptx(build, dyn_smem=smem)
+        swz = SWIZZLES[p["swizzle"]][0]
+        tmap_a = encode_tiled(ops.a.data.ptr, m, k, g["BM"], g["BK"], dtype, nbytes, swz)
+        tmap_b = encode_tiled(ops.b.data.ptr, n, k, g["BN"], g["BK"], dtype, nbytes, swz)
+        tiles = (m // g["BM"]) * (n // g["BN"])
+        grid = min(tiles, gpu.sm_count()) if p["persistent"] == "true" else tiles
+        args = (tmap_a, tmap_b, c, np.uint32(m), np.uint32(n), np.uint32(k))
+        block = (g["T"], 1, 1)
+
+        def launch():
+            kern((grid, 1, 1), block, args, shared_mem=smem)
+
+        tol = max(rtol, FP8_RTOL) if spec.precision.startswith("fp8") else rtol
+
+        def verify():
+            return check(c, ops, acc == "f32", tol)
+        launch.operands = ops       # the tensor maps hold raw pointers into A and B: keep them alive
+        notes = [f"persistent: {grid} blocks for {tiles} tiles"] if grid != tiles else []
+        if tol != rtol:
+            notes.append(f"fp8 wgmma accumulates in reduced precision: verified within rtol={tol:.3g}")
+        note = "; ".join(notes)
+        return Prepared(launch, verify, note=note)
+
+
+# ---------------------------------------------------------------------------------- tensor maps
+TMAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))])      # CUtensorMap: 128 opaque bytes
+L2_PROMOTION_256B = 3
+
+
+def encode_tiled(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int, dtype: int, nbytes: int,
+                 swizzle: int):
+    """A 2-D CUtensorMap of a row-major rows x cols tensor at device address ``ptr`` (cols
+    contiguous), box box_rows x box_cols, the given swizzle; a (1,) array of :data:`TMAP_DTYPE`
+    that CuPy passes by value. cuda.bindings.driver when importable, else ctypes on libcuda.
+    Raises RuntimeError with the CUresult when the driver refuses the map."""
+    if ptr % 16 or (cols * nbytes) % 16:
+        raise ValueError(f"TMA needs 16-byte aligned rows: address {ptr:#x}, row of {cols * nbytes} bytes")
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        return _encode_ctypes(ptr, rows, cols, box_rows, box_cols, dtype, nbytes, swizzle)
+    import ctypes
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType(dtype), 2, ptr, [u64(cols), u64(rows)], [u64(cols * nbytes)],
+        [u32(box_cols), u32(box_rows)], [u32(1), u32(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle(swizzle),
+        drv.CUtensorMapL2promotion(L2_PROMOTION_256B),
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled({rows}x{cols}, box {box_rows}x{box_cols}, "
+                           f"swizzle {swizzle}): {err}")
+    return np.frombuffer(ctypes.string_at(int(tmap.getPtr()), 128), dtype=TMAP_DTYPE).copy()
+
+
+def _encode_ctypes(ptr, rows, cols, box_rows, box_cols, dtype, nbytes, swizzle):
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    p64, p32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, p64, p64, p32, p32,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    raw = np.zeros(128 + 64, dtype=np.uint8)              # the host CUtensorMap must be 64-byte aligned
+    lo = (-raw.ctypes.data) % 64
+    out = raw[lo:lo + 128]
+    rc = fn(out.ctypes.data, dtype, 2, ctypes.c_void_p(ptr), (ctypes.c_uint64 * 2)(cols, rows),
+            (ctypes.c_uint64 * 1)(cols * nbytes), (ctypes.c_uint32 * 2)(box_cols, box_rows),
+            (ctypes.c_uint32 * 2)(1, 1), 0, swizzle, L2_PROMOTION_256B, 0)
+    if rc:
+        raise RuntimeError(f"cuTensorMapEncodeTiled({rows}x{cols}, box {box_rows}x{box_cols}, "
+                           f"swizzle {swizzle}) returned CUresult {rc}")
+    return out.view(TMAP_DTYPE).copy()

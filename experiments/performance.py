@@ -1,0 +1,186 @@
+"""Performance check of one sweep: the best mma_sync kernel against cuBLAS and the GPU's peak per
+precision and size, and tile=auto against the best tile preset (conf/experiment/h200_performance.yaml).
+
+    python -m experiments.performance [--uri URI] [--experiment NAME] [--sweep latest|RUN_ID]
+                                      [--goal 0.8] [--out results/h200/performance.md]
+
+Reads the verified runs of the sweep (its parent run's children) and writes a markdown table per
+precision and size: ours (the best mma_sync run), cuBLAS (the best cublas run), the peak (the peak
+family's run that ``pct_of_peak`` divides by: experiments.compare.peak_of, the same sweep's when it
+measured one), ours' share of that peak, the mean SM clock while ours was timed and its throughput
+at the GPU's highest clock. Then it prints the shares and checks:
+
+- every precision measured at N = 8192 reaches ``goal`` (a fraction) of its peak;
+- at N = 512 ... 2048, the best tile=auto run (tag ``tile_auto``) is at least as fast as the best
+  run of a tile preset, within the larger ``spread`` of the two runs (the same kernel timed twice
+  differs by that much).
+
+Exit status: 0 when both hold, 1 when one does not (or a precision at 8192 lacks ours or the peak),
+2 when the store, experiment or sweep does not exist or the sweep has no verified run.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .compare import MMA_SYNC, family_of, peak_of, verified_runs
+from .record import PEAK
+from .report import AT_MAX, CLOCK, _fmt
+from .track import StoreError, Tracker, resolve_uri
+
+__all__ = ["Check", "check", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
+
+GOAL_SIZE = 8192                   # N at which every precision must reach the goal share of peak
+AUTO_SIZES = (512, 1024, 2048)     # N at which tile=auto must match the best preset
+CUBLAS = "cublas"
+
+
+@dataclass
+class Check:
+    """The outcome of :func:`check`: the markdown report, the share of peak per (precision, size)
+    (a fraction, None without a peak run), and the reasons the check failed (empty: it passed)."""
+    markdown: str
+    shares: dict = field(default_factory=dict)
+    failures: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
+    """The parent run id of ``sweep``: a run id, or "latest" (the newest run tagged kind=sweep).
+
+    Raises StoreError when there is no such sweep in the tracker's experiment."""
+    if sweep != "latest":
+        try:
+            tr.client.get_run(sweep)
+        except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
+            raise StoreError(f"--sweep {sweep} is not a run id in {tr.uri}") from exc
+        return sweep
+    found = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
+                                  order_by=["attributes.start_time DESC"])
+    if not found:
+        raise StoreError(f"no sweep (a parent run tagged kind=sweep) in {tr.uri}")
+    return found[0].info.run_id
+
+
+def _best(runs: list):
+    return max(runs, key=lambda r: r.data.metrics["throughput"], default=None)
+
+
+def _thr(run, unit: bool = True) -> str:
+    if run is None:
+        return "-"
+    text = f"{run.data.metrics['throughput']:.1f}"
+    return text + (f" {run.data.tags.get('throughput_unit', '')}" if unit else "")
+
+
+def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest",
+          goal: float = 0.8) -> Check:
+    """Compare and check the verified runs of ``sweep`` (a parent run id or "latest") of the store
+    ``uri``; ``goal``: the share of peak (0..1) every precision must reach at N = :data:`GOAL_SIZE`.
+
+    Read-only. Raises StoreError when the store, experiment or sweep does not exist."""
+    tr = Tracker(uri, experiment, create=False)
+    parent = sweep_run(tr, sweep)
+    runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
+            if "throughput" in r.data.metrics]
+    groups: dict = {}
+    for r in runs:
+        p = r.data.params
+        if family_of(r) == PEAK or "problem.m" not in p:
+            continue
+        size = tuple(int(p[f"problem.{d}"]) for d in "mnk")
+        groups.setdefault((p.get("precision", "?"), size), []).append(r)
+    out = [f"Performance of sweep {parent}; store: {uri}", "",
+           "| precision | M x N x K | ours | kernel | cuBLAS | peak | share of peak | SM clock MHz | "
+           "at max clock |", "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    res = Check("")
+    for (prec, size), rs in sorted(groups.items()):
+        ours = _best([r for r in rs if family_of(r) == MMA_SYNC])
+        cublas = _best([r for r in rs if family_of(r) == CUBLAS])
+        peak = peak_of(tr, ours) if ours is not None else None
+        share = ours.data.metrics["throughput"] / peak.data.metrics["throughput"] if peak else None
+        res.shares[(prec, size)] = share
+        m = ours.data.metrics if ours is not None else {}
+        out.append(f"| {prec} | {'x'.join(map(str, size))} | {_thr(ours)} | "
+                   f"{ours.data.tags.get('kernel', '?') if ours else '-'} | {_thr(cublas)} | {_thr(peak)} | "
+                   f"{_fmt(share, '.1%')} | {_fmt(m.get(CLOCK), '.0f')} | {_fmt(m.get(AT_MAX), '.1f')} |")
+    lines = _goal_lines(groups, res, goal) + _auto_lines(groups, res)
+    res.markdown = "\n".join(out + [""] + lines) + "\n"
+    return res
+
+
+def _goal_lines(groups: dict, res: Check, goal: float) -> list[str]:
+    lines = []
+    for (prec, size), share in sorted(res.shares.items()):
+        if size != (GOAL_SIZE,) * 3:
+            continue
+        if share is None:
+            ours = any(family_of(r) == MMA_SYNC for r in groups[(prec, size)])
+            why = ("no verified peak run of this GPU, driver and precision" if ours
+                   else "no verified mma_sync run")
+            res.failures.append(f"{prec} {GOAL_SIZE}: {why}")
+            lines.append(f"- {prec} at {GOAL_SIZE}: {why}: FAIL")
+            continue
+        verdict = "ok" if share >= goal else "FAIL"
+        if share < goal:
+            res.failures.append(f"{prec} {GOAL_SIZE}: {share:.1%} of peak, below the goal {goal:.0%}")
+        lines.append(f"- {prec} at {GOAL_SIZE}: {share:.1%} of peak (goal {goal:.0%}): {verdict}")
+    if not lines:
+        lines.append(f"- no GEMM run at {GOAL_SIZE}: the share of peak is not checked")
+    return lines
+
+
+def _auto_lines(groups: dict, res: Check) -> list[str]:
+    lines = []
+    for (prec, size), rs in sorted(groups.items()):
+        if size not in [(n,) * 3 for n in AUTO_SIZES]:
+            continue
+        mine = [r for r in rs if family_of(r) == MMA_SYNC]
+        auto = _best([r for r in mine if r.data.tags.get("tile_auto") == "true"])
+        preset = _best([r for r in mine if r.data.tags.get("tile_auto") != "true"])
+        if auto is None or preset is None:
+            continue
+        tol = max(auto.data.metrics.get("spread", 0.0), preset.data.metrics.get("spread", 0.0))
+        a, b = auto.data.metrics["throughput"], preset.data.metrics["throughput"]
+        ok = a >= b * (1 - tol)
+        tile = lambda r: r.data.params.get("tile.block", "?")  # noqa: E731
+        lines.append(f"- tile=auto {prec} at {size[0]}: {_thr(auto)} ({tile(auto)}) vs the best preset "
+                     f"{_thr(preset, False)} ({tile(preset)}), tolerance {tol:.1%}: {'ok' if ok else 'FAIL'}")
+        if not ok:
+            res.failures.append(f"tile=auto {prec} {size[0]}: {a:.1f} < {b:.1f} of the best preset")
+    return lines or ["- no tile=auto run beside a tile preset run at "
+                     + ", ".join(map(str, AUTO_SIZES)) + ": tile=auto is not checked"]
+
+
+def main(argv=None) -> int:
+    """The command line (module docstring); returns the exit status."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
+    ap.add_argument("--experiment", default="tensor-core-ablations")
+    ap.add_argument("--sweep", default="latest", help="the sweep's parent run id, or latest")
+    ap.add_argument("--goal", type=float, default=0.8, help="share of peak each precision must reach at 8192")
+    ap.add_argument("--out", default=None, help="also write the report to this file")
+    args = ap.parse_args(argv)
+    try:
+        res = check(resolve_uri(args.uri, create=False), args.experiment, args.sweep, args.goal)
+    except StoreError as exc:
+        print(f"Store error: {exc}", file=sys.stderr)
+        return 2
+    print(res.markdown)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(res.markdown)
+    if not res.shares:
+        print("No verified GEMM run in this sweep: nothing to check.", file=sys.stderr)
+        return 2
+    print("Performance check: " + ("passed" if res.ok else "FAILED: " + "; ".join(res.failures)))
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Clock honesty (SM clock sampled during timing), tile=auto and the performance check
+(experiments/timing.py, record.py, spec.py, job.py, performance.py)."""
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments import record
+from experiments.config import Config
+from experiments.performance import check, main
+from experiments.spec import DEFAULT_SMS, auto_tile, sm_count, tile_cost
+from experiments.timing import ClockSampler, clock_summary
+from experiments.track import Tracker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- the SM clock
+def fake_nvml(clocks, max_clock=1980):
+    """A pynvml stand-in whose SM clock readings are ``clocks`` in turn, then the last one."""
+    it = iter(clocks)
+    last = [clocks[-1]]
+
+    def clock(handle, which):
+        assert handle == "h0" and which == "SM"
+        last[0] = next(it, last[0])
+        return last[0]
+    return types.SimpleNamespace(
+        NVML_CLOCK_SM="SM", nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetHandleByPciBusId=lambda bus: {"00000000:19:00.0": "h0"}[bus],
+        nvmlDeviceGetClockInfo=clock, nvmlDeviceGetMaxClockInfo=lambda h, which: max_clock)
+
+
+def test_clock_summary_and_metrics_arithmetic():
+    t = clock_summary([1980, 1785, 1785, 1785], 1980)
+    assert t == {"sm_clock_mhz_mean": 1833.75, "sm_clock_mhz_min": 1785.0, "sm_clock_mhz_max": 1980.0,
+                 "sm_clock_samples": 4, "sm_clock_mhz_max_possible": 1980.0}
+    m = record.clock_metrics(330.0, {**t, "median_us": 3353.4})
+    assert m["throughput_per_ghz"] == round(330.0 / 1.83375, 2) == 179.96
+    assert m["throughput_at_max_clock"] == round(330.0 * 1980 / 1833.75, 2) == 356.32
+    assert m["sm_clock_mhz_mean"] == 1833.8 and "median_us" not in m
+    # every name a run logs is declared once, in record.py
+    assert set(m) <= set(record.METRICS) and set(record.CLOCK_FIELDS) <= set(record.METRICS)
+    assert {"tile_auto", "tile_auto_sms"} <= set(record.TAGS)
+    # without NVML nothing is invented
+    assert clock_summary([]) == {} and record.clock_metrics(330.0, {"median_us": 1.0}) == {}
+    line = record.result_line((8192,) * 3, 3353.4, 327.9, "TFLOP/s", 0.018, "sw_power_cap", m)
+    assert "verified; SM clock 1834 MHz of 1980; clock-event reasons during timing: sw_power_cap" in line
+
+
+def test_clock_sampler_reads_the_timed_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([1980, 1785, 1800]))
+    with ClockSampler("00000000:19:00.0", interval_s=0.001) as clk:
+        while len(clk.samples) < 5:
+            pass
+    s = clk.summary()
+    assert clk.samples[:3] == [1980, 1785, 1800] and set(clk.samples[3:]) == {1800}
+    assert s["sm_clock_samples"] == len(clk.samples) and s["sm_clock_mhz_max_possible"] == 1980.0
+    assert s["sm_clock_mhz_mean"] == pytest.approx(sum(clk.samples) / len(clk.samples))
+    assert (s["sm_clock_mhz_min"], s["sm_clock_mhz_max"]) == (1785.0, 1980.0)
+
+
+def test_clock_sampler_without_nvml_samples_nothing(monkeypatch):
+    broken = types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(RuntimeError("no driver")))
+    monkeypatch.setitem(sys.modules, "pynvml", broken)
+    with ClockSampler() as clk:
+        pass
+    assert clk.samples == [] and clk.summary() == {}
+
+
+# ----------------------------------------------------------------------------- tile=auto
+def auto_cfg(*overrides):
+    """The typed config with conf/tile/auto.yaml and the fp16 defaults pinned."""
+    return OmegaConf.merge(OmegaConf.structured(Config), {"tile": OmegaConf.load(ROOT / "conf/tile/auto.yaml")},
+                           OmegaConf.from_dotlist(["precision=fp16", "ktile=32", "pipeline.stages=3",
+                                                   "tile.group_m=8", *overrides]))
+
+
+def test_auto_tile_fills_the_gpu_on_132_sms():
+    """fp16, BK 32, 3 stages on 132 SMs (spec.tile_cost): at 512 the 32x64 tile makes 128 blocks,
+    one per SM (cost 2048 x 6 = 12288) against 64 blocks of 64x64 (4096 x 4 = 16384); at 1024 the
+    64x64 tile's 256 blocks are 2 per SM within its 5 resident blocks (2 x 16384 = 32768) against
+    128x128 with 2x2 warps (64 blocks: 40960); at 2048 and 8192 the 256x128 tile (1 block per SM;
+    128 blocks = one wave; 2048 blocks = 16 waves) beats 128x128 with 2x2 warps (2 per SM: 81920,
+    16 waves of 2: 1310720) and ties 128x256, the taller tile winning the tie."""
+    c = auto_cfg()
+    got = {n: auto_tile(c, n, n, n, sms=132) for n in (512, 1024, 2048, 8192)}
+    assert {n: t.name for n, t in got.items()} == {512: "l4_32x64", 1024: "64x64", 2048: "256x128",
+                                                   8192: "256x128"}
+    assert [(t.cost, t.blocks_per_sm, t.blocks) for t in got.values()] == [
+        (12288.0, 4, 128), (32768.0, 5, 256), (73728.0, 1, 128), (1179648.0, 1, 2048)]
+    wide = auto_tile(c, 8192, 8192, 8192, 132, tiles={"128x256": (128, 256, 2, 4)})
+    assert tile_cost(wide.spec, 8192, 8192, 132)[0] == got[8192].cost
+    # a size no preset divides is refused with each preset's reason
+    with pytest.raises(Exception, match="tile=auto: no tile preset fits 520x520x520"):
+        auto_tile(c, 520, 520, 520, 132)
+
+
+def test_sm_count_sources():
+    assert sm_count("NVIDIA H200", 132) == (132, "from the GPU")
+    assert sm_count("NVIDIA L4") == (58, "table entry 'L4'")
+    assert sm_count("NVIDIA H100 PCIe") == (114, "table entry 'H100 PCIe'")
+    assert sm_count(None) == (DEFAULT_SMS, "no GPU: assumed 132 (H100/H200)")
+
+
+@pytest.mark.usefixtures("need_ptxas")
+def test_static_run_of_tile_auto_builds_one_kernel_per_tile(tmp_path):
+    """run.py tile=auto over 512 and 8192 without a GPU: two kernels, each its own static run with its
+    tile in the params and tag tile_auto; no clock metrics (nothing was timed)."""
+    from test_cli import all_runs, run_cli, store_args
+    rc, out = run_cli(tmp_path, "tile=auto", "problem.sizes=[512,8192]", *store_args(tmp_path, multirun=False))
+    assert rc == 0, out
+    assert "tile=auto on 132 SMs (no GPU: assumed 132 (H100/H200)): 512x512x512 -> l4_32x64; " \
+           "8192x8192x8192 -> 256x128" in out
+    _, runs = all_runs(tmp_path)
+    got = sorted((r.data.params["tile.block"], r.data.params["tile.warps"], r.data.params["problem.sizes"],
+                  r.data.tags["kernel"]) for r in runs)
+    assert got == [("[256, 128]", "[4, 2]", "[8192]", "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_256x128_w4x2_g8"),
+                   ("[32, 64]", "[2, 4]", "[512]", "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_32x64_w2x4_g8")]
+    for r in runs:
+        assert r.data.tags["outcome"] == "static" and r.data.tags["backend"] == "static"
+        assert r.data.tags["tile_auto"] == "true" and r.data.params["tile.auto"] == "True"
+        assert not set(r.data.metrics) & set(record.CLOCK_FIELDS + ("throughput_per_ghz",))
+
+
+# ----------------------------------------------------------------------------- the performance check
+GPU = {"backend": "gpu", "gpu": "NVIDIA H200", "driver": "580.159.04", "outcome": "verified"}
+# (family, precision, N, throughput, spread, tile_auto, tile.block); peak runs ignore N.
+# Measured on an H200 with this tool (results/h200/main_job.md, baselines.md), except the tile=auto
+# and small-tile rows, which are made up for the check.
+RUNS = [("mma_sync", "fp16", 8192, 327.9, 0.018, False, "[256, 128]"),
+        ("mma_sync", "fp16", 8192, 381.9, 0.035, False, "[256, 128]"),
+        ("cublas", "fp16", 8192, 631.0, 0.01, False, None),
+        ("peak", "fp16", 0, 632.0, 0.001, False, None),
+        ("mma_sync", "int8", 8192, 692.0, 0.035, False, "[256, 128]"),
+        ("peak", "int8", 0, 1260.0, 0.001, False, None),
+        ("mma_sync", "fp16", 512, 30.0, 0.001, False, "[64, 64]"),
+        ("mma_sync", "fp16", 512, 29.99, 0.001, True, "[64, 64]"),
+        ("mma_sync", "fp16", 1024, 120.0, 0.001, False, "[64, 64]"),
+        ("mma_sync", "fp16", 1024, 110.0, 0.002, True, "[128, 128]")]
+
+
+def perf_store(tmp_path, runs=RUNS):
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    parent = tr.start("sweep experiment=h200_performance", {}, {"kind": "sweep", "sweep_key": "k"})
+    for fam, prec, n, thr, spread, auto, block in runs:
+        params = {"family": fam, "precision": prec, **({"spec.mma": "m16n8k16"} if fam == "peak" else
+                                                       {f"problem.{d}": n for d in "mnk"})}
+        if block:
+            params["tile.block"] = block
+        tags = {**GPU, "throughput_unit": "TFLOP/s" if prec == "fp16" else "TOP/s",
+                "kernel": f"{fam}_{prec}_{block}", **({"tile_auto": "true"} if auto else {})}
+        rid = tr.start(f"{n} {fam} {prec}", params, tags, parent)
+        metrics = {"throughput": thr, "spread": spread}
+        if fam == "mma_sync":
+            metrics.update(sm_clock_mhz_mean=1785.0, throughput_at_max_clock=round(thr * 1980 / 1785, 2))
+        tr.log(rid, metrics)
+        tr.end(rid)
+    tr.end(parent)
+    return tr
+
+
+def test_performance_check_shares_and_exit_status(tmp_path, capsys):
+    tr = perf_store(tmp_path)
+    res = check(tr.uri, "e", "latest", goal=0.55)
+    assert res.shares[("fp16", (8192,) * 3)] == 381.9 / 632.0
+    assert res.shares[("int8", (8192,) * 3)] == 692.0 / 1260.0
+    assert res.shares[("fp16", (512,) * 3)] == 30.0 / 632.0      # the peak ignores the size
+    lines = res.markdown.splitlines()
+    assert ("| fp16 | 8192x8192x8192 | 381.9 TFLOP/s | mma_sync_fp16_[256, 128] | 631.0 TFLOP/s | "
+            "632.0 TFLOP/s | 60.4% | 1785 | 423.6 |") in lines
+    assert "- fp16 at 8192: 60.4% of peak (goal 55%): ok" in lines
+    assert "- int8 at 8192: 54.9% of peak (goal 55%): FAIL" in lines
+    # 29.99 >= 30.0 x (1 - 0.1%): the same kernel, within its spread; 110 < 120 x (1 - 0.2%)
+    assert "- tile=auto fp16 at 512: 30.0 TFLOP/s ([64, 64]) vs the best preset 30.0 ([64, 64]), " \
+           "tolerance 0.1%: ok" in lines
+    assert "- tile=auto fp16 at 1024: 110.0 TFLOP/s ([128, 128]) vs the best preset 120.0 ([64, 64]), " \
+           "tolerance 0.2%: FAIL" in lines
+    assert res.failures == ["int8 8192: 54.9% of peak, below the goal 55%",
+                            "tile=auto fp16 1024: 110.0 < 120.0 of the best preset"]
+    out = tmp_path / "perf.md"
+    assert main(["--uri", tr.uri, "--experiment", "e", "--goal", "0.5", "--out", str(out)]) == 1
+    assert out.read_text() == check(tr.uri, "e", goal=0.5).markdown
+    assert "FAILED: tile=auto fp16 1024" in capsys.readouterr().out
+    (tmp_path / "ok").mkdir()
+    fine = perf_store(tmp_path / "ok", [r for r in RUNS if r[2] != 1024])
+    assert main(["--uri", fine.uri, "--experiment", "e", "--goal", "0.5"]) == 0
+    assert main(["--uri", fine.uri, "--experiment", "e", "--goal", "0.6"]) == 1
+    assert main(["--uri", fine.uri, "--experiment", "nope"]) == 2
