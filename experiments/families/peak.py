@@ -1,15 +1,14 @@
-"""The peak family: this GPU's own ceilings, measured with the same timing as every kernel.
-
-``precision`` = an ``mma.sync`` type: a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which
-every warp keeps ``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK``
-per chain per iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the
-register-only peak of ``reference/h200/README.md``). The loop is written out ``UNROLL`` iterations per
-trip: with one iteration per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an
-H200 (fp16 555 against 638 TFLOP/s, int8 1,114 against 1,271 TOP/s, same clocks). The launch does a fixed amount of work, ``units``
+"""The peak family: this GPU's own ceilings, measured with the same timing as every kernel. ``precision`` =
+an ``mma.sync`` type: a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which every warp keeps
+``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK`` per chain per
+iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the register-only peak of
+``reference/h200/README.md``). The loop is written out ``UNROLL`` iterations per trip: with one iteration
+per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an H200 (fp16 555 against 638
+TFLOP/s, int8 1,114 against 1,271 TOP/s, same clocks). The launch does a fixed amount of work, ``units``
 of ``iters`` iterations, spread over the grid's warps (warp w takes units w, w + W, ...), so
-:meth:`PeakFamily.flops` does not depend on the GPU's SM count; the amount is chosen so one launch
-lasts about 1 ms on an H200. A holds 1 and B 1/K (floats) or 1 (integers), so every mma adds exactly
-1 (floats) or K (integers) to each accumulator and the host knows each result exactly.
+:meth:`PeakFamily.flops` does not depend on the GPU's SM count; the amount is chosen so one launch lasts
+about 1 ms on an H200. A holds 1 and B 1/K (floats) or 1 (integers), so every mma adds exactly 1 (floats)
+or K (integers) to each accumulator and the host knows each result exactly.
 ``precision=copy``: device-to-device copy bandwidth (bytes read + written, GB/s), a vectorised PTX
 copy kernel or ``cudaMemcpyAsync``. The problem size M, N, K does not apply and is ignored.
 """
