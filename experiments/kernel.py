@@ -219,7 +219,7 @@ def _family_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say,
     subject = sass_subject(fam, spec)
     if kern.asm is not None and subject is not None:
         tags.update(sass_summary(kern.asm, subject)[1])
-    kern.static = _static_metrics(fam.threads(spec), 0, kern.asm, subject)
+    kern.static = _static_metrics(fam.threads(spec), fam.dyn_smem(spec), kern.asm, subject)
     return kern
 
 

@@ -30,7 +30,7 @@ from .record import PEAK
 from .report import AT_MAX, CLOCK, _fmt
 from .track import StoreError, Tracker, resolve_uri
 
-__all__ = ["Check", "check", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
+__all__ = ["Check", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
 
 GOAL_SIZE = 8192                   # N at which every precision must reach the goal share of peak
 AUTO_SIZES = (512, 1024, 2048)     # N at which tile=auto must match the best preset
@@ -157,6 +157,66 @@ def _auto_lines(groups: dict, res: Check) -> list[str]:
                      + ", ".join(map(str, AUTO_SIZES)) + ": tile=auto is not checked"]
 
 
+WGMMA = "wgmma"
+
+
+def _share(value, peak):
+    return value / peak if value is not None and peak else None
+
+
+def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest") -> str:
+    """The side-by-side table of two tensor-core generations in one sweep (conf/experiment/generations.yaml)
+    as markdown: per precision and size the best mma_sync run, the best wgmma run, cuBLAS, the mma.sync
+    peak (:func:`experiments.compare.peak_of`) and both shares of it; then the main effect of each wgmma
+    axis: per precision and size, each value's best throughput divided by that of the family's default
+    value, over the runs that differ from the default in that axis alone.
+
+    Read-only. Raises StoreError when the store, experiment or sweep does not exist."""
+    from .families import get
+    tr = Tracker(uri, experiment, create=False)
+    parent = sweep_run(tr, sweep)
+    runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
+            if "throughput" in r.data.metrics and "problem.m" in r.data.params]
+    groups: dict = {}
+    for r in runs:
+        p = r.data.params
+        groups.setdefault((p["precision"], int(p["problem.m"])), []).append(r)
+    out = [f"Two generations on one GPU: sweep {parent}; store: {uri}", "",
+           "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | mma.sync share | "
+           "wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 7]
+    for (prec, n), rs in sorted(groups.items()):
+        best = {f: _best([r for r in rs if family_of(r) == f]) for f in (MMA_SYNC, WGMMA, CUBLAS)}
+        anchor = best[MMA_SYNC] or best[WGMMA]
+        peak = peak_of(tr, anchor) if anchor is not None else None
+        thr = {f: r.data.metrics["throughput"] if r else None for f, r in best.items()}
+        pk = peak.data.metrics["throughput"] if peak else None
+        ratio = thr[WGMMA] / thr[CUBLAS] if thr[WGMMA] and thr[CUBLAS] else None
+        out.append(f"| {prec} | {n} | {_thr(best[MMA_SYNC])} | {_thr(best[WGMMA])} | {_thr(best[CUBLAS])} | "
+                   f"{_thr(peak)} | {_fmt(_share(thr[MMA_SYNC], pk), '.1%')} | "
+                   f"{_fmt(_share(thr[WGMMA], pk), '.1%')} | {_fmt(ratio, '.2f')} |")
+    fam = get(WGMMA)
+    axes = [a for a in fam.axes if a != "precision"]
+    default = {a: str(fam.defaults.get(a, fam.axes[a][0])).lower() for a in axes}
+    out += ["", "Main effect of each wgmma axis (throughput relative to the default value, the other axes at "
+            "their defaults):", "", "| precision | N | axis | value | throughput | vs default |",
+            "| --- | ---: | --- | --- | ---: | ---: |"]
+    for (prec, n), rs in sorted(groups.items()):
+        w = [(r, {a: str(r.data.params.get(f"family.{a}", default[a])).lower() for a in axes})
+             for r in rs if family_of(r) == WGMMA]
+        base = _best([r for r, v in w if v == default])
+        if base is None:
+            continue
+        for a in axes:
+            for value in sorted({v[a] for _, v in w} - {default[a]}):
+                alone = _best([r for r, v in w
+                               if v[a] == value and all(v[b] == default[b] for b in axes if b != a)])
+                if alone is not None:
+                    rel = alone.data.metrics["throughput"] / base.data.metrics["throughput"]
+                    out.append(f"| {prec} | {n} | {a} | {value} (default {default[a]}) | {_thr(alone)} | "
+                               f"{rel:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     """The command line (module docstring); returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -165,7 +225,20 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", default="latest", help="the sweep's parent run id, or latest")
     ap.add_argument("--goal", type=float, default=0.8, help="share of peak each precision must reach at 8192")
     ap.add_argument("--out", default=None, help="also write the report to this file")
+    ap.add_argument("--generations", action="store_true",
+                    help="the mma.sync / wgmma table (experiment=generations) instead of the check")
     args = ap.parse_args(argv)
+    if args.generations:
+        try:
+            text = generations(resolve_uri(args.uri, create=False), args.experiment, args.sweep)
+        except StoreError as exc:
+            print(f"Store error: {exc}", file=sys.stderr)
+            return 2
+        print(text)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text)
+        return 0
     try:
         res = check(resolve_uri(args.uri, create=False), args.experiment, args.sweep, args.goal)
     except StoreError as exc:

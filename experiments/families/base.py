@@ -202,6 +202,11 @@ class Family:
         """Threads per block of the built kernel (for ptxas' occupancy); 0 for a library call."""
         return 0
 
+    def dyn_smem(self, spec: FamilySpec) -> int:
+        """Dynamic shared memory per block of the built kernel (bytes), for ptxas' occupancy and the
+        static metrics; 0 (the default) for kernels with static shared memory only."""
+        return 0
+
     def build(self, spec: FamilySpec) -> Build:
         """Source text and entry name; no GPU needed."""
         raise NotImplementedError

@@ -36,7 +36,7 @@ THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
 # ~2e6 mma, one chain step per unit
 NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
-COPY_BYTES, COPY_UNROLL = 1 << 30, 4
+COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM = 1 << 30, 4, 4
 
 
 def _mma_rule(precision, p, arch):
@@ -171,7 +171,8 @@ class PeakFamily(Family):
             else:
                 kern = gpu.load_ptx(build)
                 args = (dst, src, np.uint64(spec.p["bytes"] // 16))
-                launch = lambda: kern((grid, 1, 1), (THREADS, 1, 1), args)  # noqa: E731
+                cgrid = COPY_BLOCKS_PER_SM * gpu.sm_count()
+                launch = lambda: kern((cgrid, 1, 1), (THREADS, 1, 1), args)  # noqa: E731
             return Prepared(launch, lambda: gpu.exact_check(dst, src),
                             note="bytes read + written; M, N, K ignored")
         kern = gpu.load_ptx(build)

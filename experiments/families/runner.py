@@ -94,7 +94,7 @@ def resources(fam: Family, spec: FamilySpec, build: Build, workdir: Path) -> tup
             raise NvccError(f"nvcc -arch={spec.arch} -ptx {src.name} failed:\n{proc.stderr or proc.stdout}")
         ptx = out.read_text()
     try:
-        return assemble(ptx, build.entry, spec.arch, threads=fam.threads(spec), dyn_smem=0,
+        return assemble(ptx, build.entry, spec.arch, threads=fam.threads(spec), dyn_smem=fam.dyn_smem(spec),
                         workdir=workdir), "ok"
     except PtxasMissing as exc:
         return None, str(exc)

@@ -139,7 +139,7 @@ class WgmmaFamily(Family):
         return geometry(spec.precision, spec.p)["T"]
 
     def dyn_smem(self, spec: FamilySpec) -> int:
-        """Dynamic shared memory per block (bytes), see :func:`smem_bytes`."""
+        """Dynamic shared memory per block (bytes): the stage ring, see :func:`smem_bytes`."""
         return smem_bytes(spec.precision, spec.p)
 
     def build(self, spec: FamilySpec) -> Build:
