@@ -137,7 +137,7 @@ RUNS = [("mma_sync", "fp16", 8192, 327.9, 0.018, False, "[256, 128]"),
         ("mma_sync", "int8", 8192, 692.0, 0.035, False, "[256, 128]"),
         ("peak", "int8", 0, 1260.0, 0.001, False, None),
         ("mma_sync", "fp16", 512, 30.0, 0.001, False, "[64, 64]"),
-        ("mma_sync", "fp16", 512, 29.99, 0.001, True, "[64, 64]"),
+        ("mma_sync", "fp16", 512, 28.8, 0.001, True, "[64, 64]"),
         ("mma_sync", "fp16", 1024, 120.0, 0.001, False, "[64, 64]"),
         ("mma_sync", "fp16", 1024, 110.0, 0.002, True, "[128, 128]")]
 
@@ -173,9 +173,10 @@ def test_performance_check_shares_and_exit_status(tmp_path, capsys):
             "632.0 TFLOP/s | 60.4% | 1785 | 423.6 |") in lines
     assert "- fp16 at 8192: 60.4% of peak (goal 55%): ok" in lines
     assert "- int8 at 8192: 54.9% of peak (goal 55%): FAIL" in lines
-    # 29.99 >= 30.0 x (1 - 0.1%): the same kernel, within its spread; 110 < 120 x (1 - 0.2%)
-    assert "- tile=auto fp16 at 512: 30.0 TFLOP/s ([64, 64]) vs the best preset 30.0 ([64, 64]), " \
-           "tolerance 0.1%: ok" in lines
+    # at 512 the rule chose the best preset's own kernel: timed 4% slower in its own run (as seen on an
+    # H200, far beyond either spread), it is still that kernel; at 1024 another kernel: 110 < 120 x (1 - 0.2%)
+    assert "- tile=auto fp16 at 512: chose the best preset's kernel ([64, 64]; timed 28.8 and 30.0 TFLOP/s): " \
+           "ok" in lines
     assert "- tile=auto fp16 at 1024: 110.0 TFLOP/s ([128, 128]) vs the best preset 120.0 ([64, 64]), " \
            "tolerance 0.2%: FAIL" in lines
     assert res.failures == ["int8 8192: 54.9% of peak, below the goal 55%",
@@ -189,3 +190,34 @@ def test_performance_check_shares_and_exit_status(tmp_path, capsys):
     assert main(["--uri", fine.uri, "--experiment", "e", "--goal", "0.5"]) == 0
     assert main(["--uri", fine.uri, "--experiment", "e", "--goal", "0.6"]) == 1
     assert main(["--uri", fine.uri, "--experiment", "nope"]) == 2
+
+
+# ----------------------------------------------------------------------------- two generations
+def test_generations_table_and_wgmma_main_effects(tmp_path, capsys):
+    """Figures from the H200 (results/h200/generations.md, fp16 at 8192); the wgmma runs differ from
+    the default in one axis each, one in two axes (not a main effect: left out)."""
+    from experiments.performance import generations
+    tr = Tracker(f"sqlite:///{tmp_path}/g.db", "e")
+    parent = tr.start("sweep experiment=generations", {}, {"kind": "sweep", "sweep_key": "g"})
+    rows = [("mma_sync", {}, 373.6), ("cublas", {}, 626.9), ("peak", {}, 637.3),
+            ("wgmma", {"family.bn": "256", "family.consumers": "2"}, 620.2),
+            ("wgmma", {"family.bn": "128", "family.consumers": "2"}, 577.0),
+            ("wgmma", {"family.bn": "256", "family.consumers": "1"}, 575.0),
+            ("wgmma", {"family.bn": "128", "family.consumers": "1"}, 500.0)]
+    for fam, opts, thr in rows:
+        params = {"family": fam, "precision": "fp16", **opts,
+                  **({"spec.mma": "m16n8k16"} if fam == "peak" else {f"problem.{d}": 8192 for d in "mnk"})}
+        rid = tr.start(f"{fam} {opts}", params, {**GPU, "throughput_unit": "TFLOP/s", "kernel": f"{fam}{opts}"},
+                       parent)
+        tr.log(rid, {"throughput": thr})
+        tr.end(rid)
+    tr.end(parent)
+    lines = generations(tr.uri, "e").splitlines()
+    assert ("| fp16 | 8192 | 373.6 TFLOP/s | 620.2 TFLOP/s | 626.9 TFLOP/s | 637.3 TFLOP/s | 58.6% | 97.3% | "
+            "0.99 |") in lines
+    effects = [line for line in lines if line.startswith("| fp16 | 8192 | ") and "default" in line]
+    assert effects == ["| fp16 | 8192 | bn | 128 (default 256) | 577.0 TFLOP/s | 0.93 |",
+                       "| fp16 | 8192 | consumers | 1 (default 2) | 575.0 TFLOP/s | 0.93 |"]
+    assert main(["--generations", "--uri", tr.uri, "--experiment", "e", "--out", str(tmp_path / "g.md")]) == 0
+    assert (tmp_path / "g.md").read_text().splitlines() == lines
+    assert main(["--generations", "--uri", tr.uri, "--experiment", "e", "--sweep", "nope"]) == 2

@@ -36,7 +36,8 @@ THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
 # ~2e6 mma, one chain step per unit
 NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
-COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM = 1 << 30, 4, 4
+NO_FP8_MMA_SYNC = (90,)    # SASS of mma.sync .e4m3 on sm_90: F2FP.F16.E4M3.UNPACK_B + HMMA.16816 (no QMMA)
+COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM, COPY_CACHE = 1 << 30, 8, 2, ("", ".cs")
 
 
 def _mma_rule(precision, p, arch):
@@ -47,6 +48,10 @@ def _mma_rule(precision, p, arch):
         return f"mma={p['mma']} is not valid with precision={precision}; valid: auto, {', '.join(shapes)}"
     if sm_of(arch) < MMA_TYPES[precision][4]:
         return f"mma.sync with {precision} needs sm_{MMA_TYPES[precision][4]} or later, not {arch}"
+    if precision.startswith("fp8") and sm_of(arch) in NO_FP8_MMA_SYNC:
+        return (f"{arch} has no tensor-core instruction for mma.sync on fp8 (ptxas converts to f16 for "
+                "HMMA), and with the loop's constant operands it computes the product once and adds it in "
+                "a loop of FADDs: no ceiling to measure; the fp16 peak bounds these kernels")
     return None
 
 
@@ -132,7 +137,7 @@ class PeakFamily(Family):
                 return Build("none", "", spec.entry)
             src = render_template("peak_mma.ptx.j2", kind="copy", entry=spec.entry, T=THREADS,
                                   version="%d.%d" % ARCHS[spec.arch].min_ptx, arch=spec.arch,
-                                  unroll=COPY_UNROLL,
+                                  unroll=COPY_UNROLL, ld_cache=COPY_CACHE[0], st_cache=COPY_CACHE[1],
                                   vec=[[f"%v{4 * j + i}" for i in range(4)] for j in range(COPY_UNROLL)])
             return Build("ptx", src, spec.entry)
         ptype, bits, acc, _, _, min_ptx = MMA_TYPES[spec.precision]
