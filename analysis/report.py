@@ -116,6 +116,17 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
                   f"controls), R^2 = {res.r2:.3f}:", "",
                   tables.markdown(tables.regression_table(res.regression, labels))]
     lines.append("")
+    side = tables.beside_study(ok_runs(d), reference)
+    if not side.empty:
+        side.to_csv(out / f"beside_study{suffix}.csv", index=False)
+        files.append(out / f"beside_study{suffix}.csv")
+        lines += ["### The study's kernels beside ours", "",
+                  "Each kernel relative to the study's WMMA baseline of its precision at the same N, as the "
+                  "study reports its results: ours on this GPU, and the study's published numbers on its "
+                  "own. 'MMA emulated here' says whether the SASS of ours lacks the tensor-core MMA of its "
+                  "type (tag mma_native): then the comparison is about ptxas' emulation, not the tensor "
+                  "cores.", "",
+                  tables.markdown(side), ""]
     if spec is not None:
         t = claims_mod.evaluate(spec, d, reference)
         t.to_csv(out / f"claims{suffix}.csv", index=False)

@@ -64,6 +64,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("study_kernel", "param", "study_kernel", "str", "the study's name of this kernel (study presets)"),
     Column("study_kernel", "tag", "study_kernel", "str", "the same, where the record carries it as a tag"),
     Column("family", "param", "family", "str", "kernel family: mma_sync (default), wmma, dp4a, cublas, ..."),
+    Column("mma_native", "tag", "mma_native", "str",
+           "true / false / unknown: the SASS holds the element type's tensor-core MMA (false: emulated)"),
     Column("m", "param", "problem.m", "int", "rows of A and C"),
     Column("n", "param", "problem.n", "int", "columns of B and C"),
     Column("k", "param", "problem.k", "int", "inner dimension"),

@@ -5,7 +5,8 @@ import math
 
 import pandas as pd
 
-__all__ = ["markdown", "fmt", "correlation_table", "williams_table", "regression_table", "results_pivot"]
+__all__ = ["markdown", "fmt", "correlation_table", "williams_table", "regression_table", "results_pivot",
+           "beside_study"]
 
 
 def fmt(v, digits: int = 3) -> str:
@@ -65,3 +66,37 @@ def results_pivot(d: pd.DataFrame) -> pd.DataFrame:
     p = d.pivot_table(index="label", columns="size", values="throughput", aggfunc="max", observed=True)
     p.columns = [f"N={c}" for c in p.columns]
     return p.reset_index().rename(columns={"label": "kernel"})
+
+
+def beside_study(d: pd.DataFrame, reference: pd.DataFrame | None) -> pd.DataFrame:
+    """The study's kernels as it reports them, relative to its WMMA baseline of the same precision
+    (``<precision>_wmma``) at each N, beside ours measured the same way: study kernel | N | ours
+    (throughput, its unit) | ours vs WMMA | published vs WMMA | MMA emulated here (tag mma_native:
+    "yes" when the SASS holds no tensor-core MMA of the type). ``d``: verified runs of one GPU (tidy
+    table of :mod:`analysis.runs`); ``reference``: the study's tidy table (None: published column '-').
+    Rows only for runs that carry a study kernel name; '-' where a baseline or number is missing."""
+    cols = ["study kernel", "N", "ours", "ours vs WMMA", "published vs WMMA", "MMA emulated here"]
+    ours = d[d["study_kernel"].notna()] if "study_kernel" in d else d.iloc[0:0]
+    if ours.empty:
+        return pd.DataFrame(columns=cols)
+
+    def by(df):
+        return {(r.study_kernel, int(r.n)): float(r.throughput) for r in df.itertuples()
+                if isinstance(r.study_kernel, str) and r.throughput == r.throughput}
+    mine = by(ours)
+    pub = by(reference) if reference is not None and not reference.empty else {}
+    rows = []
+    for r in ours.sort_values(["study_kernel", "n"]).itertuples():
+        n, base = int(r.n), f"{r.precision}_wmma"
+        native = getattr(r, "mma_native", None)
+        rows.append([r.study_kernel, n, f"{r.throughput:.3g} {r.throughput_unit}",
+                     _relative(mine, r.study_kernel, base, n), _relative(pub, r.study_kernel, base, n),
+                     {"false": "yes", "true": "no"}.get(native, "-")])
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _relative(table: dict, kernel: str, base: str, n: int) -> float | None:
+    """table[kernel, n] / table[base, n], None when either is missing."""
+    if (kernel, n) in table and (base, n) in table and table[base, n]:
+        return table[kernel, n] / table[base, n]
+    return None

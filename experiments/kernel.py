@@ -96,7 +96,7 @@ def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, lis
         sub = copy.deepcopy(cfg)
         s = group[0][1].spec
         with read_write(sub):
-            sub.tile.block, sub.tile.warps = [s.bm, s.bn], [s.warps_m, s.warps_n]
+            sub.tile.block, sub.tile.warps, sub.tile.group_m = [s.bm, s.bn], [s.warps_m, s.warps_n], s.group_m
             if cfg.problem.shapes:
                 sub.problem.shapes = [list(shape) for shape, _ in group]
             else:

@@ -16,7 +16,7 @@ from math import prod
 
 from .spec_rules import RULES, Axis, Geometry, Rule, choose, make_axes, preset_tiles, valid_ktiles
 from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES,
-                          PRECISIONS, ArchLimits, Precision)
+                          PRECISIONS, ArchLimits, Precision, tile_group_m)
 
 __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
            "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
@@ -354,17 +354,20 @@ class AutoTile:
 
 def auto_tile(cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None = None,
               tiles: dict | None = None) -> AutoTile:
-    """tile=auto: the block tile and warps of the composed config ``cfg`` for an M x N x K problem
-    on a GPU of ``sms`` SMs, among ``tiles`` (name -> (BM, BN, WM, WN); default the presets of
-    conf/tile/): of the presets that make a valid kernel with the config's other keys and fit the
-    size (multiples of BM, BN; no tails), the one of least :func:`tile_cost`; ties go to the larger
-    tile, then the taller (BM), then fewer threads, then the name.
+    """tile=auto: the block tile and warps of the composed config ``cfg`` for an M x N x K problem on a
+    GPU of ``sms`` SMs, among ``tiles`` (name -> (BM, BN, WM, WN); default the presets of conf/tile/,
+    each with its own ``group_m`` where the preset sets one, as ``tile=<preset>`` would): of the presets
+    that make a valid kernel with the config's other keys and fit the size (multiples of BM, BN; no
+    tails), the one of least :func:`tile_cost`; ties go to the larger tile, then the taller (BM), then
+    fewer threads, then the name.
 
     Raises SpecError when no preset fits, with each preset's reason."""
     from omegaconf import OmegaConf
     fits, why = [], []
+    group_m = tile_group_m()
     for name, (bm, bn, wm, wn) in (tiles or preset_tiles()).items():
-        c = OmegaConf.merge(cfg, {"tile": {"block": [bm, bn], "warps": [wm, wn]}})
+        c = OmegaConf.merge(cfg, {"tile": {"block": [bm, bn], "warps": [wm, wn],
+                                           **({"group_m": group_m[name]} if name in group_m else {})}})
         try:
             s = spec_from_config(c, gpu_cc)
             s.check_problem(m, n, k)

@@ -117,3 +117,10 @@ def tile_presets() -> dict:
         c = OmegaConf.load(path)
         out[path.stem] = (int(c.block[0]), int(c.block[1]), int(c.warps[0]), int(c.warps[1]))
     return out
+
+
+def tile_group_m() -> dict:
+    """The presets of ``conf/tile/*.yaml`` that set ``group_m``: name -> group_m (e.g. l4_32x64: 1)."""
+    from omegaconf import OmegaConf
+    return {path.stem: int(c.group_m) for path in sorted(_TILE_DIR.glob("*.yaml"))
+            if "group_m" in (c := OmegaConf.load(path))}

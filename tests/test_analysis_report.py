@@ -122,3 +122,26 @@ def test_speedup_against_a_named_baseline(ncu_runs):
     assert set(table["baseline"]) == {"int4_ptx_mma_k32"} and len(table) == 25        # 5 kernels x 5 sizes
     fig, note = speedup_vs_baseline(ncu_runs, baseline="no_such_kernel")
     assert fig is None and note.startswith("baseline 'no_such_kernel' has no measured run")
+
+
+def test_study_kernels_beside_ours_relative_to_wmma():
+    """Ours and the study's, each relative to its own <precision>_wmma at the same N (H200 int4
+    figures of results/h200/l4_run3_int4 and the study's published ratio 4.27 at 8192)."""
+    import pandas as pd
+
+    from analysis.tables import beside_study
+    ours = pd.DataFrame({"study_kernel": ["int4_wmma", "int4_ptx_mma_k64", "int4_ptx_mma_k64", "int8_dp4a"],
+                         "precision": ["int4", "int4", "int4", "int8"], "n": [8192, 8192, 512, 8192],
+                         "throughput": [31.9, 49.9, 30.9, 108.0], "throughput_unit": ["TOP/s"] * 4,
+                         "mma_native": ["false", "false", "false", None]})
+    ref = pd.DataFrame({"study_kernel": ["int4_wmma", "int4_ptx_mma_k64"], "precision": ["int4", "int4"],
+                        "n": [8192, 8192], "throughput": [10.0, 42.7]})
+    t = beside_study(ours, ref)
+    assert list(t.columns) == ["study kernel", "N", "ours", "ours vs WMMA", "published vs WMMA",
+                               "MMA emulated here"]
+    rows = {(r[0], r[1]): r[2:] for r in t.itertuples(index=False)}
+    assert rows["int4_ptx_mma_k64", 8192] == ("49.9 TOP/s", 49.9 / 31.9, 42.7 / 10.0, "yes")
+    missing = lambda v: v != v  # noqa: E731 - NaN in the table, '-' in markdown
+    assert all(map(missing, rows["int4_ptx_mma_k64", 512][1:3]))   # no WMMA run at 512 on either side
+    assert all(map(missing, rows["int8_dp4a", 8192][1:3])) and rows["int8_dp4a", 8192][3] == "-"
+    assert beside_study(ours.drop(columns="study_kernel"), ref).empty

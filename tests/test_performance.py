@@ -118,7 +118,9 @@ def test_static_run_of_tile_auto_builds_one_kernel_per_tile(tmp_path):
     got = sorted((r.data.params["tile.block"], r.data.params["tile.warps"], r.data.params["problem.sizes"],
                   r.data.tags["kernel"]) for r in runs)
     assert got == [("[256, 128]", "[4, 2]", "[8192]", "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_256x128_w4x2_g8"),
-                   ("[32, 64]", "[2, 4]", "[512]", "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_32x64_w2x4_g8")]
+                   # the preset's own group_m (l4_32x64: 1), as tile=l4_32x64 gives: with the config's 8
+                   # instead, tile=auto at 512 was 4-6 % slower than that preset on an H200
+                   ("[32, 64]", "[2, 4]", "[512]", "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_32x64_w2x4_g1")]
     for r in runs:
         assert r.data.tags["outcome"] == "static" and r.data.tags["backend"] == "static"
         assert r.data.tags["tile_auto"] == "true" and r.data.params["tile.auto"] == "True"
