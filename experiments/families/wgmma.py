@@ -16,8 +16,8 @@ tiles b, b + grid, ...; ``order`` maps a linear tile index to (tile row, tile co
 
 Sources: PTX ISA 9.0, 9.7.15 (wgmma.mma_async, its shared-memory matrix descriptor and the D
 register fragments), 9.7.9.25.5 (cp.async.bulk.tensor), 9.7.13.15 (mbarrier), 9.7.19.6 (setmaxnreg);
-CUDA Driver API, cuTensorMapEncodeTiled. The launch path (tensor maps through CuPy) follows a probe
-verified on an H200 (shared/reference/wgmma_probe).
+CUDA Driver API, cuTensorMapEncodeTiled (the map goes to CuPy's RawKernel by value, as a size-1 numpy
+array of a 128-byte dtype).
 """
 from __future__ import annotations
 
