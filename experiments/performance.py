@@ -1,5 +1,6 @@
-"""Performance check of one sweep: the best mma_sync kernel against cuBLAS and the GPU's peak per
-precision and size, and tile=auto against the best tile preset (conf/experiment/h200_performance.yaml).
+"""Performance check of one sweep: the best mma_sync kernel against cuBLAS and the GPU's peak.
+
+Per precision and size, and tile=auto against the best tile preset (conf/experiment/h200_performance.yaml).
 
     python -m experiments.performance [--uri URI] [--experiment NAME] [--sweep latest|RUN_ID]
                                       [--goal 0.8] [--out results/h200/performance.md]
@@ -29,7 +30,7 @@ from .record import PEAK
 from .report import AT_MAX, CLOCK, _fmt
 from .track import StoreError, Tracker, resolve_uri
 
-__all__ = ["Check", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
+__all__ = ["Check", "NothingMeasured", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
 
 GOAL_SIZE = 8192                   # N at which every precision must reach the goal share of peak
 AUTO_SIZES = (512, 1024, 2048)     # N at which tile=auto must match the best preset
@@ -47,6 +48,24 @@ class Check:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+
+class NothingMeasured(RuntimeError):
+    """The sweep holds no verified GPU run to compare; the message says what it holds."""
+
+
+def _holdings(tr: Tracker, parent: str) -> str:
+    """What the sweep ``parent`` holds, e.g. 'sweep 1a2b... (experiment=generations): 37 static, 3
+    skipped'."""
+    runs = tr.client.search_runs([tr.experiment_id], f"tags.mlflow.parentRunId = '{parent}'",
+                                 max_results=50000)
+    counts: dict = {}
+    for r in runs:
+        o = r.data.tags.get("outcome", r.info.status.lower())
+        counts[o] = counts.get(o, 0) + 1
+    name = tr.client.get_run(parent).info.run_name or ""
+    what = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no runs"
+    return f"sweep {parent} ({name}): {what}"
 
 
 def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
@@ -82,11 +101,15 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
     """Compare and check the verified runs of ``sweep`` (a parent run id or "latest") of the store
     ``uri``; ``goal``: the share of peak (0..1) every precision must reach at N = :data:`GOAL_SIZE`.
 
-    Read-only. Raises StoreError when the store, experiment or sweep does not exist."""
+    Read-only. Raises StoreError when the store, experiment or sweep does not exist, NothingMeasured
+    when the sweep holds no verified run to compare (the message says what it holds)."""
     tr = Tracker(uri, experiment, create=False)
     parent = sweep_run(tr, sweep)
     runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
             if "throughput" in r.data.metrics]
+    if not any(family_of(r) != PEAK and "problem.m" in r.data.params for r in runs):
+        raise NothingMeasured(f"no verified GEMM run in {_holdings(tr, parent)}. The check reads a sweep "
+                              "measured on a GPU, e.g. `python run.py -m experiment=h200_performance`.")
     groups: dict = {}
     for r in runs:
         p = r.data.params
@@ -176,12 +199,16 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     axis: per precision and size, each value's best throughput divided by that of the family's default
     value, over the runs that differ from the default in that axis alone.
 
-    Read-only. Raises StoreError when the store, experiment or sweep does not exist."""
+    Read-only. Raises StoreError when the store, experiment or sweep does not exist, NothingMeasured
+    when the sweep holds no verified run to compare (the message says what it holds)."""
     from .families import get
     tr = Tracker(uri, experiment, create=False)
     parent = sweep_run(tr, sweep)
     runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
             if "throughput" in r.data.metrics and "problem.m" in r.data.params]
+    if not any(family_of(r) == WGMMA for r in runs):
+        raise NothingMeasured(f"no verified wgmma run in {_holdings(tr, parent)}. --generations reads a "
+                              "sweep of `python run.py -m experiment=generations` measured on a GPU.")
     groups: dict = {}
     for r in runs:
         p = r.data.params
@@ -233,29 +260,23 @@ def main(argv=None) -> int:
     ap.add_argument("--generations", action="store_true",
                     help="the mma.sync / wgmma table (experiment=generations) instead of the check")
     args = ap.parse_args(argv)
-    if args.generations:
-        try:
-            text = generations(resolve_uri(args.uri, create=False), args.experiment, args.sweep)
-        except StoreError as exc:
-            print(f"Store error: {exc}", file=sys.stderr)
-            return 2
-        print(text)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text)
-        return 0
     try:
-        res = check(resolve_uri(args.uri, create=False), args.experiment, args.sweep, args.goal)
+        uri = resolve_uri(args.uri, create=False)
+        res = (Check(generations(uri, args.experiment, args.sweep)) if args.generations
+               else check(uri, args.experiment, args.sweep, args.goal))
     except StoreError as exc:
         print(f"Store error: {exc}", file=sys.stderr)
+        return 2
+    except NothingMeasured as exc:
+        print(f"Nothing to compare{f', {args.out} left as it is' if args.out else ''}: {exc}",
+              file=sys.stderr)
         return 2
     print(res.markdown)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(res.markdown)
-    if not res.shares:
-        print("No verified GEMM run in this sweep: nothing to check.", file=sys.stderr)
-        return 2
+    if args.generations:
+        return 0
     print("Performance check: " + ("passed" if res.ok else "FAILED: " + "; ".join(res.failures)))
     return 0 if res.ok else 1
 

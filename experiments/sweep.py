@@ -201,10 +201,13 @@ class SweepCallback(Callback):
 
     def _benchmark(self) -> str | None:
         """The performance check of this sweep (``benchmark``); returns why it failed, or None."""
-        from .performance import check
+        from .performance import NothingMeasured, check
         tracker = get_tracker(self.uri, self.experiment)
         parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
-        res = check(self.uri, self.experiment, parent, float(self.benchmark.get("goal", 0.8)))
+        try:
+            res = check(self.uri, self.experiment, parent, float(self.benchmark.get("goal", 0.8)))
+        except NothingMeasured as exc:       # every GEMM run failed or was skipped
+            return f"Performance check: {exc}"
         print(res.markdown, flush=True)
         if out := self.benchmark.get("out"):
             Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -57,11 +57,15 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     elif uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
         return uri
     else:
-        folder = uri[len("file:"):].lstrip("/") if uri.startswith("file:") else uri
+        folder = Path(uri[len("file:"):] if uri.startswith("file:") else uri)
+        folder = folder if folder.is_absolute() else (base / folder).resolve()
+        if folder.suffix in (".db", ".sqlite", ".sqlite3"):        # the path of a SQLite file
+            raise StoreError(f"the tracking URI {uri} is a path, which MLflow reads as a file store; the "
+                             f"SQLite file there is sqlite:///{folder}")
         raise StoreError(
-            f"tracking.uri={uri} is a file store; MLflow 3 keeps runs in a database store. Use a SQLite "
-            f"file instead, e.g. tracking.uri=sqlite:///{Path(folder).name or 'mlruns'}.db (relative to "
-            "the current folder), or a tracking server (http://host:port).")
+            f"the tracking URI {uri} is a file store; MLflow 3 keeps runs in a database store. Use a SQLite "
+            f"file instead, e.g. sqlite:///{folder.with_name(folder.name + '.db')}, or a tracking server "
+            "(http://host:port).")
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"

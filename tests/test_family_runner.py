@@ -67,6 +67,11 @@ def test_family_options_are_typed(override, text):
     (("family=wmma", "precision=fp8_e4m3"), "family=wmma: no WMMA GEMM for precision=fp8_e4m3; "
                                             "valid: fp16, bf16, int8, int4"),
     (("family=peak", "precision=int8", "family.copy=memcpy"), "family=peak copy=memcpy applies to precision=copy"),
+    # no fp8 tensor-core instruction for mma.sync there: a register-only loop folds into FADDs
+    (("family=peak", "precision=fp8_e4m3", "target.arch=sm_90"), "sm_90 has no tensor-core instruction for "
+                                                                 "mma.sync on fp8"),
+    (("family=peak", "precision=fp8_e4m3", "target.arch=sm_100"), "sm_100 has no tensor-core instruction for "
+                                                                  "mma.sync on fp8"),
 ])
 def test_impossible_family_combinations_name_the_valid_values(overrides, text):
     with pytest.raises(SpecError) as err:

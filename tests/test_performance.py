@@ -223,3 +223,44 @@ def test_generations_table_and_wgmma_main_effects(tmp_path, capsys):
     assert main(["--generations", "--uri", tr.uri, "--experiment", "e", "--out", str(tmp_path / "g.md")]) == 0
     assert (tmp_path / "g.md").read_text().splitlines() == lines
     assert main(["--generations", "--uri", tr.uri, "--experiment", "e", "--sweep", "nope"]) == 2
+
+
+def test_nothing_measured_leaves_the_results_file_alone(tmp_path, capsys):
+    """A sweep of static runs (no GPU) must not overwrite a committed table with an empty one."""
+    tr = Tracker(f"sqlite:///{tmp_path}/s.db", "e")
+    parent = tr.start("sweep experiment=generations", {}, {"kind": "sweep", "sweep_key": "s"})
+    for i in range(3):
+        rid = tr.start(f"static {i}", {"family": "wgmma", "precision": "fp16"},
+                       {"backend": "static", "outcome": "static"}, parent)
+        tr.end(rid)
+    tr.end(parent)
+    out = tmp_path / "generations.md"
+    out.write_text("measured before\n")
+    for extra in (["--generations"], []):
+        assert main([*extra, "--uri", tr.uri, "--experiment", "e", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"Nothing to compare, {out} left as it is: no verified" in err
+        assert f"sweep {parent} (sweep experiment=generations): 3 static" in err
+    assert out.read_text() == "measured before\n"
+    # a measured sweep without wgmma runs is not a generations sweep
+    other = perf_store(tmp_path)
+    assert main(["--generations", "--uri", other.uri, "--experiment", "e"]) == 2
+    assert "no verified wgmma run in sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
+def test_preset_builds_the_kernels_of_its_published_table(precision):
+    """experiment=h200_performance reproduces results/h200/performance.md: its kernel at N = 8192 is
+    the one the table lists (the settings at the top of the preset are the measured best)."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments.config import register
+    from experiments.spec import spec_from_config
+    register()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=h200_performance", "variant=h200_perf_best",
+                                            f"precision={precision}"])
+    entry = spec_from_config(cfg, 90).entry
+    rows = [r for r in (ROOT / "results/h200/performance.md").read_text().splitlines()
+            if r.startswith(f"| {precision} | 8192x8192x8192 |")]
+    assert len(rows) == 1 and f"| {entry} |" in rows[0], (entry, rows)

@@ -36,12 +36,23 @@ def test_remote_uris_kept(uri, tmp_path):
     assert resolve_uri(uri, base=tmp_path) == uri
 
 
-@pytest.mark.parametrize("uri", ["mlruns", "/data/mlruns", "file:./mlruns", "file:///data/mlruns"])
-def test_file_store_is_refused_with_the_sqlite_uri_to_use(uri, tmp_path):
-    with pytest.raises(StoreError, match=r"file store; MLflow 3 keeps runs in a database store\. "
-                                         r"Use a SQLite file instead, e.g\. tracking\.uri=sqlite:///mlruns\.db"):
+@pytest.mark.parametrize("uri, db", [("mlruns", "{tmp}/mlruns.db"), ("/data/mlruns", "/data/mlruns.db"),
+                                     ("file:./mlruns", "{tmp}/mlruns.db"), ("file:///data/mlruns", "/data/mlruns.db")])
+def test_file_store_is_refused_with_the_sqlite_uri_to_use(uri, db, tmp_path):
+    with pytest.raises(StoreError) as err:
         resolve_uri(uri, base=tmp_path)
+    assert "file store; MLflow 3 keeps runs in a database store. Use a SQLite file instead, e.g. " \
+           f"sqlite:///{db.format(tmp=tmp_path)}, or a tracking server" in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("uri", ["/tmp/foo/bar.db", "outputs/mlflow.db"])
+def test_plain_path_of_a_sqlite_file_gets_its_uri(uri, tmp_path):
+    """A path to the .db file itself: the advice is that file's own URI (it used to name another)."""
+    with pytest.raises(StoreError) as err:
+        resolve_uri(uri, base=tmp_path)
+    path = uri if uri.startswith("/") else f"{tmp_path}/{uri}"
+    assert str(err.value).endswith(f"the SQLite file there is sqlite:///{path}")
 
 
 def test_env_used_when_uri_is_none(monkeypatch, tmp_path):

@@ -36,7 +36,8 @@ THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
 # ~2e6 mma, one chain step per unit
 NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
-NO_FP8_MMA_SYNC = (90,)    # SASS of mma.sync .e4m3 on sm_90: F2FP.F16.E4M3.UNPACK_B + HMMA.16816 (no QMMA)
+# archs whose SASS of mma.sync .e4m3 is F2FP.F16.E4M3.UNPACK_B + HMMA.16816, no QMMA (ptxas 13.0)
+NO_FP8_MMA_SYNC = (90, 100)
 COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM, COPY_CACHE = 1 << 30, 8, 2, ("", ".cs")
 
 
