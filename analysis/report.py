@@ -204,8 +204,13 @@ def main(argv=None) -> Report:
     except RunsError as exc:
         raise SystemExit(f"Cannot read the runs: {exc}") from None
     if df.empty:
-        raise SystemExit(f"No runs in experiment {args.experiment!r} (sweep {args.sweep}, filter "
-                         f"{args.filter}) of {df.attrs['uri']}: nothing to report.")
+        every = load_runs(args.uri, args.experiment, args.sweep, args.filter, backends=None)
+        which = f"sweep {every.attrs['sweep']}" if every.attrs.get("sweep") else "the experiment"
+        held = every["outcome"].value_counts().to_dict() if not every.empty else {}
+        what = ", ".join(f"{n} {o}" for o, n in sorted(held.items())) or "no runs"
+        raise SystemExit(f"Nothing to report: {which} of experiment {args.experiment!r} in {df.attrs['uri']} "
+                         f"(filter {args.filter}) holds no run measured on a GPU ({what}). Static runs are "
+                         "rendered and assembled only; run the sweep on a GPU, then report.")
     study = args.study
     if study == "auto":
         study = "l4" if df["study_kernel"].notna().any() else "none"

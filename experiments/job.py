@@ -21,7 +21,7 @@ from rich.console import Console
 
 from . import record, track
 from .compare import relate
-from .families.runner import family_name
+from .families.runner import MMA_SYNC, family_name
 from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
                      tile_is_auto)
 from .render import render
@@ -116,8 +116,26 @@ def _backend_tag(cfg) -> str:
     return "static" if value(cfg.backend) == "static" or nvml_gpu() is None else "gpu"
 
 
+# keys of the mma_sync family (its axes are root keys); other families take family.* options
+MMA_SYNC_KEYS = ("ktile", "mma", "acc", "b_layout", "tile", "loader", "pipeline", "cache")
+
+
+def ignored_keys(overrides: str, family: str) -> list[str]:
+    """The keys among the job's command-line ``overrides`` (space-separated ``key=value``) that only
+    the mma_sync family reads, when ``family`` is another one: they would change nothing."""
+    if family == MMA_SYNC:
+        return []
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides.split()]
+    return [k for k in keys if k.split(".", 1)[0] in MMA_SYNC_KEYS]
+
+
 def _run(cfg, job: _Job) -> dict:
     check_settings(cfg)
+    if ignored := ignored_keys(job.overrides, family_name(cfg)):
+        one = len(ignored) == 1
+        console.print(f"{job.label} [yellow]note:[/] {', '.join(ignored)} appl{'ies' if one else 'y'} to "
+                      f"family=mma_sync only; family={family_name(cfg)} ignores {'it' if one else 'them'} "
+                      "(its options are family.*, see `python run.py --help`)")
     backend = value(cfg.backend)
     gpu = None
     if backend != "static":

@@ -89,6 +89,10 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
             key = (gpu, p.get("precision", "?"), size, fam)
             if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
                 best[key] = r
+    if not best and not peaks:
+        static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
+        return (f"No run in {uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
+                "assembled only): nothing to compare.\n")
     order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
     out = [f"Families by precision and size; store: {uri}", ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):

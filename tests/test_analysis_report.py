@@ -114,6 +114,21 @@ def test_report_errors_name_the_problem(store, tmp_path):
         report.main(["--uri", store["uri"], "--experiment", "x", "--out", str(tmp_path)])
 
 
+def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_path):
+    """It said 'No runs in experiment ... (sweep latest)' of a sweep that had static runs."""
+    from experiments.track import Tracker
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "tensor-core-ablations")
+    parent = tr.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
+    for i in range(2):
+        tr.end(tr.start(f"static {i}", {"precision": "int8"}, {"backend": "static", "outcome": "static"}, parent))
+    tr.end(parent)
+    with pytest.raises(SystemExit) as err:
+        report.main(["--uri", tr.uri, "--sweep", "latest", "--out", str(tmp_path / "r")])
+    assert str(err.value).startswith(f"Nothing to report: sweep {parent} of experiment 'tensor-core-ablations'")
+    assert "holds no run measured on a GPU (2 static)" in str(err.value)
+    assert not (tmp_path / "r").exists()
+
+
 def test_speedup_against_a_named_baseline(ncu_runs):
     from analysis.figures import speedup_table, speedup_vs_baseline
     table, note = speedup_table(ncu_runs, baseline="int4_ptx_mma_k32")

@@ -359,3 +359,12 @@ def test_config_schema_lists_every_family():
     assert pickle.loads(pickle.dumps(cfg)).family.block.value == "128x128"
     assert sorted(p.stem for p in (ROOT / "conf" / "family").glob("*.yaml")) == sorted(
         ("mma_sync",) + families.names())
+
+
+def test_mma_sync_keys_given_to_another_family_are_named():
+    """`family=wgmma ktile=16 tile=64x64 pipeline.stages=7` built the default wgmma kernel silently."""
+    from experiments.job import ignored_keys
+    over = "family=wgmma ktile=16 tile=64x64 pipeline.stages=7 +cache.op=ca precision=fp16 family.bn=128"
+    assert ignored_keys(over, "wgmma") == ["ktile", "tile", "pipeline.stages", "cache.op"]
+    assert ignored_keys(over, "mma_sync") == []
+    assert ignored_keys("family=peak precision=int8 problem.sizes=[512]", "peak") == []

@@ -37,3 +37,13 @@ def test_results_table_shows_the_sm_clock_of_runs_timed_with_it(tmp_path):
     assert lines[2].endswith("| status | SM clock MHz | at max clock |")
     assert lines[4:] == ["| NVIDIA H200 | k0 | 8192x8192x8192 | 3353.4 | 328.2 TFLOP/s | 1.8% | verified | - | - |",
                          "| NVIDIA H200 | k2 | 8192x8192x8192 | 3353.4 | 328.2 TFLOP/s | 1.8% | verified | 1785 | 364.0 |"]
+
+
+def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):
+    """It printed a bare header (a new user's static sweep): now one line saying why there is nothing."""
+    from experiments.report import families_table
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    for _ in range(3):
+        tr.end(tr.start("wgmma fp16", {"family": "wgmma"}, {"backend": "static"}))
+    assert families_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 3 static run(s) "
+                                           "(rendered and assembled only): nothing to compare.\n")
