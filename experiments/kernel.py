@@ -18,7 +18,7 @@ from .assemble import SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble, sa
 from .families.runner import (MMA_SYNC, NvccError, family_name, family_shapes, family_spec, resources,
                               sass_subject)
 from .render import ptx_sha256
-from .spec import KernelSpec, SpecError, auto_tile, spec_from_config
+from .spec import KernelSpec, SpecError, auto_tile, misfit_message, spec_from_config
 from .timing import tflops
 from .toolchain import toolchain_tags
 
@@ -128,10 +128,9 @@ def _check_shapes(spec: KernelSpec, shapes) -> None:
         try:
             spec.check_problem(m, n, k)
         except SpecError as exc:
-            bad.append(f"{m}x{n}x{k}: {str(exc).split(': ', 1)[-1]}")
+            bad.append(((m, n, k), exc))
     if bad:
-        raise SpecError(f"{len(bad)} of {len(shapes)} problem sizes do not fit {spec.entry}: "
-                        + " | ".join(bad))
+        raise SpecError(misfit_message(spec.entry, shapes, bad, (spec.bm, spec.bn, spec.ktile)))
 
 
 def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) -> dict:

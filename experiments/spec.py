@@ -9,6 +9,7 @@ in each rule.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -20,14 +21,36 @@ from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, 
 
 __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
            "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
-           "resolve_arch", "value", "AutoTile", "auto_tile", "tile_cost", "sm_count", "SM_COUNTS",
-           "DEFAULT_SMS"]
+           "resolve_arch", "value", "misfit_message", "NO_TAILS_ADVICE", "AutoTile", "auto_tile", "tile_cost",
+           "sm_count", "SM_COUNTS", "DEFAULT_SMS"]
 
 _HINT = {"none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 
 
 class SpecError(ValueError):
     """An axis value that cannot exist; the message names key, value and the valid values."""
+
+
+NO_TAILS_ADVICE = ". Choose problem sizes that are multiples of the block tile."
+
+
+def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None = None) -> str:
+    """One message for the problem sizes ``bad`` ([(M, N, K), reason]) of ``shapes`` that kernel
+    ``entry`` cannot run: each size with its reason (the kernel's name and the advice said once),
+    then, given the kernel's ``multiples`` (BM, BN, BK), the square sizes that fit: multiples of
+    their least common multiple L, each requested size rounded up to one."""
+    lines = []
+    for (m, n, k), why in bad:
+        why = str(why).removeprefix(f"{entry} handles no tails: ").removesuffix(NO_TAILS_ADVICE)
+        lines.append(f"{m}x{n}x{k} ({why})")
+    text = f"{len(bad)} of {len(shapes)} problem sizes do not fit {entry}: " + "; ".join(lines)
+    if multiples:
+        lcm = math.lcm(*multiples)
+        fit = sorted({-(-max(shape) // lcm) * lcm for shape in shapes})
+        tile = ", ".join(map(str, multiples))
+        text += (f". Square sizes must be multiples of {lcm} (BM, BN, BK = {tile}), "
+                 f"e.g. problem.sizes=[{','.join(map(str, fit))}]")
+    return text
 
 
 @dataclass(frozen=True)
@@ -89,8 +112,7 @@ class KernelSpec(Geometry):
                for name, v, name_t, t in (("M", m, "BM", self.bm), ("N", n, "BN", self.bn),
                                           ("K", k, "BK", self.ktile)) if v <= 0 or v % t]
         if bad:
-            raise SpecError(f"{self.entry} handles no tails: " + "; ".join(bad)
-                            + ". Choose problem sizes that are multiples of the block tile.")
+            raise SpecError(f"{self.entry} handles no tails: " + "; ".join(bad) + NO_TAILS_ADVICE)
         if max(m, n) * k * self.prec.bits // 8 >= 2 ** 32 or m * n * 4 >= 2 ** 40:
             raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}")
 
@@ -363,22 +385,31 @@ def auto_tile(cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None = None,
 
     Raises SpecError when no preset fits, with each preset's reason."""
     from omegaconf import OmegaConf
-    fits, why = [], []
+    fits, why, sizes = [], [], []
     group_m = tile_group_m()
     for name, (bm, bn, wm, wn) in (tiles or preset_tiles()).items():
         c = OmegaConf.merge(cfg, {"tile": {"block": [bm, bn], "warps": [wm, wn],
                                            **({"group_m": group_m[name]} if name in group_m else {})}})
         try:
             s = spec_from_config(c, gpu_cc)
-            s.check_problem(m, n, k)
         except SpecError as exc:
             why.append(f"{name}: {exc}")
+            continue
+        try:
+            s.check_problem(m, n, k)
+        except SpecError:
+            sizes.append((math.lcm(s.bm, s.bn, s.ktile), name))
             continue
         cost, b, blocks = tile_cost(s, m, n, sms)
         if b:
             fits.append(AutoTile(name, s, cost, b, blocks))
         else:
             why.append(f"{name}: one block does not fit an SM")
+    if not fits and sizes:
+        lcm, name = min(sizes)
+        raise SpecError(f"tile=auto: no tile preset fits {m}x{n}x{k}: M and N must be multiples of a "
+                        "preset's BM and BN, and K of BK; the smallest square sizes a preset takes are "
+                        f"multiples of {lcm} ({name}), e.g. problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]")
     if not fits:
         raise SpecError(f"tile=auto: no tile preset fits {m}x{n}x{k} with this configuration: "
                         + " | ".join(why))

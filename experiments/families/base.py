@@ -198,6 +198,11 @@ class Family:
     def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
         """Raise SpecError unless this kernel handles an M x N x K problem (default: any)."""
 
+    def multiples(self, spec: FamilySpec) -> tuple[int, int, int] | None:
+        """(BM, BN, BK): what M, N and K must be multiples of, for the advice on sizes that do not
+        fit; None (the default) where the kernel takes any size or has no such rule."""
+        return None
+
     def threads(self, spec: FamilySpec) -> int:
         """Threads per block of the built kernel (for ptxas' occupancy); 0 for a library call."""
         return 0

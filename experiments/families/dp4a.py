@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..spec import NO_TAILS_ADVICE
 from .base import Build, Family, FamilySpec, Prepared, SpecError, parse_pair, render_template
 
 __all__ = ["Dp4aFamily", "BK"]
@@ -32,8 +33,11 @@ class Dp4aFamily(Family):
         bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
                (("M", m, "BM", bm), ("N", n, "BN", bn), ("K", k, "BK", BK)) if v <= 0 or v % t]
         if bad:
-            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}. Choose problem sizes "
-                            "that are multiples of the block tile.")
+            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}{NO_TAILS_ADVICE}")
+
+    def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
+        """(BM, BN, BK) of the block tile."""
+        return (*parse_pair(spec.p["block"]), BK)
 
     def threads(self, spec: FamilySpec) -> int:
         return THREADS

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..assemble import Assembly, PtxasError, PtxasMissing, assemble
-from ..spec import PRECISIONS, SpecError, resolve_arch
+from ..spec import PRECISIONS, SpecError, misfit_message, resolve_arch
 from . import get
 from .base import Build, Family, FamilySpec
 
@@ -65,10 +65,9 @@ def family_shapes(fam: Family, spec: FamilySpec, shapes: list) -> list:
         try:
             fam.check_problem(spec, m, n, k)
         except SpecError as exc:
-            bad.append(f"{m}x{n}x{k}: {exc}")
+            bad.append(((m, n, k), exc))
     if bad:
-        raise SpecError(f"{len(bad)} of {len(shapes)} problem sizes do not fit {spec.entry}: "
-                        + " | ".join(bad))
+        raise SpecError(misfit_message(spec.entry, shapes, bad, fam.multiples(spec)))
     return shapes
 
 

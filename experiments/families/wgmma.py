@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import ARCHS
+from ..spec import NO_TAILS_ADVICE
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
 
 __all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
@@ -131,8 +132,12 @@ class WgmmaFamily(Family):
         bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
                (("M", m, "BM", g["BM"]), ("N", n, "BN", g["BN"]), ("K", k, "BK", g["BK"])) if v <= 0 or v % t]
         if bad:
-            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}. Choose problem sizes "
-                            "that are multiples of the block tile.")
+            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}{NO_TAILS_ADVICE}")
+
+    def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
+        """(BM, BN, BK) of the block tile."""
+        g = geometry(spec.precision, spec.p)
+        return g["BM"], g["BN"], g["BK"]
 
     def threads(self, spec: FamilySpec) -> int:
         """128 x (consumers + 1 with a producer warpgroup)."""

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from ..spec import NO_TAILS_ADVICE
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, parse_pair, render_template
 
 __all__ = ["WmmaFamily", "f16_accumulation_rtol", "TYPES"]
@@ -103,8 +104,12 @@ class WmmaFamily(Family):
         bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
                (("M", m, "BM", g["BM"]), ("N", n, "BN", g["BN"]), ("K", k, "BK", g["BK"])) if v <= 0 or v % t]
         if bad:
-            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}. Choose problem sizes "
-                            "that are multiples of the block tile.")
+            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}{NO_TAILS_ADVICE}")
+
+    def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
+        """(BM, BN, BK) of the block tile."""
+        g = _geometry(spec.precision, spec.p)
+        return g["BM"], g["BN"], g["BK"]
 
     def threads(self, spec: FamilySpec) -> int:
         """32 x WM x WN."""
