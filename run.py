@@ -35,6 +35,36 @@ def main(cfg) -> None:
         raise SystemExit(f"Cannot run: {exc}") from None
 
 
+def check_override_keys(argv: list) -> str | None:
+    """The message for a command-line override whose key the config does not have (a misspelling such
+    as ``ktil=32``, or ``family.foo=1`` for the chosen family), naming the valid keys; None when all
+    keys exist. Hydra's own message for these suggests appending the key with '+'."""
+    from pathlib import Path
+
+    from experiments.config import MMA_SYNC, Config, family_schema
+    groups = {d.name for d in (Path(__file__).parent / "conf").iterdir() if d.is_dir()} - {"hydra", "ncu"}
+    known = set(OmegaConf.structured(Config).keys()) | groups
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), MMA_SYNC)
+    for arg in overrides:
+        key = arg.split("=", 1)[0]
+        if key.startswith(("+", "~", "hydra")) or "/" in key:
+            continue
+        top, _, rest = key.partition(".")
+        if top not in known:
+            return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
+                    "(python run.py --help lists them with their values).")
+        if top == "family" and rest and family != MMA_SYNC and "," not in family and "*" not in family:
+            try:
+                options = [f for f in family_schema(family).__dataclass_fields__ if f != "name"]
+            except KeyError:        # an unknown family: Hydra names the valid ones
+                continue
+            if rest.split(".")[0] not in options:
+                return (f"family={family} has no option {rest!r} ({arg!r}); valid options: "
+                        f"{', '.join(options)}")
+    return None
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt(signum)
 
@@ -42,15 +72,19 @@ def _terminate(signum, frame):
 if __name__ == "__main__":
     from experiments.track import abort_open_runs
     signal.signal(signal.SIGTERM, _terminate)
+    if problem := check_override_keys(sys.argv[1:]):
+        print(problem, file=sys.stderr)
+        sys.exit(2)
     try:
         main()
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C must not cut the cleanup
         term = exc.args == (signal.SIGTERM,)
-        ended, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
+        ended, sweeps, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
+        sweep = "; the sweep is marked KILLED" if sweeps else ""
         print(f"\nInterrupted: {kept} run(s) finished in this command are kept; {ended} run(s) in progress "
-              "marked KILLED. Run the same command again to resume (finished runs are skipped).",
-              file=sys.stderr, flush=True)
+              f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "
+              "runs are skipped, the sweep continues).", file=sys.stderr, flush=True)
         sys.exit(143 if term else 130)
     finally:
         abort_open_runs("FAILED", "the command ended without closing this run")

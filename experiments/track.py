@@ -326,14 +326,15 @@ def get_tracker(uri: str, experiment: str) -> Tracker:
     return _TRACKERS[(uri, experiment)]
 
 
-def abort_open_runs(status: str, reason: str) -> tuple[int, int]:
+def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
     """End every run this process started and has not ended (children first, then parents; a parent
     without children is deleted instead, so no empty parent stays).
 
-    Returns (runs ended, runs FINISHED by this process before). Used on Ctrl-C, SIGTERM and crashes,
-    so that no run is left RUNNING; errors of an unreachable store are ignored.
+    Returns (measurement runs ended, sweep parents ended, runs FINISHED by this process before). Used
+    on Ctrl-C, SIGTERM and crashes, so that no run is left RUNNING; errors of an unreachable store are
+    ignored.
     """
-    ended = finished = 0
+    ended = sweeps = finished = 0
     for tr in _TRACKERS.values():
         finished += tr.finished
         parents = set(tr.parents.values())
@@ -347,7 +348,10 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int]:
                     tr.log(rid, tags={"outcome": "interrupted" if status == "KILLED" else "failed",
                                       "mlflow.note.content": f"Not finished: {reason}."})
                 tr.end(rid, status, reason)
-                ended += 1
+                if rid in parents:
+                    sweeps += 1
+                else:
+                    ended += 1
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
-    return ended, finished
+    return ended, sweeps, finished

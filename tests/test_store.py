@@ -114,6 +114,9 @@ def test_ctrl_c_keeps_what_finished_and_a_rerun_resumes_under_the_same_parent(tm
     assert 3 <= len(done) < 24
     assert all(c.data.tags["skip_reason"] == "interrupted by Ctrl-C" and c.data.tags["outcome"] == "interrupted"
                for c in children if c.info.status == "KILLED")
+    # the count is of measurement runs; the sweep's parent is said apart (it was counted as a run in progress)
+    killed = len([c for c in children if c.info.status == "KILLED"])
+    assert f"{killed} run(s) in progress marked KILLED (outcome=interrupted); the sweep is marked KILLED" in out
 
     rc, out = run_cli(tmp_path, *args)
     assert rc == 0, out

@@ -269,11 +269,11 @@ def test_abort_open_runs_ends_everything_this_process_started(tmp_path, monkeypa
     done = tr.start("done", {}, {}, parent)
     tr.end(done)
     running = tr.start("running", {}, {}, parent)
-    assert track.abort_open_runs("KILLED", "interrupted by Ctrl-C") == (2, 1)
+    assert track.abort_open_runs("KILLED", "interrupted by Ctrl-C") == (1, 1, 1)    # a run, the sweep; 1 kept
     for rid, status in ((parent, "KILLED"), (running, "KILLED"), (done, "FINISHED")):
         assert tr.client.get_run(rid).info.status == status
     assert tr.client.get_run(running).data.tags["skip_reason"] == "interrupted by Ctrl-C"
-    assert track.abort_open_runs("FAILED", "x") == (0, 1)      # nothing left open
+    assert track.abort_open_runs("FAILED", "x") == (0, 0, 1)      # nothing left open
 
 
 def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
