@@ -107,7 +107,9 @@ def triage(runs: list, gpu: str | None, rerun: bool) -> tuple[list, list]:
     for r in runs:
         t, status = r.data.tags, r.info.status
         err = (t.get("error") or "").splitlines()[:1]
-        if t.get("backend") != "gpu":
+        if t.get("outcome") == "skipped":
+            why = f"skipped (cannot exist: {t.get('skip_reason', '?')[:80]}): never measured"
+        elif t.get("backend") != "gpu":
             why = f"backend={t.get('backend', '?')}: never measured on a GPU"
         elif status != "FINISHED" or t.get("verified") != "true":
             why = (f"not verified (status {status}, verified={t.get('verified', 'unknown')}"

@@ -256,8 +256,17 @@ def family_run_name(spec, axes, size: tuple[int, int, int] | None = None) -> str
         m, n, k = size
         parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
     p = spec.p
-    parts += [spec.family, spec.precision] + [str(p[a]) for a in axes if a != "precision" and a in p]
+    parts += [spec.family, spec.precision]
+    parts += [_axis_label(a, p[a]) for a in axes if a != "precision" and a in p]
     return " ".join(parts)
+
+
+def _axis_label(axis: str, value) -> str:
+    """A value in a run name: text as it is (``128x128``, ``s32``); a number or a switch says its axis
+    (``bn256``, ``producer``, ``no_persistent``), so that bare numbers and true/false stay readable."""
+    if str(value) in ("true", "false") or isinstance(value, bool):
+        return axis if str(value).lower() == "true" else f"no_{axis}"
+    return f"{axis}{value}" if isinstance(value, int) else str(value)
 
 
 def family_params(flat_config: dict, family: str, spec_flat: dict) -> dict:

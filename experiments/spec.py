@@ -24,6 +24,7 @@ __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchL
            "resolve_arch", "value", "misfit_message", "NO_TAILS_ADVICE", "AutoTile", "auto_tile", "tile_cost",
            "sm_count", "SM_COUNTS", "DEFAULT_SMS"]
 
+_COPY_HINT = " (copy is the peak family's copy bandwidth: family=peak precision=copy)"
 _HINT = {"none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 
 
@@ -125,7 +126,7 @@ _DOMAINS = {"loader_a": ("loader.a", LOADERS), "loader_b": ("loader.b", LOADERS)
 def _validate(s: KernelSpec) -> None:
     err = (choose("precision", s.precision, list(PRECISIONS)) or choose("target.arch", s.arch, list(ARCHS)))
     if err:
-        raise SpecError(err)
+        raise SpecError(err + _COPY_HINT * (s.precision == "copy"))
     if s.acc == "auto":
         object.__setattr__(s, "acc", s.prec.acc)
     for attr, (key, dom) in _DOMAINS.items():
@@ -275,7 +276,8 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
     """
     p = PRECISIONS.get(value(cfg.precision))
     if p is None:
-        raise SpecError(choose("precision", value(cfg.precision), list(PRECISIONS)))
+        raise SpecError(choose("precision", value(cfg.precision), list(PRECISIONS))
+                        + _COPY_HINT * (value(cfg.precision) == "copy"))
     ktile, mma = int(cfg.ktile), str(cfg.mma)
     if mma == "auto":
         fits = [k for k in p.mma_k if ktile % k == 0]

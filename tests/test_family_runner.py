@@ -48,7 +48,8 @@ def test_family_group_selects_typed_options():
     cfg = _compose("family=peak", "precision=copy", "family.copy=memcpy")
     assert family_spec(cfg, 90)[1].entry == "peak_copy_bytes1073741824_copymemcpy"
     with pytest.raises(SpecError, match=r"precision=copy is not valid; valid values: fp16, bf16, int8, int4, "
-                                        r"fp8_e4m3, fp8_e5m2"):
+                                        r"fp8_e4m3, fp8_e5m2 \(copy is the peak family's copy bandwidth: "
+                                        r"family=peak precision=copy\)"):
         spec_from_config(_compose("precision=copy"), 90)
 
 
@@ -105,6 +106,12 @@ def test_run_names_and_params():
     assert record.family_run_name(spec, axes, (1024, 1024, 1024)) == "1024 wmma int8 s32 128x128 2x4"
     peak = families.get("peak").spec("int4", {}, "sm_90")
     assert record.family_run_name(peak, tuple(families.get("peak").axes)) == "peak int4 m16n8k64"
+    # numbers and switches say their axis (a wgmma name was 'wgmma fp8_e4m3 256 2 true 4 128 true grouped')
+    wg = families.get("wgmma").spec("fp8_e4m3", {"persistent": "true"}, "sm_90a")
+    assert record.family_run_name(wg, tuple(families.get("wgmma").axes), (8192,) * 3) == (
+        "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages4 swizzle128 persistent grouped")
+    wg = families.get("wgmma").spec("fp16", {"producer": "false"}, "sm_90a")
+    assert "no_producer" in record.family_run_name(wg, tuple(families.get("wgmma").axes))
     flat = {"precision": "int8", "ktile": "32", "tile.block": "[256, 128]", "family.name": "wmma",
             "family.block": "128x128", "problem.sizes": "[512]", "timing.batches": "10"}
     params = record.family_params(flat, "wmma", spec.flat())

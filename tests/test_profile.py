@@ -476,3 +476,15 @@ def test_runs_of_registered_families(store, fake_ncu):
                                                                                       "failed", "failed"]
     assert "is a library call" in client.get_run(blas).data.tags["ncu_error"]
     assert "differs from the run's (tag ptx_sha256)" in client.get_run(stale).data.tags["ncu_error"]
+
+
+def test_triage_says_a_skipped_run_could_not_exist():
+    """--dry-run labelled skipped combinations 'backend=static: never measured on a GPU'."""
+    from types import SimpleNamespace as NS
+    skipped = NS(info=NS(status="FINISHED"), data=NS(params={}, tags={
+        "backend": "static", "outcome": "skipped", "skip_reason": "mma=m16n8k64 is not valid with precision=int8"}))
+    static = NS(info=NS(status="FINISHED"), data=NS(params={}, tags={"backend": "static", "outcome": "static"}))
+    todo, why = profile.triage([skipped, static], None, False)
+    assert todo == [] and [w for _, w in why] == [
+        "skipped (cannot exist: mma=m16n8k64 is not valid with precision=int8): never measured",
+        "backend=static: never measured on a GPU"]
