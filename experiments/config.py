@@ -71,6 +71,7 @@ class TileConf:
     warps: List[int] = field(default_factory=lambda: [4, 2])       # warps along M, along N
     group_m: int = 8            # block rasterization: block rows per group (1 = row-major)
     auto: bool = False          # tile=auto: block and warps chosen per problem size (spec.auto_tile)
+    sms: Optional[int] = None   # tile=auto plans for this many SMs (default: the GPU's own count)
 
 
 @dataclass

@@ -155,10 +155,11 @@ def _run(cfg, job: _Job) -> dict:
 def _auto_tiles(cfg, job, gpu) -> list[tuple[object, dict]]:
     """tile=auto: the configs of the tiles the sizes get (kernel.auto_tile_plans) on this GPU's SMs
     (asked of the GPU; without one, spec.sm_count's table or default), with the runs' tags."""
+    given = cfg.tile.get("sms")
     if gpu is not None:
-        sms, source = sm_count(gpu["gpu"], _device(gpu).get("sm_count"))
+        sms, source = sm_count(gpu["gpu"], _device(gpu).get("sm_count") if given is None else None, given)
     else:
-        sms, source = sm_count((nvml_gpu() or {}).get("gpu"))
+        sms, source = sm_count((nvml_gpu() or {}).get("gpu"), None, given)
     plans = auto_tile_plans(cfg, gpu["compute_capability"] if gpu else None, sms)
     chosen = "; ".join(", ".join("x".join(map(str, shape)) for shape, _ in group) + f" -> {group[0][1].name}"
                        for _, group in plans)

@@ -317,17 +317,23 @@ AUTO_GLOBAL_COST = 64.0
 AUTO_SHARED_COST = 16.0
 
 
-def sm_count(gpu_name: str | None = None, reported: int | None = None) -> tuple[int, str]:
-    """SMs of the GPU tile=auto plans for, and where the number comes from: ``reported`` (the GPU's
-    own count, CUDA's multiProcessorCount) when given, else :data:`SM_COUNTS` by ``gpu_name``, else
-    :data:`DEFAULT_SMS` (an H100 SXM or H200), saying so. Returns (SMs, source text)."""
+def sm_count(gpu_name: str | None = None, reported: int | None = None,
+             given: int | None = None) -> tuple[int, str]:
+    """SMs of the GPU tile=auto plans for, and where the number comes from: ``given`` (tile.sms) when
+    set, else ``reported`` (the GPU's own count, CUDA's multiProcessorCount), else :data:`SM_COUNTS`
+    by ``gpu_name``, else :data:`DEFAULT_SMS` (an H100 SXM or H200), saying so and how to set it.
+    Returns (SMs, source text). Raises SpecError for a ``given`` count below 1."""
+    if given is not None:
+        if int(given) < 1:
+            raise SpecError(f"tile.sms={given} is not valid: the SM count of the GPU to plan for, at least 1")
+        return int(given), "tile.sms"
     if reported:
         return int(reported), "from the GPU"
     for key, sms in SM_COUNTS.items():
         if gpu_name and key in gpu_name:
             return sms, f"table entry {key!r}"
     return DEFAULT_SMS, (f"{gpu_name!r} not in the table" if gpu_name else "no GPU") + \
-        f": assumed {DEFAULT_SMS} (H100/H200)"
+        f": assumed {DEFAULT_SMS} (H100/H200); tile.sms=N plans for another GPU"
 
 
 def _registers(s: KernelSpec) -> int:

@@ -105,7 +105,11 @@ def test_sm_count_sources():
     assert sm_count("NVIDIA H200", 132) == (132, "from the GPU")
     assert sm_count("NVIDIA L4") == (58, "table entry 'L4'")
     assert sm_count("NVIDIA H100 PCIe") == (114, "table entry 'H100 PCIe'")
-    assert sm_count(None) == (DEFAULT_SMS, "no GPU: assumed 132 (H100/H200)")
+    assert sm_count(None) == (DEFAULT_SMS, "no GPU: assumed 132 (H100/H200); tile.sms=N plans for another GPU")
+    # tile.sms wins over the GPU's own count (planning for another GPU) and is checked
+    assert sm_count("NVIDIA H200", 132, 58) == (58, "tile.sms")
+    with pytest.raises(Exception, match="tile.sms=0 is not valid"):
+        sm_count(None, None, 0)
 
 
 @pytest.mark.usefixtures("need_ptxas")
@@ -115,7 +119,8 @@ def test_static_run_of_tile_auto_builds_one_kernel_per_tile(tmp_path):
     from test_cli import all_runs, run_cli, store_args
     rc, out = run_cli(tmp_path, "tile=auto", "problem.sizes=[512,8192]", *store_args(tmp_path, multirun=False))
     assert rc == 0, out
-    assert "tile=auto on 132 SMs (no GPU: assumed 132 (H100/H200)): 512x512x512 -> l4_32x64; " \
+    assert "tile=auto on 132 SMs (no GPU: assumed 132 (H100/H200); tile.sms=N plans for another GPU): " \
+           "512x512x512 -> l4_32x64; " \
            "8192x8192x8192 -> 256x128" in out
     _, runs = all_runs(tmp_path)
     got = sorted((r.data.params["tile.block"], r.data.params["tile.warps"], r.data.params["problem.sizes"],
