@@ -18,6 +18,22 @@ OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("gpu_count", lambda: max(1, gpu_count()), use_cache=True, replace=True)
 
 
+def config_groups() -> str:
+    """The selectable config groups of conf/ and their presets, for --help (Hydra's own list also
+    shows the metric sets of the ncu step and the family schemas, which a command line cannot pick)."""
+    from pathlib import Path
+    conf = Path(__file__).parent / "conf"
+    lines = []
+    for group in ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher"):
+        names = sorted(f.stem for f in (conf / group).glob("*.yaml")) if (conf / group).is_dir() else []
+        if names:
+            lines.append(f"{group}: {', '.join(names)}")
+    return "\n".join(lines) + "\n"
+
+
+OmegaConf.register_new_resolver("config_groups", config_groups, use_cache=True, replace=True)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
     from experiments.config import Config

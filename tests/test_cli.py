@@ -205,6 +205,10 @@ def test_help(tmp_path):
     for name in presets:
         assert name in tile_line.split(": ", 1)[1].split(", "), tile_line
     assert "python run.py -m precision=int4,int8 ktile=32,64" in out
+    # only groups a command line can select (not the ncu metric sets, not the family schemas)
+    groups = out.split("== Config groups (presets) ==", 1)[1].split("== Config ", 1)[0]
+    assert [line.split(":")[0] for line in groups.strip().splitlines()] == [
+        "family", "tile", "problem", "experiment", "variant", "hydra/launcher"]
     assert list(tmp_path.iterdir()) == []
 
 
