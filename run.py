@@ -6,6 +6,7 @@ re-running the same command resumes: finished runs are skipped, new ones join th
 import os
 import signal
 import sys
+from enum import Enum
 
 import hydra
 from omegaconf import OmegaConf
@@ -72,12 +73,18 @@ def check_override_keys(argv: list) -> str | None:
                     "(python run.py --help lists them with their values).")
         if top == "family" and rest and family != MMA_SYNC and "," not in family and "*" not in family:
             try:
-                options = [f for f in family_schema(family).__dataclass_fields__ if f != "name"]
+                fields = {k: f for k, f in family_schema(family).__dataclass_fields__.items() if k != "name"}
             except KeyError:        # an unknown family: Hydra names the valid ones
                 continue
-            if rest.split(".")[0] not in options:
+            if rest.split(".")[0] not in fields:
                 return (f"family={family} has no option {rest!r} ({arg!r}); valid options: "
-                        f"{', '.join(options)}")
+                        f"{', '.join(fields)}")
+            kind, value = fields[rest].type, arg.split("=", 1)[1]
+            if isinstance(kind, type) and issubclass(kind, Enum) and "(" not in value:
+                valid = [m.name for m in kind]
+                if bad := [v for v in value.split(",") if v not in valid]:
+                    return (f"family={family} {rest}={bad[0]} is not valid ({arg!r}); valid: "
+                            f"{', '.join(valid)}")
     return None
 
 

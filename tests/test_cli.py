@@ -143,6 +143,10 @@ def test_unknown_option_of_the_chosen_family_names_its_options(tmp_path):
     assert ("family=wgmma has no option 'foo' ('family.foo=1'); valid options: bn, consumers, producer, "
             "stages, swizzle, persistent, order") in out
     assert not (tmp_path / "mlflow.db").exists()
+    # a value outside the option's own values names them (OmegaConf's message did not)
+    rc, out = run_cli(tmp_path, "-m", "family=wgmma", "family.bn=128,256.0", *store_args(tmp_path, new_store=True))
+    assert rc == 2 and "family=wgmma bn=256.0 is not valid ('family.bn=128,256.0'); valid: 256, 192, 128, 64" in out
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_impossible_single_run_fails_with_the_reason(tmp_path):
