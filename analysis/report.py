@@ -12,6 +12,7 @@ kernel, no baseline) gets a sentence saying why instead of a number.
 from __future__ import annotations
 
 import argparse
+import sys
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -199,18 +200,21 @@ def main(argv=None) -> Report:
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")                    # files only: no display needed
+    from experiments.track import StoreError
     try:
         df = load_runs(args.uri, args.experiment, args.sweep, args.filter)
-    except RunsError as exc:
+    except (RunsError, StoreError) as exc:
         raise SystemExit(f"Cannot read the runs: {exc}") from None
     if df.empty:
         every = load_runs(args.uri, args.experiment, args.sweep, args.filter, backends=None)
         which = f"sweep {every.attrs['sweep']}" if every.attrs.get("sweep") else "the experiment"
         held = every["outcome"].value_counts().to_dict() if not every.empty else {}
         what = ", ".join(f"{n} {o}" for o, n in sorted(held.items())) or "no runs"
-        raise SystemExit(f"Nothing to report: {which} of experiment {args.experiment!r} in {df.attrs['uri']} "
-                         f"(filter {args.filter}) holds no run measured on a GPU ({what}). Static runs are "
-                         "rendered and assembled only; run the sweep on a GPU, then report.")
+        where = f" (filter {args.filter})" if args.filter else ""
+        print(f"Nothing to report: {which} of experiment {args.experiment!r} in {df.attrs['uri']}{where} "
+              f"holds no run measured on a GPU ({what}). Static runs are rendered and assembled only; run "
+              "the sweep on a GPU, then report.", file=sys.stderr)
+        raise SystemExit(2)
     study = args.study
     if study == "auto":
         study = "l4" if df["study_kernel"].notna().any() else "none"

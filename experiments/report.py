@@ -12,6 +12,7 @@ pct_of_peak and its speedups over the baselines (experiments.compare), and the p
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .track import StoreError, Tracker, resolve_uri
@@ -120,7 +121,8 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
+    """The command line; returns the exit status (2: nothing measured, the --out file untouched)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default="tensor-core-ablations")
@@ -134,11 +136,15 @@ def main(argv=None) -> None:
         text = table(resolve_uri(args.uri, create=False), args.experiment)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
+    if text.startswith("No run in "):          # nothing measured: a results file is not overwritten
+        print(text + (f"{args.out} left as it is.\n" if args.out else ""), end="", file=sys.stderr)
+        return 2
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -57,11 +57,13 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     elif uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
         return uri
     else:
-        folder = Path(uri[len("file:"):] if uri.startswith("file:") else uri)
+        folder = Path(uri[len("file:"):] if uri.startswith("file:") else uri).expanduser()
         folder = folder if folder.is_absolute() else (base / folder).resolve()
+        if (folder / "mlflow.db").is_file():                          # a folder that holds the store
+            folder = folder / "mlflow.db"
         if folder.suffix in (".db", ".sqlite", ".sqlite3"):        # the path of a SQLite file
-            raise StoreError(f"the tracking URI {uri} is a path, which MLflow reads as a file store; the "
-                             f"SQLite file there is sqlite:///{folder}")
+            raise StoreError(f"the tracking URI {uri} is a path, which MLflow reads as a file store; as a "
+                             f"SQLite store it is sqlite:///{folder}")
         raise StoreError(
             f"the tracking URI {uri} is a file store; MLflow 3 keeps runs in a database store. Use a SQLite "
             f"file instead, e.g. sqlite:///{folder.with_name(folder.name + '.db')}, or a tracking server "

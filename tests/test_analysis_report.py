@@ -114,7 +114,7 @@ def test_report_errors_name_the_problem(store, tmp_path):
         report.main(["--uri", store["uri"], "--experiment", "x", "--out", str(tmp_path)])
 
 
-def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_path):
+def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_path, capsys):
     """It said 'No runs in experiment ... (sweep latest)' of a sweep that had static runs."""
     from experiments.track import Tracker
     tr = Tracker(f"sqlite:///{tmp_path}/m.db", "tensor-core-ablations")
@@ -124,9 +124,13 @@ def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_
     tr.end(parent)
     with pytest.raises(SystemExit) as err:
         report.main(["--uri", tr.uri, "--sweep", "latest", "--out", str(tmp_path / "r")])
-    assert str(err.value).startswith(f"Nothing to report: sweep {parent} of experiment 'tensor-core-ablations'")
-    assert "holds no run measured on a GPU (2 static)" in str(err.value)
-    assert not (tmp_path / "r").exists()
+    said = capsys.readouterr().err
+    assert err.value.code == 2 and not (tmp_path / "r").exists()
+    assert (f"Nothing to report: sweep {parent} of experiment 'tensor-core-ablations' in {tr.uri} holds no run "
+            "measured on a GPU (2 static)") in said
+    # a plain path to the store: the advice, not a traceback
+    with pytest.raises(SystemExit, match=r"Cannot read the runs: .* as a SQLite store it is sqlite:///"):
+        report.main(["--uri", str(tmp_path / "m.db"), "--out", str(tmp_path / "r")])
 
 
 def test_speedup_against_a_named_baseline(ncu_runs):

@@ -47,3 +47,17 @@ def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):
         tr.end(tr.start("wgmma fp16", {"family": "wgmma"}, {"backend": "static"}))
     assert families_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 3 static run(s) "
                                            "(rendered and assembled only): nothing to compare.\n")
+
+
+def test_nothing_measured_leaves_the_out_file_alone(tmp_path, capsys):
+    """`python -m experiments.report --by-family --out results/h200/baselines.md` on a store of static
+    runs replaced the committed table by one line; now it exits 2 and leaves the file."""
+    from experiments.report import main
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr.end(tr.start("int8 bk64", {}, {"backend": "static"}))
+    out = tmp_path / "baselines.md"
+    out.write_text("measured before\n")
+    for extra in (["--by-family"], []):
+        assert main(["--uri", tr.uri, "--experiment", "e", "--out", str(out), *extra]) == 2
+        assert "was measured on a GPU yet: 1 static run(s)" in capsys.readouterr().err
+    assert out.read_text() == "measured before\n"

@@ -52,7 +52,17 @@ def test_plain_path_of_a_sqlite_file_gets_its_uri(uri, tmp_path):
     with pytest.raises(StoreError) as err:
         resolve_uri(uri, base=tmp_path)
     path = uri if uri.startswith("/") else f"{tmp_path}/{uri}"
-    assert str(err.value).endswith(f"the SQLite file there is sqlite:///{path}")
+    assert str(err.value).endswith(f"as a SQLite store it is sqlite:///{path}")
+
+
+def test_path_of_a_folder_holding_the_store_or_under_home(tmp_path, monkeypatch):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mlflow.db").write_bytes(b"")
+    with pytest.raises(StoreError, match=f"as a SQLite store it is sqlite:///{tmp_path}/runs/mlflow.db$"):
+        resolve_uri(str(tmp_path / "runs"), base=tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(StoreError, match=f"as a SQLite store it is sqlite:///{tmp_path}/m.db$"):
+        resolve_uri("~/m.db", base=tmp_path / "elsewhere")
 
 
 def test_env_used_when_uri_is_none(monkeypatch, tmp_path):
