@@ -53,38 +53,78 @@ def main(cfg) -> None:
 
 
 def check_override_keys(argv: list) -> str | None:
-    """The message for a command-line override whose key the config does not have (a misspelling such
-    as ``ktil=32``, or ``family.foo=1`` for the chosen family), naming the valid keys; None when all
-    keys exist. Hydra's own message for these suggests appending the key with '+'."""
+    """The message for a command-line override the config cannot take, naming what it can; None when
+    every override is fine. Caught here, before Hydra (whose message suggests adding the key with '+',
+    which would only hide the typo): a key the config does not have (``ktil=32``, ``pipeline.stage=3``,
+    also with '+'), an option the chosen family does not have (``family=wgmma family.foo=1``) or a
+    value outside its values (``family.bn=100``), a family option in a sweep over several families,
+    and a value that is not an integer for an integer key (``ktile=32.5``)."""
+    import dataclasses
+    import re
+    import typing
     from pathlib import Path
 
-    from experiments.config import MMA_SYNC, Config, family_schema
+    from experiments.config import MMA_SYNC, Config
+    from experiments.spec_tables import KTILES
     groups = {d.name for d in (Path(__file__).parent / "conf").iterdir() if d.is_dir()} - {"hydra", "ncu"}
-    known = set(OmegaConf.structured(Config).keys()) | groups
+    nodes = {f.name: f.type for f in dataclasses.fields(Config)}
+    known = set(nodes) | groups
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), MMA_SYNC)
     for arg in overrides:
-        key = arg.split("=", 1)[0]
-        if key.startswith(("+", "~", "hydra")) or "/" in key:
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key.startswith("hydra") or "/" in key:
             continue
         top, _, rest = key.partition(".")
         if top not in known:
             return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
-                    "(python run.py --help lists them with their values).")
-        if top == "family" and rest and family != MMA_SYNC and "," not in family and "*" not in family:
-            try:
-                fields = {k: f for k, f in family_schema(family).__dataclass_fields__.items() if k != "name"}
-            except KeyError:        # an unknown family: Hydra names the valid ones
-                continue
-            if rest.split(".")[0] not in fields:
-                return (f"family={family} has no option {rest!r} ({arg!r}); valid options: "
-                        f"{', '.join(fields)}")
-            kind, value = fields[rest].type, arg.split("=", 1)[1]
-            if isinstance(kind, type) and issubclass(kind, Enum) and "(" not in value:
-                valid = [m.name for m in kind]
-                if bad := [v for v in value.split(",") if v not in valid]:
-                    return (f"family={family} {rest}={bad[0]} is not valid ({arg!r}); valid: "
-                            f"{', '.join(valid)}")
+                    "(python run.py --help shows them with their defaults).")
+        node = typing.get_type_hints(Config).get(top)
+        if rest and dataclasses.is_dataclass(node):
+            fields = {f.name: f.type for f in dataclasses.fields(node)}
+            if rest not in fields:
+                valid = ", ".join(f"{top}.{k}" for k in fields)
+                return f"{top} has no key {rest!r} ({arg!r}); valid: {valid}"
+            kind = typing.get_type_hints(node)[rest]
+        elif top == "family" and rest:
+            problem = _check_family_option(family, rest, value, arg)
+            if problem:
+                return problem
+            continue
+        else:
+            kind = typing.get_type_hints(Config).get(top)
+        if kind in (int, typing.Optional[int]) and "(" not in value:
+            bad = [v for v in value.split(",") if not re.fullmatch(r"-?\d+|null", v.strip())]
+            if bad:
+                valid = f"; valid: {', '.join(map(str, KTILES))}" if key == "ktile" else ""
+                return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"
+    return None
+
+
+def _check_family_option(family: str, option: str, value: str, arg: str) -> str | None:
+    """check_override_keys for ``family.<option>=<value>`` with the chosen ``family``."""
+    from experiments.config import MMA_SYNC, family_schema
+    from experiments.families import names
+    if "," in family or "*" in family or "(" in family:
+        owners = [n for n in names() if option.split(".")[0] in family_schema(n).__dataclass_fields__]
+        return (f"{arg!r} sets an option of {', '.join(owners) or 'no family'} in a sweep over several "
+                f"families ({family}): each job's family takes only its own options; sweep the families "
+                "separately (or put the option in a variant per family)")
+    try:
+        fields = {k: f for k, f in family_schema(family).__dataclass_fields__.items() if k != "name"}
+    except KeyError:        # an unknown family: Hydra names the valid ones
+        return None
+    if option.split(".")[0] not in fields:
+        owners = [n for n in names() if option.split(".")[0] in family_schema(n).__dataclass_fields__]
+        options = ", ".join(fields) or f"none, family={MMA_SYNC} is set by the root keys"
+        also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
+        return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"
+    kind = fields[option].type
+    if isinstance(kind, type) and issubclass(kind, Enum) and "(" not in value:
+        valid = [m.name for m in kind]
+        if bad := [v for v in value.split(",") if v not in valid]:
+            return f"family={family} {option}={bad[0]} is not valid ({arg!r}); valid: {', '.join(valid)}"
     return None
 
 

@@ -135,7 +135,10 @@ def _run(cfg, job: _Job) -> dict:
         one = len(ignored) == 1
         console.print(f"{job.label} [yellow]note:[/] {', '.join(ignored)} appl{'ies' if one else 'y'} to "
                       f"family=mma_sync only; family={family_name(cfg)} ignores {'it' if one else 'them'} "
-                      "(its options are family.*, see `python run.py --help`)")
+                      f"(its options are family.*: `python run.py family={family_name(cfg)} --help`)")
+    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) == MMA_SYNC:
+        console.print(f"{job.label} [yellow]note:[/] tile.sms plans tile=auto only; with a fixed tile it "
+                      "changes nothing")
     backend = value(cfg.backend)
     gpu = None
     if backend != "static":

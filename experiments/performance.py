@@ -260,6 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--generations", action="store_true",
                     help="the mma.sync / wgmma table (experiment=generations) instead of the check")
     args = ap.parse_args(argv)
+    if not 0 < args.goal <= 1:
+        ap.error(f"--goal {args.goal} is a share of the peak: a number in (0, 1], e.g. 0.8")
     try:
         uri = resolve_uri(args.uri, create=False)
         res = (Check(generations(uri, args.experiment, args.sweep)) if args.generations

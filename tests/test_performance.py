@@ -272,3 +272,12 @@ def test_preset_builds_the_kernels_of_its_published_table(precision):
     rows = [r for r in (ROOT / "results/h200/performance.md").read_text().splitlines()
             if r.startswith(f"| {precision} | 8192x8192x8192 |")]
     assert len(rows) == 1 and f"| {entry} |" in rows[0], (entry, rows)
+
+
+def test_goal_outside_a_share_and_tile_sms_without_auto_are_said(tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["--goal", "1.5"])
+    assert err.value.code == 2 and "--goal 1.5 is a share of the peak: a number in (0, 1]" in capsys.readouterr().err
+    from test_cli import run_cli, store_args
+    rc, out = run_cli(tmp_path, "tile.sms=58", *store_args(tmp_path, multirun=False))
+    assert rc == 0 and "note: tile.sms plans tile=auto only; with a fixed tile it changes nothing" in out

@@ -299,14 +299,15 @@ def test_study_preset_static_view_with_sass_and_the_emulation_note(tmp_path):
         assert c.data.metrics["registers"] > 0
 
 
-@pytest.mark.parametrize("args, text", [
-    (["+foo=bar", "precision=int8"], "Unknown config key(s): foo (added with '+'?). Valid top-level keys: acc,"),
-    (["backend=gpu"], "Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static"),
-    (["pipeline.stages=20"], "sm_90 allows 232448: valid pipeline.stages here: 1..7 (or reduce ktile or tile.block)"),
+@pytest.mark.parametrize("args, text, code", [
+    (["+foo=bar", "precision=int8"], "Unknown key 'foo' in '+foo=bar'. Valid top-level keys: acc,", 2),
+    (["backend=gpu"], "Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static",
+     1),
+    (["pipeline.stages=20"], "sm_90 allows 232448: valid pipeline.stages here: 1..7 (or reduce ktile or tile.block)", 1),
 ])
-def test_bad_input_stops_before_any_run(tmp_path, args, text):
+def test_bad_input_stops_before_any_run(tmp_path, args, text, code):
     rc, out = run_cli(tmp_path, *args, *store_args(tmp_path, False))
-    assert rc == 1 and text in out and "Traceback" not in out, out
+    assert rc == code and text in out and "Traceback" not in out, out
     assert all_runs(tmp_path) == ([], [])
 
 
