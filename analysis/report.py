@@ -194,7 +194,8 @@ def main(argv=None) -> Report:
                     help="the study's CSVs, when the store has no reference experiment")
     ap.add_argument("--baseline", default=None, help="kernel, study kernel or family for the speedup figure")
     ap.add_argument("--out", default=None,
-                    help="output folder (default outputs/reports/<sweep or experiment>)")
+                    help="output folder (default outputs/reports/<sweep or experiment>), or a .md file "
+                         "(the figures and tables then go to the folder of its name beside it)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
     args = ap.parse_args(argv)
@@ -230,15 +231,24 @@ def main(argv=None) -> Report:
     name = args.sweep and df.attrs["sweep"] or _slug(args.experiment)
     from experiments.track import PROJECT_ROOT
     out = Path(args.out) if args.out else PROJECT_ROOT / "outputs" / "reports" / str(name)
+    single = out.suffix == ".md"            # --out results/h200/l4_claims.md: figures in l4_claims/
+    folder = out.with_suffix("") if single else out
     title = f"Report: {args.experiment}" + (f", sweep {df.attrs['sweep']}" if df.attrs["sweep"] else "")
-    rep = write_report(df, out, title, spec, reference, args.baseline, args.n_boot)
-    print(f"Report written: {out / 'report.md'}")
+    rep = write_report(df, folder, title, spec, reference, args.baseline, args.n_boot)
+    if single:
+        (folder / "report.md").unlink()
+        out.write_text(re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({folder.name}/{m.group(1)})", rep.text))
+        rep.files = [f for f in rep.files if f.name != "report.md"] + [out]
+    print(f"Report written: {out if single else out / 'report.md'}")
     parents = df["parent_run_id"].dropna().unique()
     if args.no_log:
         pass
     elif len(parents) == 1:
         import mlflow
-        mlflow.MlflowClient(tracking_uri=df.attrs["uri"]).log_artifacts(parents[0], str(out), "report")
+        client = mlflow.MlflowClient(tracking_uri=df.attrs["uri"])
+        client.log_artifacts(parents[0], str(folder), "report")
+        if single:
+            client.log_artifact(parents[0], str(out), "report")
         print(f"Logged to parent run {parents[0]} (artifacts/report/).")
     else:
         print(f"Not logged: the runs belong to {len(parents)} sweeps; pass --sweep to log to one parent run.")

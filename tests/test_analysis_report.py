@@ -91,6 +91,16 @@ def test_report_on_sweep_with_ncu_and_failed_members(store, tmp_path):
     assert rep.out_dir == out
 
 
+def test_report_to_a_markdown_file_keeps_its_figures_beside_it(store, tmp_path):
+    """--out results/h200/l4_claims.md: the report is that file, its figures and tables in l4_claims/."""
+    out = tmp_path / "l4_claims.md"
+    report.main(["--uri", store["uri"], "--sweep", store["ncu"], "--out", str(out), "--n-boot", "50",
+                 "--study", "none", "--no-log"])
+    text = out.read_text()
+    assert "](l4_claims/throughput_vs_size.png)" in text and _png(tmp_path / "l4_claims" / "throughput_vs_size.png")
+    assert (tmp_path / "l4_claims" / "runs.csv").is_file() and not (tmp_path / "l4_claims" / "report.md").exists()
+
+
 def test_report_without_ncu_says_what_it_cannot_answer(store, tmp_path):
     df = load_runs(store["uri"], sweep=store["plain"])
     rep = report.write_report(df, tmp_path, "plain", n_boot=100)
