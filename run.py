@@ -106,8 +106,8 @@ def _check_family_option(family: str, option: str, value: str, arg: str) -> str 
     """check_override_keys for ``family.<option>=<value>`` with the chosen ``family``."""
     from experiments.config import MMA_SYNC, family_schema
     from experiments.families import names
+    owners = [n for n in names() if option.split(".")[0] in family_schema(n).__dataclass_fields__]
     if "," in family or "*" in family or "(" in family:
-        owners = [n for n in names() if option.split(".")[0] in family_schema(n).__dataclass_fields__]
         return (f"{arg!r} sets an option of {', '.join(owners) or 'no family'} in a sweep over several "
                 f"families ({family}): each job's family takes only its own options; sweep the families "
                 "separately (or put the option in a variant per family)")
@@ -116,7 +116,6 @@ def _check_family_option(family: str, option: str, value: str, arg: str) -> str 
     except KeyError:        # an unknown family: Hydra names the valid ones
         return None
     if option.split(".")[0] not in fields:
-        owners = [n for n in names() if option.split(".")[0] in family_schema(n).__dataclass_fields__]
         options = ", ".join(fields) or f"none, family={MMA_SYNC} is set by the root keys"
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"

@@ -316,13 +316,30 @@ def _launch_all(items: list, phase: str) -> None:
         del ops, c, launch
 
 
-def _family_launch(it: dict):
-    """The launch closure of a family item, made by the family's ``prepare`` (same seed as the run)."""
+def _family_parts(it: dict):
+    """(family, spec, build) of a family item of the plan."""
     from .families import Build, FamilySpec, get
     spec = FamilySpec(it["family"], it["precision"], it["arch"], tuple((str(a), b) for a, b in it["params"]))
     b = it["build"]
-    build = Build(b["kind"], b["source"], b["entry"], tuple(b.get("options", ())))
-    return get(it["family"]).prepare(spec, build, it["m"], it["n"], it["k"], it["seed"]).launch
+    return get(it["family"]), spec, Build(b["kind"], b["source"], b["entry"], tuple(b.get("options", ())))
+
+
+def _family_launch(it: dict):
+    """The launch closure of a family item, made by the family's ``prepare`` (operands from the run's
+    seed; the compiled kernel comes from CuPy's cache after :func:`_family_load`)."""
+    fam, spec, build = _family_parts(it)
+    return fam.prepare(spec, build, it["m"], it["n"], it["k"], it["seed"]).launch
+
+
+def _family_load(it: dict) -> None:
+    """Compile a family item's source as ``prepare`` will (NVRTC for CUDA C++, the driver's JIT for
+    PTX), without making its operands; raises what the compiler raises."""
+    from .families import gpu
+    fam, spec, build = _family_parts(it)
+    if build.kind == "cuda":
+        gpu.compile_cuda(build)
+    else:
+        gpu.load_ptx(build, fam.dyn_smem(spec))
 
 
 def main(argv=None) -> int:
@@ -338,8 +355,8 @@ def main(argv=None) -> int:
     items, kernels, failed = [], {}, {}
     for it in plan["items"]:
         try:
-            if "family" in it:      # compiled once here so that a kernel that cannot load fails first
-                _family_launch(it)
+            if "family" in it:      # compiled here so that a kernel that cannot load fails first
+                _family_load(it)
                 items.append((it, None, None))
                 continue
             spec = KernelSpec(**{**it["spec"], "ptx_version": tuple(it["spec"].get("ptx_version", (0, 0)))})

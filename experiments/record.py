@@ -27,9 +27,8 @@ METRICS = {
     "spill_stores_bytes": "bytes/thread", "spill_loads_bytes": "bytes/thread",
     "stack_frame_bytes": "bytes/thread", "theoretical_occupancy": "fraction of the SM's warps",
     "blocks_per_sm": "blocks", "verify_rtol": "tolerance verification used (0 = exact)",
-    "speedup_vs_wmma": "x (throughput / the best verified wmma run's, same GPU, size and precision)",
-    "speedup_vs_dp4a": "x (throughput / the best verified dp4a run's, same GPU, size and precision)",
-    "speedup_vs_cublas": "x (throughput / the best verified cublas run's, same GPU, size and precision)",
+    **{SPEEDUP.format(b): f"x (throughput / the best verified {b} run's, same GPU, size and precision)"
+       for b in BASELINES},
     "pct_of_peak": "% of the peak family's mma.sync throughput, same GPU, driver, precision (tag peak_run)",
     # the SM clock during the timed batches (NVML samples every ~5 ms; absent without NVML)
     "sm_clock_mhz_mean": "MHz (mean of the SM clock samples during the timed batches)",

@@ -39,9 +39,7 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
-        static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
-        return (f"No run in {uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
-                "assembled only; their registers, spills and occupancy are in the MLflow UI).\n")
+        return _nothing_measured(tr, uri, "; their registers, spills and occupancy are in the MLflow UI).")
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
@@ -55,6 +53,15 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
                    f"{f(thr, '.1f')} {unit} | {f(spread, '.1%')} | {status} |"
                    + (f" {f(mhz, '.0f')} | {f(at_max, '.1f')} |" if clocked else ""))
     return "\n".join(out) + "\n"
+
+
+NOTHING_MEASURED = "No run in "      # how the tables start when the store holds no GPU measurement
+
+
+def _nothing_measured(tr: Tracker, uri: str, tail: str) -> str:
+    static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
+    return (f"{NOTHING_MEASURED}{uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
+            f"assembled only{tail}\n")
 
 
 def _fmt(v, fmt: str) -> str:
@@ -91,9 +98,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
             if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
                 best[key] = r
     if not best and not peaks:
-        static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
-        return (f"No run in {uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
-                "assembled only): nothing to compare.\n")
+        return _nothing_measured(tr, uri, "): nothing to compare.")
     order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
     out = [f"Families by precision and size; store: {uri}", ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):
@@ -136,7 +141,7 @@ def main(argv=None) -> int:
         text = table(resolve_uri(args.uri, create=False), args.experiment)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
-    if text.startswith("No run in "):          # nothing measured: a results file is not overwritten
+    if text.startswith(NOTHING_MEASURED):        # nothing measured: a results file is not overwritten
         print(text + (f"{args.out} left as it is.\n" if args.out else ""), end="", file=sys.stderr)
         return 2
     print(text)

@@ -21,8 +21,8 @@ from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, 
 
 __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
            "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
-           "resolve_arch", "value", "misfit_message", "NO_TAILS_ADVICE", "AutoTile", "auto_tile", "tile_cost",
-           "sm_count", "SM_COUNTS", "DEFAULT_SMS"]
+           "resolve_arch", "value", "misfit_message", "check_no_tails", "NO_TAILS_ADVICE", "AutoTile",
+           "auto_tile", "tile_cost", "sm_count", "SM_COUNTS", "DEFAULT_SMS"]
 
 _COPY_HINT = " (copy is the peak family's copy bandwidth: family=peak precision=copy)"
 _HINT = {"none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
@@ -33,6 +33,15 @@ class SpecError(ValueError):
 
 
 NO_TAILS_ADVICE = ". Choose problem sizes that are multiples of the block tile."
+
+
+def check_no_tails(entry: str, size: tuple, tile: tuple) -> None:
+    """Raise SpecError unless M, N, K (``size``) are positive multiples of BM, BN, BK (``tile``): the
+    kernels handle no tails. The message names each dimension that does not fit."""
+    bad = [f"{d}={v} is not a multiple of B{d}={t}" for d, v, t in zip("MNK", size, tile, strict=True)
+           if v <= 0 or v % t]
+    if bad:
+        raise SpecError(f"{entry} handles no tails: " + "; ".join(bad) + NO_TAILS_ADVICE)
 
 
 def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None = None) -> str:
@@ -109,11 +118,7 @@ class KernelSpec(Geometry):
     def check_problem(self, m: int, n: int, k: int) -> None:
         """Raise SpecError unless M, N, K fit this kernel: multiples of BM, BN, BK (no tails)
         and below 2^32 bytes per operand and 2^40 bytes of C (32-bit row offsets)."""
-        bad = [f"{name}={v} is not a multiple of {name_t}={t}"
-               for name, v, name_t, t in (("M", m, "BM", self.bm), ("N", n, "BN", self.bn),
-                                          ("K", k, "BK", self.ktile)) if v <= 0 or v % t]
-        if bad:
-            raise SpecError(f"{self.entry} handles no tails: " + "; ".join(bad) + NO_TAILS_ADVICE)
+        check_no_tails(self.entry, (m, n, k), (self.bm, self.bn, self.ktile))
         if max(m, n) * k * self.prec.bits // 8 >= 2 ** 32 or m * n * 4 >= 2 ** 40:
             raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from ..spec import ARCHS, SpecError
+from ..spec import ARCHS, SpecError, check_no_tails
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
            "TEMPLATE_DIR", "sm_of", "parse_pair"]
@@ -196,11 +196,14 @@ class Family:
 
     # ------------------------------------------------------------------ per spec
     def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
-        """Raise SpecError unless this kernel handles an M x N x K problem (default: any)."""
+        """Raise SpecError unless this kernel handles an M x N x K problem: by default M, N, K must be
+        positive multiples of :meth:`multiples` (no tails), any size where that is None."""
+        if (tile := self.multiples(spec)) is not None:
+            check_no_tails(spec.entry, (m, n, k), tile)
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int] | None:
-        """(BM, BN, BK): what M, N and K must be multiples of, for the advice on sizes that do not
-        fit; None (the default) where the kernel takes any size or has no such rule."""
+        """(BM, BN, BK): what M, N and K must be multiples of (:meth:`check_problem`, and the advice
+        on sizes that do not fit); None (the default) where the kernel takes any size."""
         return None
 
     def threads(self, spec: FamilySpec) -> int:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spec import NO_TAILS_ADVICE
-from .base import Build, Family, FamilySpec, Prepared, SpecError, parse_pair, render_template
+from .base import Build, Family, FamilySpec, Prepared, parse_pair, render_template
 
 __all__ = ["Dp4aFamily", "BK"]
 
@@ -26,14 +25,6 @@ class Dp4aFamily(Family):
     title = "DP4A GEMM"
     axes = {"precision": ("int8",), "block": ("128x128", "64x64")}
     defaults = {"block": "128x128"}
-
-    def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
-        """Raise SpecError unless M, N, K are positive multiples of BM, BN, 32 (no tails)."""
-        bm, bn = parse_pair(spec.p["block"])
-        bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
-               (("M", m, "BM", bm), ("N", n, "BN", bn), ("K", k, "BK", BK)) if v <= 0 or v % t]
-        if bad:
-            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}{NO_TAILS_ADVICE}")
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
         """(BM, BN, BK) of the block tile."""

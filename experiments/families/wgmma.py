@@ -24,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import ARCHS
-from ..spec import NO_TAILS_ADVICE
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
 
 __all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
@@ -125,14 +124,6 @@ class WgmmaFamily(Family):
     def resolve(self, precision, params, arch):
         params["bk"] = params["swizzle"] // TYPES[precision][0]
         return params
-
-    def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
-        """Raise SpecError unless M, N, K are positive multiples of BM, BN, BK (no tails)."""
-        g = geometry(spec.precision, spec.p)
-        bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
-               (("M", m, "BM", g["BM"]), ("N", n, "BN", g["BN"]), ("K", k, "BK", g["BK"])) if v <= 0 or v % t]
-        if bad:
-            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}{NO_TAILS_ADVICE}")
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
         """(BM, BN, BK) of the block tile."""

@@ -17,8 +17,7 @@ import math
 
 import numpy as np
 
-from ..spec import NO_TAILS_ADVICE
-from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, parse_pair, render_template
+from .base import Build, Family, FamilySpec, Prepared, Rule, parse_pair, render_template
 
 __all__ = ["WmmaFamily", "f16_accumulation_rtol", "TYPES"]
 
@@ -97,14 +96,6 @@ class WmmaFamily(Family):
             params["acc"] = TYPES[precision][4][0]
         params["bk"] = ROW_BYTES * 8 // TYPES[precision][2]
         return params
-
-    def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
-        """Raise SpecError unless M, N, K are positive multiples of BM, BN, BK (no tails)."""
-        g = _geometry(spec.precision, spec.p)
-        bad = [f"{a}={v} is not a multiple of {b}={t}" for a, v, b, t in
-               (("M", m, "BM", g["BM"]), ("N", n, "BN", g["BN"]), ("K", k, "BK", g["BK"])) if v <= 0 or v % t]
-        if bad:
-            raise SpecError(f"{spec.entry} handles no tails: {'; '.join(bad)}{NO_TAILS_ADVICE}")
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
         """(BM, BN, BK) of the block tile."""
