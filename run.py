@@ -6,17 +6,18 @@ re-running the same command resumes: finished runs are skipped, new ones join th
 import os
 import signal
 import sys
-from enum import Enum
 
 import hydra
 from omegaconf import OmegaConf
 
 from experiments.config import register
-from experiments.worker import gpu_count
+from experiments.worker import JOBS_PER_GPU, gpu_count
 
 register()
 OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("gpu_count", lambda: max(1, gpu_count()), use_cache=True, replace=True)
+# job processes of hydra/launcher=gpus: JOBS_PER_GPU per visible GPU (one GPU assumed without any)
+OmegaConf.register_new_resolver("gpu_jobs", lambda: max(1, gpu_count()) * JOBS_PER_GPU, use_cache=True,
+                                replace=True)
 
 
 def config_groups() -> str:
@@ -52,13 +53,41 @@ def main(cfg) -> None:
         raise SystemExit(f"Cannot run: {exc}") from None
 
 
+def check_modes(argv: list) -> str | None:
+    """The message for ``-m`` (``--multirun``) given with ``--cfg`` (``-c``), which Hydra refuses with a
+    traceback (it takes one of --run, --multirun, --cfg, --info, --shell-completion); None otherwise.
+    ``--cfg`` shows the config of one job: the message gives the command without ``-m`` (flags first,
+    as Hydra's parser wants them; each plain comma list cut to its first value), and where a preset's
+    sweep is shown (``--cfg hydra``)."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    if not (multirun and any(a in ("-c", "--cfg") or a.startswith("--cfg=") for a in argv)):
+        return None
+    flags, overrides = [], []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if a in ("-m", "--multirun"):
+            continue
+        if not eq or a.startswith("-"):
+            flags.append(a)
+            continue
+        if "," in value and not any(c in value for c in "[{('\""):
+            a = f"{key}={value.split(',')[0]}"
+        overrides.append(a)
+    preset = next((a for a in argv if a.startswith("experiment=")), "experiment=NAME")
+    return ("--cfg shows one job's config and Hydra does not take it with -m: drop -m to see one job's "
+            f"config (python run.py {' '.join(flags + overrides)}), or see a preset's sweep params in "
+            f"hydra.sweeper.params with python run.py --cfg hydra {preset}")
+
+
 def check_override_keys(argv: list) -> str | None:
     """The message for a command-line override the config cannot take, naming what it can; None when
     every override is fine. Caught here, before Hydra (whose message suggests adding the key with '+',
     which would only hide the typo): a key the config does not have (``ktil=32``, ``pipeline.stage=3``,
     also with '+'), an option the chosen family does not have (``family=wgmma family.foo=1``) or a
-    value outside its values (``family.bn=100``), a family option in a sweep over several families,
-    and a value that is not an integer for an integer key (``ktile=32.5``)."""
+    value outside its values (``family.bn=100``, ``family.persistent=2``), a family option in a sweep
+    over several families, a value that is not an integer for an integer key (``ktile=32.5``) and one
+    other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true).
+    Sweep functions (``choice(...)``, ``range(...)``) are left to Hydra."""
     import dataclasses
     import re
     import typing
@@ -99,14 +128,36 @@ def check_override_keys(argv: list) -> str | None:
             if bad:
                 valid = f"; valid: {', '.join(map(str, KTILES))}" if key == "ktile" else ""
                 return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"
+        if kind is bool and "(" not in value and (bad := _outside(value, ("true", "false"))):
+            return f"{key}={bad} is not valid ({arg!r}); valid: true, false"
+    return None
+
+
+def _outside(value: str, valid: tuple) -> str | None:
+    """The first of the comma-separated ``value``s that is none of ``valid`` (an axis' declared values:
+    integers compare as numbers, so 0128 is 128; true/false in any case, as Hydra reads them), or None."""
+    for v in value.split(","):
+        text = v.strip().strip("'\"")
+        if isinstance(valid[0], int) and not isinstance(valid[0], bool):
+            try:
+                ok = int(text) in valid
+            except ValueError:
+                ok = False
+        elif {str(x) for x in valid} == {"true", "false"}:
+            ok = text.lower() in ("true", "false")
+        else:
+            ok = text in map(str, valid)
+        if not ok:
+            return v
     return None
 
 
 def _check_family_option(family: str, option: str, value: str, arg: str) -> str | None:
-    """check_override_keys for ``family.<option>=<value>`` with the chosen ``family``."""
+    """check_override_keys for ``family.<option>=<value>`` with the chosen ``family``: the option must
+    be one of the family's axes and each value one of the axis' declared values."""
     from experiments.config import MMA_SYNC, family_schema
-    from experiments.families import names
-    owners = [n for n in names() if option.split(".")[0] in family_schema(n).__dataclass_fields__]
+    from experiments.families import get, names
+    owners = [n for n in names() if option in family_schema(n).__dataclass_fields__]
     if "," in family or "*" in family or "(" in family:
         return (f"{arg!r} sets an option of {', '.join(owners) or 'no family'} in a sweep over several "
                 f"families ({family}): each job's family takes only its own options; sweep the families "
@@ -115,15 +166,13 @@ def _check_family_option(family: str, option: str, value: str, arg: str) -> str 
         fields = {k: f for k, f in family_schema(family).__dataclass_fields__.items() if k != "name"}
     except KeyError:        # an unknown family: Hydra names the valid ones
         return None
-    if option.split(".")[0] not in fields:
+    if option not in fields:
         options = ", ".join(fields) or f"none, family={MMA_SYNC} is set by the root keys"
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"
-    kind = fields[option].type
-    if isinstance(kind, type) and issubclass(kind, Enum) and "(" not in value:
-        valid = [m.name for m in kind]
-        if bad := [v for v in value.split(",") if v not in valid]:
-            return f"family={family} {option}={bad[0]} is not valid ({arg!r}); valid: {', '.join(valid)}"
+    valid = get(family).axes[option]
+    if "(" not in value and (bad := _outside(value, valid)):
+        return f"family={family} {option}={bad} is not valid ({arg!r}); valid: {', '.join(map(str, valid))}"
     return None
 
 
@@ -134,7 +183,7 @@ def _terminate(signum, frame):
 if __name__ == "__main__":
     from experiments.track import abort_open_runs
     signal.signal(signal.SIGTERM, _terminate)
-    if problem := check_override_keys(sys.argv[1:]):
+    if problem := check_modes(sys.argv[1:]) or check_override_keys(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)
     try:

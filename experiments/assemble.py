@@ -21,7 +21,8 @@ from .spec import ARCHS
 
 __all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
            "theoretical_occupancy", "parse_ptxas_report", "disassemble", "sass_mix", "sass_opcodes",
-           "sass_summary", "SASS_OPS", "SASS_OPS_SM90A", "PTXAS_FATAL_INFOS", "fatal_infos"]
+           "sass_summary", "misaligned_descriptors", "SASS_OPS", "SASS_OPS_SM90A", "PTXAS_FATAL_INFOS",
+           "fatal_infos"]
 
 PTXAS_HINT = ("ptxas was not found. Install the CUDA toolkit (ptxas is in its bin/ folder) or "
               "`pip install nvidia-cuda-nvcc` (CUDA 13: nvidia-cuda-nvcc; CUDA 12: "
@@ -260,4 +261,20 @@ def assemble(ptx: str, entry: str, arch: str, *, threads: int, dyn_smem: int,
     if with_sass:
         asm.sass = disassemble(out)
         asm.sass_counts = sass_mix(asm.sass) if asm.sass else {}
+        if bad := misaligned_descriptors(asm.sass):
+            raise PtxasError(f"ptxas assembled {entry} for {arch} into SASS that cannot run: a 64-bit "
+                             f"memory descriptor (the .L2::cache_hint policy) in an odd uniform register "
+                             f"raises an illegal instruction on the GPU:\n" + "\n".join(bad[:4])
+                             + f"\nPTX file: {src}")
     return asm
+
+
+_ODD_DESC = re.compile(r"desc\[UR(\d*[13579])\]")
+
+
+def misaligned_descriptors(sass: str) -> list[str]:
+    """The SASS lines whose memory descriptor ``desc[URn]`` sits in an odd uniform register: a 64-bit
+    operand needs an aligned pair, so the instruction faults (cudaErrorIllegalInstruction). ptxas 13.0
+    emits this for ``cp.async ... .L2::cache_hint`` whose shared address it folds into ``[R+UR]``
+    (seen on an H200); [] when there is none."""
+    return [ln.strip() for ln in sass.splitlines() if _ODD_DESC.search(ln)]

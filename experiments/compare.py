@@ -6,20 +6,28 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   ``b`` (wmma, dp4a, cublas) on the same GPU (tag ``gpu``), problem size and precision. Baseline runs
   get no speedups. When a baseline run arrives later, the GEMM runs it is a reference of are updated.
 - Every verified GEMM run (baselines too) gets ``pct_of_peak`` = 100 x its throughput / the
-  throughput of a verified ``peak`` run of the same GPU, driver and precision, and the tag
-  ``peak_run`` with that run's id. The peak run is one of the same sweep (parent run) when the sweep
-  measured one, else the latest in the store; of its ``mma.sync`` shapes, the one the run itself
-  issues (param ``spec.mma``) when measured, else the highest (the precision's ceiling). A peak run
-  that arrives later updates the GEMM runs of its own sweep.
+  throughput of a verified ``peak`` run of the same GPU, driver, precision and tensor-core generation,
+  and the tag ``peak_run`` with that run's id. The generation is the instruction the family issues:
+  runs of family ``wgmma`` divide by the peak measured with ``wgmma.mma_async`` (peak param
+  ``spec.instruction=wgmma``), every other family (mma_sync, wmma, dp4a, and cuBLAS as before) by the
+  ``mma.sync`` peak (peak runs without the param are mma.sync peaks). The peak run is one of the same
+  sweep (parent run) when the sweep measured one, else the latest in the store; of its shapes, the one
+  the run itself issues (param ``spec.mma``) when measured, else the highest (the precision's
+  ceiling). A peak run that arrives later updates the GEMM runs of its own sweep that divide by its
+  generation.
 Runs tracked before the family param existed count as mma_sync.
 """
 from __future__ import annotations
 
 from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
 
-__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs"]
+__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction",
+           "instruction_of_peak", "PEAK_INSTRUCTION"]
 
 MMA_SYNC = "mma_sync"
+# family -> the instruction of the peak its pct_of_peak divides by (experiments/families/peak.py,
+# option instruction); every family not named here divides by the mma.sync peak
+PEAK_INSTRUCTION = {"wgmma": "wgmma"}
 _VERIFIED = "attributes.status = 'FINISHED' and tags.outcome = 'verified'"
 
 
@@ -61,12 +69,24 @@ def speedups(tr, run, only: tuple = BASELINES) -> dict:
     return out
 
 
-def peak_of(tr, run):
-    """The peak run ``run``'s pct_of_peak divides by (see the module's rule), or None."""
+def peak_instruction(run) -> str:
+    """The instruction of the peak a GEMM run relates to: wgmma for family wgmma, else mma_sync."""
+    return PEAK_INSTRUCTION.get(family_of(run), MMA_SYNC)
+
+
+def instruction_of_peak(run) -> str:
+    """The instruction a peak run measured (param ``spec.instruction``; mma_sync without it)."""
+    return run.data.params.get("spec.instruction", MMA_SYNC)
+
+
+def peak_of(tr, run, instruction: str | None = None):
+    """The peak run ``run``'s pct_of_peak divides by (see the module's rule), or None.
+    ``instruction`` (mma_sync, wgmma): that generation's peak instead of :func:`peak_instruction`'s."""
     t, p = run.data.tags, run.data.params
+    want = instruction or peak_instruction(run)
     where = (f"params.family = 'peak' and tags.gpu = {_q(t.get('gpu', ''))} and "
              f"tags.driver = {_q(t.get('driver', ''))} and params.precision = {_q(p.get('precision'))}")
-    peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0]
+    peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0 and instruction_of_peak(r) == want]
     parent = t.get("mlflow.parentRunId")
     same = [r for r in peaks if parent and r.data.tags.get("mlflow.parentRunId") == parent]
     peaks = same or peaks
@@ -95,7 +115,8 @@ def relate(tr, rid: str) -> dict:
 
     A GEMM run gets its speedups and pct_of_peak; a baseline run its pct_of_peak, and the GEMM runs
     of the same GPU, size and precision their ``speedup_vs_<its family>``; a peak run updates the
-    pct_of_peak of the GEMM runs of its sweep (same GPU, driver and precision)."""
+    pct_of_peak of the GEMM runs of its sweep (same GPU, driver and precision) that divide by its
+    instruction (:func:`peak_instruction`)."""
     run = tr.client.get_run(rid)
     fam, logged = family_of(run), {}
     if fam == PEAK:
@@ -105,8 +126,9 @@ def relate(tr, rid: str) -> dict:
         where = (f"tags.mlflow.parentRunId = {_q(parent)} and tags.gpu = {_q(run.data.tags.get('gpu', ''))} "
                  f"and tags.driver = {_q(run.data.tags.get('driver', ''))} and "
                  f"params.precision = {_q(run.data.params.get('precision'))}")
+        measured = instruction_of_peak(run)
         for r in verified_runs(tr, where):
-            if family_of(r) != PEAK and (got := _log_peak(tr, r)):
+            if family_of(r) != PEAK and peak_instruction(r) == measured and (got := _log_peak(tr, r)):
                 logged[r.info.run_id] = got
         return logged
     mine = _log_peak(tr, run)

@@ -141,13 +141,18 @@ def _make_schema(name: str) -> type:
     for axis, values in fam.axes.items():
         if axis == "precision":
             continue
+        default = fam.defaults.get(axis, values[0])
         if set(map(str, values)) == {"true", "false"}:   # a switch: typed bool (Hydra parses true/false)
-            fields.append((axis, bool, field(default=str(fam.defaults.get(axis, values[0])) == "true")))
+            fields.append((axis, bool, field(default=str(default) == "true")))
             continue
-        # values keep their type: an int axis takes family.bn=128 as Hydra parses it (an int)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            # a number: typed int, shown as one (bn: 256); the values are checked by run.py on the
+            # command line and by the family's spec (SpecError naming them) for every config
+            fields.append((axis, int, field(default=int(default))))
+            continue
         enum = Enum(f"{name}_{axis}", {str(v): v for v in values}, module=__name__)
         globals()[enum.__name__] = enum          # importable by name: configs pickle (joblib, submitit)
-        fields.append((axis, enum, field(default=enum[str(fam.defaults.get(axis, values[0]))])))
+        fields.append((axis, enum, field(default=enum[str(default)])))
     schema = make_dataclass(f"{name.capitalize()}Conf", fields)
     schema.__module__ = __name__
     globals()[schema.__name__] = schema
@@ -156,9 +161,11 @@ def _make_schema(name: str) -> type:
 
 def family_schema(name: str) -> type:
     """Typed options of family ``name``, derived from its declared axes (``experiments.families``):
-    a dataclass with ``name`` and one Enum-typed field per axis other than precision, default as the
-    family declares it, so that ``family.block=99x99`` stops before any work with the valid values.
-    The classes are made once, when this module is imported. Raises KeyError for an unknown family."""
+    a dataclass with ``name`` and one field per axis other than precision, default as the family
+    declares it. A true/false axis is a bool, an axis of integers an int (``family.bn=128``; its values
+    are checked by ``run.py`` and by the family's ``spec``), any other an Enum of its values, so that
+    ``family.block=99x99`` stops before any work with the valid values. The classes are made once,
+    when this module is imported. Raises KeyError for an unknown family."""
     return _SCHEMAS[name]
 
 

@@ -143,6 +143,8 @@ def _run(cfg, job: _Job) -> dict:
     gpu = None
     if backend != "static":
         gpu = claim_gpu(lambda: console.print(f"{job.label} waiting for a free GPU"))
+        if gpu is not None:
+            _WORKER.start()           # CuPy imports in the worker while this process builds the kernel
     if backend == "gpu" and gpu is None:
         raise JobError("backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static")
     if not tile_is_auto(cfg):
@@ -230,9 +232,13 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
 
 
 def _device(gpu: dict) -> dict:
+    """What the worker reports of the GPU (worker.device_info), asked once per process while holding
+    the GPU: the worker makes its CUDA context then, never while another process times on it."""
     if not _DEVICE:
         try:
-            _DEVICE.update(_WORKER.call("device_info", timeout=120))
+            _WORKER.call("ready", timeout=120)           # started, CuPy imported: no GPU work yet
+            with gpu_lock(gpu.get("pci_bus_id")):
+                _DEVICE.update(_WORKER.call("device_info", timeout=120))
         except WorkerError as exc:
             raise JobError(
                 f"{gpu['gpu']} was found, but CuPy could not use it. Install the CuPy build for your "

@@ -195,9 +195,13 @@ def _share(value, peak):
 def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest") -> str:
     """The side-by-side table of two tensor-core generations in one sweep (conf/experiment/generations.yaml)
     as markdown: per precision and size the best mma_sync run, the best wgmma run, cuBLAS, the mma.sync
-    peak (:func:`experiments.compare.peak_of`) and both shares of it; then the main effect of each wgmma
-    axis: per precision and size, each value's best throughput divided by that of the family's default
-    value, over the runs that differ from the default in that axis alone.
+    peak and the wgmma peak (:func:`experiments.compare.peak_of`: the sweep's own, else the latest of
+    the GPU, driver and precision), each generation's share of its own peak (mma.sync share = best
+    mma_sync / mma.sync peak, wgmma share = best wgmma / wgmma peak, as pct_of_peak) and wgmma over
+    cuBLAS; then the main effect of each wgmma axis: per precision and size, each value's best
+    throughput divided by that of the same point with the axis at its default, over the runs that
+    differ from the default in that axis alone, or in it and axes that the compared run shares (e.g.
+    epilogue=tma at stages=2 against stages=2).
 
     Read-only. Raises StoreError when the store, experiment or sweep does not exist, NothingMeasured
     when the sweep holds no verified run to compare (the message says what it holds)."""
@@ -214,18 +218,21 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
         p = r.data.params
         groups.setdefault((p["precision"], int(p["problem.m"])), []).append(r)
     out = [f"Two generations on one GPU: sweep {parent}; store: {uri}", "",
-           "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | mma.sync share | "
-           "wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 7]
+           "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | wgmma peak | "
+           "mma.sync share | wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 8]
     for (prec, n), rs in sorted(groups.items()):
         best = {f: _best([r for r in rs if family_of(r) == f]) for f in (MMA_SYNC, WGMMA, CUBLAS)}
-        anchor = best[MMA_SYNC] or best[WGMMA]
-        peak = peak_of(tr, anchor) if anchor is not None else None
+        # any run of the group names its GPU, driver and precision; a run of the generation itself also
+        # its shape (spec.mma)
+        anchor = {i: best[i] or best[MMA_SYNC] or best[WGMMA] or best[CUBLAS] for i in (MMA_SYNC, WGMMA)}
+        peak = {i: peak_of(tr, a, i) if a is not None else None for i, a in anchor.items()}
         thr = {f: r.data.metrics["throughput"] if r else None for f, r in best.items()}
-        pk = peak.data.metrics["throughput"] if peak else None
+        pk = {i: r.data.metrics["throughput"] if r else None for i, r in peak.items()}
         ratio = thr[WGMMA] / thr[CUBLAS] if thr[WGMMA] and thr[CUBLAS] else None
         out.append(f"| {prec} | {n} | {_thr(best[MMA_SYNC])} | {_thr(best[WGMMA])} | {_thr(best[CUBLAS])} | "
-                   f"{_thr(peak)} | {_fmt(_share(thr[MMA_SYNC], pk), '.1%')} | "
-                   f"{_fmt(_share(thr[WGMMA], pk), '.1%')} | {_fmt(ratio, '.2f')} |")
+                   f"{_thr(peak[MMA_SYNC])} | {_thr(peak[WGMMA])} | "
+                   f"{_fmt(_share(thr[MMA_SYNC], pk[MMA_SYNC]), '.1%')} | "
+                   f"{_fmt(_share(thr[WGMMA], pk[WGMMA]), '.1%')} | {_fmt(ratio, '.2f')} |")
     fam = get(WGMMA)
     axes = [a for a in fam.axes if a != "precision"]
     default = {a: str(fam.defaults.get(a, fam.axes[a][0])).lower() for a in axes}
@@ -233,19 +240,21 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
             "their defaults):", "", "| precision | N | axis | value | throughput | vs default |",
             "| --- | ---: | --- | --- | ---: | ---: |"]
     for (prec, n), rs in sorted(groups.items()):
-        w = [(r, {a: str(r.data.params.get(f"family.{a}", default[a])).lower() for a in axes})
-             for r in rs if family_of(r) == WGMMA]
-        base = _best([r for r, v in w if v == default])
-        if base is None:
-            continue
-        for a in axes:
-            for value in sorted({v[a] for _, v in w} - {default[a]}):
-                alone = _best([r for r, v in w
-                               if v[a] == value and all(v[b] == default[b] for b in axes if b != a)])
-                if alone is not None:
-                    rel = alone.data.metrics["throughput"] / base.data.metrics["throughput"]
-                    out.append(f"| {prec} | {n} | {a} | {value} (default {default[a]}) | {_thr(alone)} | "
-                               f"{rel:.2f} |")
+        points: dict = {}       # the settings that differ from the default -> the best run with them
+        for r in rs:
+            if family_of(r) == WGMMA:
+                vals = {a: str(r.data.params.get(f"family.{a}", default[a])).lower() for a in axes}
+                diff = tuple((a, v) for a, v in vals.items() if v != default[a])
+                points[diff] = _best([x for x in (points.get(diff), r) if x is not None])
+        for diff, run in sorted(points.items(), key=lambda kv: (len(kv[0]), kv[0])):
+            for a, value in diff:
+                ref = points.get(tuple(d for d in diff if d[0] != a))
+                if ref is None:
+                    continue
+                at = "; at " + ", ".join(f"{b}={v}" for b, v in diff if b != a) if len(diff) > 1 else ""
+                rel = run.data.metrics["throughput"] / ref.data.metrics["throughput"]
+                out.append(f"| {prec} | {n} | {a} | {value} (default {default[a]}{at}) | {_thr(run)} | "
+                           f"{rel:.2f} |")
     return "\n".join(out) + "\n"
 
 

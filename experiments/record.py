@@ -29,7 +29,8 @@ METRICS = {
     "blocks_per_sm": "blocks", "verify_rtol": "tolerance verification used (0 = exact)",
     **{SPEEDUP.format(b): f"x (throughput / the best verified {b} run's, same GPU, size and precision)"
        for b in BASELINES},
-    "pct_of_peak": "% of the peak family's mma.sync throughput, same GPU, driver, precision (tag peak_run)",
+    "pct_of_peak": "% of the peak family's throughput, same GPU, driver, precision and instruction (wgmma "
+                   "runs: the wgmma peak; others: the mma.sync peak; tag peak_run)",
     # the SM clock during the timed batches (NVML samples every ~5 ms; absent without NVML)
     "sm_clock_mhz_mean": "MHz (mean of the SM clock samples during the timed batches)",
     "sm_clock_mhz_min": "MHz (lowest sample)", "sm_clock_mhz_max": "MHz (highest sample)",

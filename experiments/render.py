@@ -192,10 +192,8 @@ def _copy(s: KernelSpec, operand: str) -> dict:
 
 # The 64-bit cache-policy operand of ``.L2::cache_hint`` for an eviction priority over the whole
 # access (fraction 1.0): the values ``createpolicy.fractional.L2::<priority>.b64 p, 1.0`` yields, as
-# CUTLASS spells them (cute/arch/copy_sm90_desc.hpp, CacheHintSm90). The template moves them into a
-# register instead of running createpolicy: a fractional createpolicy feeding cp.async is miscompiled
-# by some ptxas versions (Triton turned such policies off for ptxas 13.3), and those kernels raised
-# cudaErrorIllegalInstruction on an H200 with driver 580.
+# CUTLASS spells them (cute/arch/copy_sm90_desc.hpp, CacheHintSm90); ptxas 13.0 turns that
+# createpolicy into these same constants for sm_80 and sm_90. The template moves them into a register.
 L2_POLICY = {"evict_normal": "0x1000000000000000", "evict_first": "0x12F0000000000000",
              "evict_last": "0x14F0000000000000"}
 

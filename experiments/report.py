@@ -2,6 +2,11 @@
 
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
     python -m experiments.report --by-family [--out results/h200/baselines.md]
+    python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE
+
+``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
+node): per kernel and size both medians, the GPU each ran on, the difference and whether it lies
+within the first store's spread; and each store's latest sweep wall time and GPU time.
 
 Runs timed with NVML's SM clock samples add two columns: the mean SM clock during timing (MHz) and
 the throughput at the GPU's highest clock (``throughput_at_max_clock``); older runs show "-".
@@ -18,7 +23,7 @@ from pathlib import Path
 from .track import StoreError, Tracker, resolve_uri
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
-__all__ = ["results_table", "families_table", "main"]
+__all__ = ["results_table", "families_table", "against_table", "main"]
 
 
 def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
@@ -126,6 +131,66 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _verified(tr: Tracker) -> dict:
+    """{(kernel, M x N x K): run} of the store's verified GPU runs (the latest of each)."""
+    runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu' and tags.outcome = 'verified'",
+                                 max_results=50000, order_by=["attributes.start_time ASC"])
+    return {(r.data.tags.get("kernel", "?"), "x".join(r.data.params[f"problem.{d}"] for d in "mnk")): r
+            for r in runs if "median_us" in r.data.metrics and "problem.m" in r.data.params}
+
+
+def _latest_sweep(tr: Tracker) -> dict:
+    """The metrics of the store's latest sweep parent ({} without one)."""
+    parents = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
+                                    order_by=["attributes.start_time DESC"])
+    return parents[0].data.metrics if parents else {}
+
+
+def _sweep_times(m: dict) -> str:
+    if "sweep_wall_s" not in m:
+        return "no sweep timing"
+    return f"{m['sweep_wall_s']:.1f} s wall, GPU time {m['gpu_busy_s']:.1f} s on {m['gpus']:.0f} GPU(s)"
+
+
+def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations") -> str:
+    """Markdown comparing the verified GPU runs of two stores that measured the same sweep (e.g. on one
+    GPU, then over every GPU of the node with hydra/launcher=gpus): per (kernel, size) present in
+    both, median us in each, the GPU (end of its UUID), the difference (other - uri) / uri and whether
+    it is within the first run's spread ((max - min) / median of its launches); then a summary and
+    each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
+
+    Read-only: raises StoreError when a store or the experiment does not exist."""
+    a, b = Tracker(uri, experiment, create=False), Tracker(other, experiment, create=False)
+    ra, rb = _verified(a), _verified(b)
+    keys = sorted(set(ra) & set(rb), key=lambda k: (k[0], [int(d) for d in k[1].split("x")]))
+    if not keys:
+        return _nothing_measured(a, uri, f"), or none of its runs is in {other} too.")
+    out = [f"First: {uri}", f"Second: {other}", "",
+           "| kernel | M x N x K | first us | GPU | second us | GPU | difference | first spread | within |",
+           "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
+    within = 0
+    for key in keys:
+        x, y = ra[key], rb[key]
+        mx, my = x.data.metrics["median_us"], y.data.metrics["median_us"]
+        spread = x.data.metrics.get("spread", 0.0)
+        diff = (my - mx) / mx
+        ok = abs(diff) <= spread
+        within += ok
+        out.append(f"| {key[0]} | {key[1]} | {mx:.2f} | {x.data.tags.get('gpu_uuid', '')[-8:]} | {my:.2f} | "
+                   f"{y.data.tags.get('gpu_uuid', '')[-8:]} | {diff:+.2%} | {spread:.2%} | "
+                   f"{'yes' if ok else 'no'} |")
+    med = {k: (ra[k].data.metrics["median_us"], rb[k].data.metrics["median_us"]) for k in keys}
+    worst = max(keys, key=lambda k: abs(med[k][1] / med[k][0] - 1))
+    wa, wb = med[worst]
+    out += ["", f"{len(keys)} (kernel, size) pairs; {within} within the first run's spread; the largest "
+                f"difference {(wb - wa) / wa:+.2%} ({worst[0]} {worst[1]}).",
+            f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
+            f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
+    if "sweep_wall_s" in sa and "sweep_wall_s" in sb:
+        out.append(f"Wall time ratio, second / first: {sb['sweep_wall_s'] / sa['sweep_wall_s']:.2f}.")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     """The command line; returns the exit status (2: nothing measured, the --out file untouched)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -135,10 +200,16 @@ def main(argv=None) -> int:
     ap.add_argument("--by-family", action="store_true",
                     help="families side by side: throughput, pct_of_peak, speedups "
                          "(results/h200/baselines.md)")
+    ap.add_argument("--against", default=None, metavar="URI",
+                    help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
     args = ap.parse_args(argv)
     table = families_table if args.by_family else results_table
     try:
-        text = table(resolve_uri(args.uri, create=False), args.experiment)
+        if args.against:
+            text = against_table(resolve_uri(args.uri, create=False), resolve_uri(args.against, create=False),
+                                 args.experiment)
+        else:
+            text = table(resolve_uri(args.uri, create=False), args.experiment)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
     if text.startswith(NOTHING_MEASURED):        # nothing measured: a results file is not overwritten

@@ -12,6 +12,7 @@ import collections
 import hashlib
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,47 @@ from .record import ARTIFACTS, outcome_of, sweep_note, sweep_view, throughput_fi
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
-__all__ = ["count_jobs", "sweep_info", "current_sweep", "SweepCallback"]
+__all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "SweepCallback"]
+
+
+def _import_plotting() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+    import seaborn  # noqa: F401
+
+
+def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
+    """Where a sweep's wall time went: per GPU, the seconds its runs held it (the window of
+    verification and timing, tags ``gpu_start_unix`` / ``gpu_end_unix``), and how many pairs of
+    runs held one GPU at the same time (0 by :func:`experiments.worker.gpu_lock`).
+
+    ``runs``: MLflow runs; ``start``, ``end``: the sweep's wall clock (unix seconds). Returns ('' and
+    {} when no run held a GPU) a line such as ``GPU time: 7.4 s on 1 GPU(s) of 15.9 s wall (47%); no
+    two runs on one GPU at once`` and the parent's metrics ``sweep_wall_s``, ``gpu_busy_s`` (the sum over
+    GPUs), ``gpu_busy_share`` (gpu_busy_s / (wall x GPUs)), ``gpus``, ``gpu_overlaps``."""
+    by_gpu = collections.defaultdict(list)
+    for r in runs:
+        t = r.data.tags
+        if "gpu_start_unix" in t and "gpu_end_unix" in t:
+            by_gpu[t.get("gpu_uuid") or t.get("pci_bus_id") or "gpu"].append(
+                (float(t["gpu_start_unix"]), float(t["gpu_end_unix"])))
+    if not by_gpu:
+        return "", {}
+    wall = max(end - start, 1e-9)
+    busy = {g: sum(b - a for a, b in w) for g, w in by_gpu.items()}
+    overlaps = 0
+    for w in by_gpu.values():
+        w.sort()
+        overlaps += sum(b[0] < a[1] for a, b in zip(w, w[1:], strict=False))
+    total = sum(busy.values())
+    share = total / (wall * len(busy))
+    each = ("" if len(busy) == 1
+            else " (" + ", ".join(f"{g[-8:]} {s:.1f} s" for g, s in sorted(busy.items())) + ")")
+    line = (f"GPU time: {total:.1f} s on {len(busy)} GPU(s){each} of {wall:.1f} s wall ({share:.0%}); "
+            + ("no two runs on one GPU at once" if not overlaps else f"{overlaps} overlapping GPU windows"))
+    return line, {"sweep_wall_s": round(wall, 2), "gpu_busy_s": round(total, 2),
+                  "gpu_busy_share": round(share, 4), "gpus": len(busy), "gpu_overlaps": overlaps}
 
 
 def count_jobs(overrides) -> int:
@@ -126,6 +167,8 @@ class SweepCallback(Callback):
         known = tracker.find_parent(self.key)
         if multirun:
             handoff[SWEEP_ENV["parent"]] = tracker.parent(info)
+            # the summary figure's libraries load while the jobs run (seconds, otherwise at the end)
+            threading.Thread(target=_import_plotting, daemon=True).start()
         _hand_to_jobs(config, handoff)
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
@@ -169,7 +212,9 @@ class SweepCallback(Callback):
             mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
             crashed += mine
             summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-            tracker.log(parent, tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs)})
+            busy_line, busy = gpu_time(new, self.t0, time.time())
+            tracker.log(parent, busy, tags={"runs": summary,
+                                            "mlflow.note.content": sweep_note(self.command, runs)})
             with tempfile.TemporaryDirectory() as tmp:
                 fig = Path(tmp) / ARTIFACTS["figure"]
                 if throughput_figure(runs, fig):
@@ -182,6 +227,8 @@ class SweepCallback(Callback):
             closed += 1
             where = f" ({experiment} in {uri})" if len(stores) > 1 else ""
             print(f"Parent run {parent}{where}: {summary}.", flush=True)
+            if busy_line:
+                print(busy_line, flush=True)
             tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
             page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
             print(f"Browse the results:  mlflow ui --backend-store-uri {uri}\n"

@@ -94,6 +94,19 @@ def store_lock(uri: str):
     return _LOCKS[uri]
 
 
+def _schema_made(db: Path) -> bool:
+    """Whether the SQLite store ``db`` has MLflow's schema (an ``alembic_version`` row): then clients
+    may open it without the store lock, in parallel; a new or half-made store is opened under it."""
+    import sqlite3
+    if not db.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)) as con:
+            return con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
 def flatten(cfg, prefix: str = "") -> dict:
     """Dotted scalar params of a config: lists become their string form (``tile.block`` -> '[128, 128]')."""
     from omegaconf import DictConfig, OmegaConf
@@ -157,9 +170,21 @@ class Tracker:
         self.uri, self.experiment, self.open = uri, experiment, set()
         self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
         self.finished = 0
-        with store_lock(uri):       # the first client of a new store migrates its schema
-            self.client = mlflow.MlflowClient(tracking_uri=uri)
-            exp = self.client.get_experiment_by_name(experiment)
+        # the first client of a new store makes its schema, under the lock; a store that has one is
+        # opened without it (the job processes of a parallel sweep open it at once), and should that
+        # fail (another process is still migrating it), under the lock after all
+        exp, locked = None, True
+        if db is not None and _schema_made(db):
+            try:
+                self.client = mlflow.MlflowClient(tracking_uri=uri)
+                exp = self.client.get_experiment_by_name(experiment)
+                locked = exp is None            # a new experiment is created under the lock
+            except Exception:  # noqa: BLE001 - opened again under the lock
+                pass
+        with store_lock(uri) if locked else contextlib.nullcontext():
+            if locked:
+                self.client = mlflow.MlflowClient(tracking_uri=uri)
+                exp = self.client.get_experiment_by_name(experiment)
             if exp is None and not create:
                 names = [e.name for e in self.client.search_experiments()]
                 raise StoreError(f"experiment {experiment!r} is not in {uri}; it holds: "

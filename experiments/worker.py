@@ -163,7 +163,15 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
 def _serve(conn) -> None:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the sweep's to handle; it kills us
-    funcs = {"measure": measure, "measure_family": measure_family, "device_info": device_info}
+    # import what every call needs before the first one arrives (no CUDA context yet: it is made by
+    # the first call, which the sweep makes while it holds the GPU)
+    try:
+        import cupy  # noqa: F401
+        from . import launch, timing, verify  # noqa: F401
+    except ImportError:
+        pass                                        # the first call reports it
+    funcs = {"measure": measure, "measure_family": measure_family, "device_info": device_info,
+             "ready": lambda: True}
     while True:
         try:
             name, kwargs = conn.recv()
@@ -193,6 +201,11 @@ def gpu_count() -> int:
         return 0
 
 
+# job processes per GPU in a parallel sweep (hydra/launcher=gpus): while one verifies and times on the
+# GPU (gpu_lock), the other renders, assembles and tracks its next kernel
+JOBS_PER_GPU = 2
+
+
 def _lock_path(kind: str, pci_bus_id: str) -> str:
     """The host-wide lock file of one GPU: ``kind`` 'slot' (claimed by a job process for its life)
     or 'gpu' (held while verifying and timing)."""
@@ -207,10 +220,11 @@ def claim_gpu(on_wait=None) -> dict | None:
     """The GPU this process works on, as :func:`nvml_gpu` describes it (None without one).
 
     With CUDA_VISIBLE_DEVICES set (by the user, or by Slurm for a task) that choice stands. On a node
-    with several GPUs otherwise, the process claims the first GPU no other process of this host has
-    claimed (a lock per PCI bus id, held until the process ends) and sets CUDA_VISIBLE_DEVICES to its
-    UUID, so that parallel jobs (``hydra/launcher=gpus``) each get their own GPU; when all are taken
-    it waits (``on_wait()`` is called once).
+    with several GPUs otherwise, the process claims one of the :data:`JOBS_PER_GPU` slots of a GPU
+    (a lock per PCI bus id and slot, held until the process ends; first slot 0 of every GPU, then
+    slot 1, so the first processes spread over the GPUs) and sets CUDA_VISIBLE_DEVICES to its UUID,
+    so that parallel jobs (``hydra/launcher=gpus``) share each GPU by turns (:func:`gpu_lock`); when
+    all slots are taken it waits (``on_wait()`` is called once).
     """
     if _SLOT or os.environ.get("CUDA_VISIBLE_DEVICES") is not None or gpu_count() <= 1:
         return nvml_gpu()
@@ -220,10 +234,10 @@ def claim_gpu(on_wait=None) -> dict | None:
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     waited = False
     while True:
-        for h in handles:
+        for slot, h in ((s, h) for s in range(JOBS_PER_GPU) for h in handles):
             bus = pynvml.nvmlDeviceGetPciInfo(h).busId
             bus = bus.decode() if isinstance(bus, bytes) else bus
-            lock = FileLock(_lock_path("slot", bus))
+            lock = FileLock(_lock_path("slot", f"{bus}-{slot}"))
             try:
                 lock.acquire(timeout=0)
             except Timeout:
@@ -274,6 +288,11 @@ class GpuWorker:
         self._proc = None
         self._conn = None
 
+    def start(self) -> None:
+        """Start the worker process now, without waiting for it (it imports CuPy while the caller
+        builds its kernel); a call waits for it. Nothing happens when it is running."""
+        self._ensure()
+
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
             return
@@ -294,7 +313,7 @@ class GpuWorker:
         self._proc = self._conn = None
 
     def call(self, name: str, timeout: float, **kwargs):
-        """Call worker function ``name`` (measure, measure_family, device_info); wait at most
+        """Call worker function ``name`` (measure, measure_family, device_info, ready); wait at most
         ``timeout`` seconds.
 
         Raises WorkerError with the remote exception text, or saying that the worker timed out

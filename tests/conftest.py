@@ -18,6 +18,12 @@ def _gpu_reason():
 _REASON = _gpu_reason()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU core without a GPU; none (tests one after another) with one,
+    so that two tests never time kernels on the same GPU at once."""
+    return 0 if nvml_gpu() is not None else None
+
+
 def pytest_collection_modifyitems(config, items):
     if _REASON is None:
         return

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from experiments.assemble import (PTXAS_HINT, SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble,
-                                  disassemble, find_ptxas, find_tool, parse_ptxas_report, sass_mix,
-                                  sass_opcodes,
-                                  sass_summary, theoretical_occupancy)
+                                  disassemble, find_ptxas, find_tool, misaligned_descriptors,
+                                  parse_ptxas_report, sass_mix, sass_opcodes, sass_summary,
+                                  theoretical_occupancy)
 from experiments.render import render
 from experiments.spec import KernelSpec, space
 from experiments.spec_cover import covering_subset, requirements
@@ -333,6 +333,49 @@ def test_sass_summary_on_real_sass(need_ptxas, tmp_path, precision, ktile, mma_k
         mma = "QMMA" if precision.startswith("fp8") else "IMMA"
         assert metrics[f"sass_{mma}"] == 8 * n_chunks * (32 // s.mma_k_bytes)    # the loop body, once
     assert metrics["sass_BAR"] >= 1 and metrics["sass_LDGSTS"] > 0 and metrics["sass_LDSM"] > 0
+
+
+# -- L2 cache hints: the policy is a 64-bit memory descriptor in an aligned uniform register pair ---
+
+# nvdisasm of the kernel that raised cudaErrorIllegalInstruction on an H200 (bf16, 64x64, 3 stages,
+# cp.async.cg with evict_first for A and evict_last for B, ptxas 13.0): the prologue's copies name an
+# aligned pair, the main loop's an odd register ptxas never set
+FAULTING_SASS = """\
+        /*09f0*/                   LDGSTS.E.BYPASS.LTC128B.128 [R75], desc[UR20][R52.64] ;
+        /*0a50*/                   LDGSTS.E.BYPASS.LTC128B.128 [R75+0x1400], desc[UR18][R46.64] ;
+        /*0fe0*/              @!P0 LDGSTS.E.BYPASS.LTC128B.128 [R75+UR0], desc[UR1][R62.64] ;
+        /*1000*/              @!P0 LDGSTS.E.BYPASS.LTC128B.128 [R75+UR0+0xa00], desc[UR1][R2.64] ;
+        /*1100*/                   LDG.E.128 R4, desc[UR14][R2.64] ;
+"""
+
+
+def test_misaligned_descriptors_names_the_faulting_lines():
+    bad = misaligned_descriptors(FAULTING_SASS)
+    assert [ln.split("*/")[0] for ln in bad] == ["/*0fe0", "/*1000"]
+    assert misaligned_descriptors("LDG.E R4, desc[UR10][R2.64] ;\nLDG.E R5, desc[UR16][R2.64] ;") == []
+    assert misaligned_descriptors("LDG.E R4, desc[UR11][R2.64] ;") != []
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_l2_hint_kernels_keep_aligned_descriptors(need_ptxas, tmp_path, arch):
+    """Every L2 eviction priority, on A, on B and on both, through 1..4 stages and two block tiles,
+    assembles into SASS whose cache-policy descriptors sit in aligned register pairs (the template
+    keeps the refill address per thread; the kernel above was the 3-stage one)."""
+    specs = []
+    for (ha, hb), stages, (bm, bn, wm, wn), prec in itertools.product(
+            [("evict_first", "evict_last"), ("none", "evict_normal"), ("evict_last", "none")],
+            (1, 2, 3, 4), [(64, 64, 2, 2), (128, 256, 2, 4)], ("bf16", "int8")):
+        ktile, mma_k = (32, 16) if prec == "bf16" else (64, 32)
+        specs.append(KernelSpec(prec, ktile, mma_k, bm, bn, wm, wn, stages, "cg", arch,
+                                l2_hint_a=ha, l2_hint_b=hb))
+    path = tmp_path / "hints.ptx"
+    path.write_text(_module(specs))
+    _ptxas(find_ptxas(), arch, path)
+    sass = disassemble(str(path) + ".cubin")
+    if not sass:
+        pytest.skip("neither cuobjdump nor nvdisasm found (pip install nvidia-cuda-cuobjdump)")
+    assert sass.count("LDGSTS") >= 48 * 2 and "desc[UR" in sass
+    assert misaligned_descriptors(sass) == []
 
 
 # -- a covering subset of the whole space assembles ------------------------------------------------

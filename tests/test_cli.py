@@ -226,12 +226,136 @@ def test_help(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cfg_job(tmp_path):
-    rc, out = run_cli(tmp_path, "--cfg", "job", "precision=int4", "ktile=032")
+@pytest.mark.parametrize("args, precision", [(("--cfg", "job", "precision=int4", "ktile=032"), "int4"),
+                                             (("ktile=32", "--cfg", "job"), "fp16")])
+def test_cfg_job(tmp_path, args, precision):
+    rc, out = run_cli(tmp_path, *args)
     assert rc == 0, out
     lines = out.splitlines()
-    assert "precision: int4" in lines and "ktile: 32" in lines
+    assert f"precision: {precision}" in lines and "ktile: 32" in lines
     assert list(tmp_path.iterdir()) == []
+
+
+@functools.lru_cache(maxsize=1)
+def _run_module():
+    """run.py imported as a module (its checks run before Hydra, so they are called directly)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("run_main", ROOT / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from experiments.config import register
+    register()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_cfg_job_shows_integer_family_options_as_integers(tmp_path):
+    rc, out = run_cli(tmp_path, "family=wgmma", "--cfg", "job")
+    assert rc == 0, out
+    family = out.split("family:\n", 1)[1].split("\nprecision:", 1)[0].splitlines()
+    for line in ("  name: wgmma", "  bn: 256", "  consumers: 2", "  producer: true", "  stages: 4",
+                 "  swizzle: 128", "  persistent: false", "  order: grouped"):
+        assert line in family, out
+    assert not [line for line in family if "'" in line], out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_integer_family_options_keep_params_and_kernel_names():
+    """Typed ints in the schema: the tracked params are the same strings ('128') and the spec, entry
+    and run key's kernel part the same as when the options were Enum members."""
+    from experiments import families
+    from experiments.families.runner import family_options, family_spec
+    from experiments.track import flatten
+    cfg = _compose("family=wgmma", "family.bn=0128", "family.stages=3", "family.persistent=true")
+    options = family_options(cfg)
+    assert {k: options[k] for k in ("bn", "consumers", "producer", "stages", "swizzle", "persistent", "order")} == {
+        "bn": 128, "consumers": 2, "producer": True, "stages": 3, "swizzle": 128, "persistent": True,
+        "order": "grouped"}
+    assert [type(options[k]) for k in ("bn", "consumers", "stages", "swizzle")] == [int] * 4
+    flat = flatten(cfg)
+    assert {k: flat[f"family.{k}"] for k in ("bn", "consumers", "producer", "stages", "swizzle", "persistent")} == {
+        "bn": "128", "consumers": "2", "producer": "True", "stages": "3", "swizzle": "128", "persistent": "True"}
+    _, spec = family_spec(cfg, None)
+    declared = families.get("wgmma").spec("fp16", {"bn": 128, "stages": 3, "persistent": "true"}, "sm_90a")
+    assert spec == declared and "_bn128_" in spec.entry and "_stages3_" in spec.entry
+    assert spec.p["bn"] == 128 and spec.p["swizzle"] == 128 and spec.p["bk"] == 64 and spec.arch == "sm_90a"
+    # a preset that sets an integer option (conf/variant/gen_wgmma_bn_128.yaml: bn: 128)
+    assert family_options(_compose("variant=gen_wgmma_bn_128"))["bn"] == 128
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["family=wgmma", "family.persistent=2"],
+     "family=wgmma persistent=2 is not valid ('family.persistent=2'); valid: false, true"),
+    (["-m", "family=wgmma", "family.producer=true,yes"],
+     "family=wgmma producer=yes is not valid ('family.producer=true,yes'); valid: true, false"),
+    (["family=wgmma", "family.bn=100"], "family=wgmma bn=100 is not valid ('family.bn=100'); valid: 256, 192, 128, 64"),
+    (["family=wgmma", "family.stages=abc"],
+     "family=wgmma stages=abc is not valid ('family.stages=abc'); valid: 2, 3, 4, 5, 6, 7, 8"),
+    (["timing.l2_flush=1"], "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
+    (["tracking.rerun=on"], "tracking.rerun=on is not valid ('tracking.rerun=on'); valid: true, false"),
+    # the declared values, also in another spelling Hydra reads as the same value
+    (["family=wgmma", "family.persistent=true", "family.producer=False", "family.bn=0128", "timing.l2_flush=TRUE"],
+     None),
+    (["-m", "family=wgmma", "family.persistent=false,true", "family.stages=2,8", "tile.auto=true"], None),
+    (["-m", "family=wgmma", "family.bn=choice(128,256)"], None),     # sweep functions: left to Hydra
+])
+def test_option_values_are_checked_before_hydra(argv, message):
+    assert _run_module().check_override_keys(argv) == message
+
+
+def test_option_below_a_family_option_is_not_an_option():
+    """family.bn.x=1 passed the check on its first part, then ended in a KeyError traceback."""
+    message = _run_module().check_override_keys(["family=wgmma", "family.bn.x=1"])
+    assert message.startswith("family=wgmma has no option 'bn.x' ('family.bn.x=1'); valid options: bn, "
+                              "consumers, producer, stages, swizzle, persistent, order"), message
+
+
+def test_boolean_option_outside_true_false_stops_with_exit_2(tmp_path):
+    """family.persistent=2 was read as true (OmegaConf takes any non-zero integer for a bool)."""
+    rc, out = run_cli(tmp_path, "family=wgmma", "family.persistent=2", *store_args(tmp_path, False, new_store=True))
+    assert rc == 2 and "Traceback" not in out
+    assert out.strip() == "family=wgmma persistent=2 is not valid ('family.persistent=2'); valid: false, true"
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+CFG_WITH_M = ("--cfg shows one job's config and Hydra does not take it with -m: drop -m to see one job's config "
+              "(python run.py {one}), or see a preset's sweep params in hydra.sweeper.params with "
+              "python run.py --cfg hydra {preset}")
+
+
+@pytest.mark.parametrize("argv, one, preset", [
+    (["-m", "precision=int8,fp16", "--cfg", "job"], "--cfg job precision=int8", "experiment=NAME"),
+    # flags first: Hydra's parser takes no overrides on both sides of --cfg
+    (["--multirun", "ktile=32,64", "--cfg=all", "tile.block=[128,128]", "problem.sizes='512,1024'"],
+     "--cfg=all ktile=32 tile.block=[128,128] problem.sizes='512,1024'", "experiment=NAME"),
+    (["-c", "hydra", "-m", "experiment=generations"], "-c hydra experiment=generations", "experiment=generations"),
+])
+def test_cfg_with_multirun_says_what_to_do(argv, one, preset):
+    assert _run_module().check_modes(argv) == CFG_WITH_M.format(one=one, preset=preset)
+
+
+def test_cfg_without_multirun_and_multirun_without_cfg_pass():
+    check = _run_module().check_modes
+    assert check(["--cfg", "job", "precision=int8"]) is None
+    assert check(["-m", "precision=int8,fp16"]) is None
+    assert check(["--help"]) is None
+
+
+def test_cfg_with_multirun_is_one_line_and_exit_2(tmp_path):
+    """Hydra's own answer was a traceback: 'Only one of --run, --multirun, --cfg, ... can be specified'."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8,fp16", "--cfg", "job")
+    assert rc == 2
+    assert out.splitlines() == [CFG_WITH_M.format(one="--cfg job precision=int8", preset="experiment=NAME")]
+    assert list(tmp_path.iterdir()) == []
+    # the command the message gives works
+    rc, out = run_cli(tmp_path, "--cfg", "job", "precision=int8")
+    assert rc == 0 and "precision: int8" in out.splitlines()
 
 
 def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):

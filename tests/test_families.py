@@ -4,8 +4,11 @@ counts, exact peak results, and every source of every space compiled for sm_80, 
 Compilation covers the whole space, not a subset: the CUDA C++ kernels of one arch (wmma and dp4a,
 22 per arch) are rendered with literals only and extern "C" names, so they are compiled as one
 translation unit (``nvcc -arch=sm_XX -ptx``, then ``ptxas -v`` on the result), one nvcc per arch;
-the peak PTX (10-11 per arch) is assembled file by file. All calls run in a thread pool; the file
-takes about 10 s on 2 cores. Tests that need nvcc or ptxas skip with the reason where they are absent.
+the mma.sync peak PTX (10-12 per arch) is assembled file by file, and so is every wgmma peak
+(``instruction=wgmma``, sm_90a: one per precision and the loop structures the GPU test compares),
+through experiments.assemble (the build fails on the C75xx infos: wgmma serialized, a wait or fence
+injected), with its SASS. All calls run in a thread pool; the file takes about 10 s on 2 cores. Tests
+that need nvcc or ptxas skip with the reason where they are absent.
 """
 import re
 import shutil
@@ -18,17 +21,32 @@ import pytest
 from experiments import families
 from experiments.assemble import parse_ptxas_report
 from experiments.families.base import FamilySpec
-from experiments.families.peak import expected_accumulators, operand_words
+from experiments.families.peak import (INSTRUCTIONS, WGMMA_WORK, expected_accumulators, expected_wgmma,
+                                       operand_words, wgmma_smem_bytes)
+from experiments.families.wgmma import TYPES as WGMMA_TYPES
 from experiments.families.wmma import f16_accumulation_rtol
 from experiments.spec import SpecError
 
 ARCHS = ("sm_80", "sm_89", "sm_90")
-COUNTS = {"wmma": 20, "dp4a": 2, "cublas": 3}      # per arch; peak: 11, 10 without fp8 (sm_80: no fp8
-NO_FP8_PEAK = ("sm_80", "sm_90")                    # mma.sync; sm_90: emulated, folded into FADDs)
+COUNTS = {"wmma": 20, "dp4a": 2, "cublas": 3}      # per arch; mma.sync peak: 12, 10 without fp8 (sm_80:
+NO_FP8_PEAK = ("sm_80", "sm_90")                    # no fp8 mma.sync; sm_90: emulated, folded into FADDs)
+WGMMA_PEAKS = {"sm_90": 5}                          # instruction=wgmma: one per wgmma type, built for sm_90a
 
 
 def _spec(family, precision, arch="sm_90", **opts):
     return families.get(family).spec(precision, opts, arch)
+
+
+# wgmma peak loop structures besides the default (2 warpgroups per block, 4 wgmma per commit group,
+# wait_group 1), each value alone: assembled here; tests/test_families_gpu.py times a grid of them
+WGMMA_STRUCTURES = [{"warpgroups": 1}, {"warpgroups": 3}, {"group": 1}, {"group": 8}, {"wait": 0},
+                    {"wait": 2}]
+
+
+def wgmma_variant(precision, **params):
+    """The wgmma peak of ``precision`` with some resolved params replaced (loop structure, work)."""
+    s = _spec("peak", precision, instruction="wgmma")
+    return FamilySpec("peak", precision, s.arch, {**s.p, **params})
 
 
 # ------------------------------------------------------------------ registry and spaces
@@ -44,20 +62,25 @@ def test_space_sizes_and_unique_entries(arch):
     entries = []
     for name in (n for n in families.names() if n != "wgmma"):    # sm_90a only: tests/test_wgmma.py
         specs = list(families.get(name).space(arch))
-        want = COUNTS.get(name, 10 if arch in NO_FP8_PEAK else 11)
+        wg = WGMMA_PEAKS.get(arch, 0) if name == "peak" else 0
+        want = COUNTS.get(name, (10 if arch in NO_FP8_PEAK else 12) + wg)
         assert len(specs) == want, name
-        assert all(s.family == name and s.arch == arch for s in specs)
+        # a wgmma peak asked for sm_90 is built for sm_90a, as family=wgmma is
+        assert all(s.family == name and s.arch == ("sm_90a" if s.p.get("instruction") == "wgmma" else arch)
+                   for s in specs)
+        assert sum(s.p.get("instruction") == "wgmma" for s in specs) == wg
         entries += [s.entry for s in specs]
-    assert len(entries) == len(set(entries)) == 35 + (arch not in NO_FP8_PEAK)
+    assert len(entries) == len(set(entries)) == 35 + 2 * (arch not in NO_FP8_PEAK) + WGMMA_PEAKS.get(arch, 0)
     assert all(re.fullmatch(r"[A-Za-z_][0-9A-Za-z_]*", e) for e in entries)
 
 
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
 @pytest.mark.parametrize("name", ["wmma", "dp4a", "cublas", "peak"])
-def test_every_spec_validates_again_from_its_own_values(name):
+def test_every_spec_validates_again_from_its_own_values(name, arch):
     fam = families.get(name)
-    for s in fam.space("sm_89"):
+    for s in fam.space(arch):
         opts = {k: v for k, v in s.params if k in fam.axes}
-        assert fam.spec(s.precision, opts, "sm_89") == s
+        assert fam.spec(s.precision, opts, s.arch) == s
 
 
 def test_space_contents():
@@ -66,7 +89,10 @@ def test_space_contents():
     peak = [(s.precision, s.p.get("mma", s.p.get("copy"))) for s in families.get("peak").space("sm_89")]
     assert peak == [("fp16", "m16n8k16"), ("fp16", "m16n8k8"), ("bf16", "m16n8k16"), ("bf16", "m16n8k8"),
                     ("int8", "m16n8k32"), ("int8", "m16n8k16"), ("int4", "m16n8k64"), ("int4", "m16n8k32"),
-                    ("fp8_e4m3", "m16n8k32"), ("copy", "kernel"), ("copy", "memcpy")]
+                    ("fp8_e4m3", "m16n8k32"), ("fp8_e5m2", "m16n8k32"), ("copy", "kernel"), ("copy", "memcpy")]
+    wg = [(s.precision, s.p["mma"]) for s in families.get("peak").space("sm_90") if s.p.get("instruction")]
+    assert wg == [("fp16", "m64n256k16"), ("bf16", "m64n256k16"), ("int8", "m64n256k32"),
+                  ("fp8_e4m3", "m64n256k32"), ("fp8_e5m2", "m64n256k32")]
 
 
 def test_defaults_resolve():
@@ -78,6 +104,18 @@ def test_defaults_resolve():
     assert _spec("peak", "int4", "sm_89").p["iters"] == 16          # native s4: the native work size
     assert _spec("peak", "int4", "sm_90").p == {"mma": "m16n8k64", "chains": 8, "iters": 1, "units": 2 ** 18}
     assert _spec("peak", "copy").p == {"copy": "kernel", "bytes": 2 ** 30}
+    # instruction=mma_sync (the default) adds nothing to the spec: entries and run keys stay as they were
+    assert _spec("peak", "int8", instruction="mma_sync") == _spec("peak", "int8")
+    assert _spec("peak", "int8").entry == "peak_int8_chains8_iters16_mmam16n8k32_units1048576"
+    wg = _spec("peak", "fp16", instruction="wgmma")         # target.arch sm_90 resolves to sm_90a
+    assert wg.arch == "sm_90a" and _spec("peak", "fp16", "auto", instruction="wgmma") == wg
+    assert wg.p == {"instruction": "wgmma", "mma": "m64n256k16", "warpgroups": 2, "group": 4, "wait": 1,
+                    "iters": 32, "units": 2 ** 16}
+    assert wg.entry == "peak_fp16_group4_instructionwgmma_iters32_mmam64n256k16_units65536_wait1_warpgroups2"
+    assert _spec("peak", "int8", instruction="wgmma", mma="m64n256k32").p["mma"] == "m64n256k32"
+    peak = families.get("peak")
+    assert peak.threads(wg) == 256 and peak.dyn_smem(wg) == wgmma_smem_bytes(wg) == 1024 + (128 + 256) * 128
+    assert peak.dyn_smem(_spec("peak", "fp16")) == 0 and INSTRUCTIONS == ("mma_sync", "wgmma")
     assert _spec("cublas", "bf16").entry == "cublas_bf16"
 
 
@@ -106,6 +144,24 @@ def test_family_spec_entry_is_derived_and_flat():
     (lambda: _spec("peak", "fp16", mma="m16n8k64"), "mma=m16n8k64 is not valid with precision=fp16; valid: auto, m16n8k8, m16n8k16"),
     (lambda: _spec("peak", "copy", mma="m16n8k16"), "family=peak mma=m16n8k16 applies to the mma types only"),
     (lambda: _spec("peak", "int8", copy="memcpy"), "family=peak copy=memcpy applies to precision=copy only"),
+    (lambda: _spec("peak", "fp8_e5m2", arch="sm_80"), "mma.sync with fp8_e5m2 needs sm_89 or later, not sm_80"),
+    (lambda: _spec("peak", "fp16", mma="m64n256k16"), "mma=m64n256k16 is not valid with precision=fp16; "
+                                                      "valid: auto, m16n8k8, m16n8k16"),
+    (lambda: _spec("peak", "fp16", arch="sm_89", instruction="wgmma"),
+     "family=peak precision=fp16 sm_89: instruction=wgmma needs target.arch=sm_90a, not sm_89: wgmma.mma_async "
+     "exists only for the arch-specific target sm_90a (sm_89 and earlier have no warpgroup MMA, sm_100 and "
+     "later replace it with tcgen05); target.arch auto and sm_90 resolve to sm_90a"),
+    (lambda: _spec("peak", "int8", arch="sm_100", instruction="wgmma"), "instruction=wgmma needs "
+                                                                        "target.arch=sm_90a, not sm_100"),
+    (lambda: _spec("peak", "int4", instruction="wgmma"), "family=peak instruction=wgmma has no precision=int4; "
+                                                         "valid: fp16, bf16, fp8_e4m3, fp8_e5m2, int8"),
+    (lambda: _spec("peak", "copy", instruction="wgmma"), "instruction=wgmma has no precision=copy"),
+    (lambda: _spec("peak", "fp16", instruction="wgmma", mma="m16n8k16"),
+     "family=peak mma=m16n8k16 is not valid with instruction=wgmma precision=fp16; valid: auto, m64n256k16"),
+    (lambda: _spec("peak", "int8", instruction="wgmma", mma="m64n256k16"), "valid: auto, m64n256k32"),
+    (lambda: _spec("peak", "fp16", instruction="wgmma", copy="kernel"), "copy=kernel applies to precision=copy"),
+    (lambda: _spec("peak", "fp16", instruction="tcgen05"), "instruction='tcgen05' is not valid; "
+                                                           "valid: mma_sync, wgmma"),
 ])
 def test_validation_messages(call, message):
     with pytest.raises(SpecError) as err:
@@ -159,6 +215,14 @@ def test_flops_units_and_rates():
     assert peak.rate(fp16, 0, 0, 0, 1000.0) == pytest.approx(549.755813888, rel=1e-12)
     assert peak.rate(copy, 0, 0, 0, 500.0) == pytest.approx(4294.967296, rel=1e-12)
     assert wmma.rate(_spec("wmma", "fp16"), 4096, 4096, 4096, 1000.0) == pytest.approx(137.438953472, rel=1e-12)
+    # wgmma: 2^16 units x 32 wgmma x 2 x 64 x 256 x K, the same work on every GPU: ~1.1 ms at the H200's
+    # ~990 TFLOP/s fp16 (K = 16) and ~1980 fp8 / int8 (K = 32)
+    wg16, wg8 = _spec("peak", "fp16", instruction="wgmma"), _spec("peak", "int8", instruction="wgmma")
+    assert peak.flops(wg16, 8, 8, 8) == peak.flops(_spec("peak", "bf16", instruction="wgmma")) == 2 ** 40
+    assert peak.flops(wg8) == peak.flops(_spec("peak", "fp8_e5m2", instruction="wgmma")) == 2 ** 41
+    assert peak.unit(wg8) == "TOP/s" and peak.unit(_spec("peak", "fp8_e4m3", instruction="wgmma")) == "TFLOP/s"
+    assert 2 ** 40 / 990e12 == pytest.approx(1.11e-3, rel=1e-2)
+    assert peak.rate(wg16, 0, 0, 0, 1000.0) == pytest.approx(1099.511627776, rel=1e-12)
 
 
 @pytest.mark.parametrize("precision, k, words", [
@@ -166,6 +230,7 @@ def test_flops_units_and_rates():
     ("fp16", 8, (0x3C003C00, 0x30003000, 1.0)),
     ("bf16", 16, (0x3F803F80, 0x3D803D80, 1.0)),
     ("fp8_e4m3", 32, (0x38383838, 0x10101010, 1.0)),
+    ("fp8_e5m2", 32, (0x3C3C3C3C, 0x28282828, 1.0)),
     ("int8", 32, (0x01010101, 0x01010101, 32.0)),
     ("int4", 64, (0x11111111, 0x11111111, 64.0)),
 ])
@@ -185,6 +250,9 @@ def test_peak_operand_values_give_the_increment():
     a, b, inc = operand_words("fp8_e4m3", 32)      # e4m3: exponent bias 7, 3 mantissa bits
     e4m3 = lambda byte: 2.0 ** (((byte >> 3) & 0xF) - 7) * (1 + (byte & 7) / 8)  # noqa: E731
     assert e4m3(a & 0xFF) * e4m3(b & 0xFF) * 32 == inc == 1.0
+    a, b, inc = operand_words("fp8_e5m2", 32)      # e5m2: exponent bias 15, 2 mantissa bits
+    e5m2 = lambda byte: 2.0 ** (((byte >> 2) & 0x1F) - 15) * (1 + (byte & 3) / 4)  # noqa: E731
+    assert e5m2(a & 0xFF) * e5m2(b & 0xFF) * 32 == inc == 1.0
 
 
 def test_peak_expected_accumulators_exact():
@@ -198,6 +266,31 @@ def test_peak_expected_accumulators_exact():
     assert (out[::32, 0] // 16).sum() == 2 ** 20
     i8 = expected_accumulators(_spec("peak", "int8"), warps=5)
     assert i8.dtype == np.int32 and i8[0, 0] == (2 ** 20 // 5 + 1) * 16 * 32 and i8[32 * 4, 8] == 2 ** 20 // 5 * 512 + 2
+
+
+def test_wgmma_peak_expected_accumulators_exact():
+    """2^16 units of 32 wgmma over 264 warpgroups (132 SMs x 2): 248 units each, the first 64 one more;
+    register i starts at i; every wgmma adds 1.0 (floats) or 32 (int8); fp8 restarts every unit."""
+    assert WGMMA_WORK == (32, 2 ** 16) and 2 ** 16 == 264 * 248 + 64
+    s = _spec("peak", "fp16", instruction="wgmma")
+    out = expected_wgmma(s, 264)
+    assert out.shape == (264 * 128, 128) and out.dtype == np.float32
+    assert out[0, 0] == 249 * 32 and out[127, 127] == 249 * 32 + 127          # warpgroup 0: one unit more
+    assert out[63 * 128, 5] == 249 * 32 + 5 and out[64 * 128, 5] == 248 * 32 + 5
+    assert out[-1, 0] == 248 * 32 and float(out.max()) == 249 * 32 + 127 < 2 ** 24       # exact in f32
+    assert ((out[::128, 0] // 32).sum()) == 2 ** 16
+    i8 = expected_wgmma(_spec("peak", "int8", instruction="wgmma"), 264)
+    assert i8.dtype == np.int32 and i8[0, 0] == 249 * 32 * 32 and i8[-1, 9] == 248 * 32 * 32 + 9
+    # fp8: one unit's sum (32 x 1.0) in every register of a warpgroup with work, the start value elsewhere
+    f8 = wgmma_variant("fp8_e4m3", units=3)
+    got = expected_wgmma(f8, 4)
+    assert got.dtype == np.float32 and set(np.unique(got[:3 * 128])) == {32.0}
+    assert (got[3 * 128:] == np.arange(128)).all()
+    assert (expected_wgmma(wgmma_variant("bf16", units=3), 4)[3 * 128:] == np.arange(128)).all()
+    # the operands each wgmma multiplies: K = 16 (32) elements of A = 1 and B = 1/K (1 for int8)
+    for prec in WGMMA_TYPES:
+        k = WGMMA_TYPES[prec][1]
+        assert operand_words(prec, k)[2] == (float(k) if prec == "int8" else 1.0)
 
 
 def test_f16_accumulation_rtol():
@@ -253,6 +346,8 @@ def test_peak_ptx_assembles(tmp_path, need_ptxas):
     jobs = []
     for arch in ARCHS:
         for s in fam.space(arch):
+            if s.p.get("instruction") == "wgmma":
+                continue                    # sm_90a, with SASS: test_wgmma_peak_assembles
             b = fam.build(s)
             if b.kind == "none":
                 assert s.p["copy"] == "memcpy"
@@ -261,7 +356,7 @@ def test_peak_ptx_assembles(tmp_path, need_ptxas):
             path = tmp_path / f"{b.entry}_{arch}.ptx"
             path.write_text(b.source)
             jobs.append((arch, b, path))
-    assert len(jobs) == 9 + 10 + 9       # sm_80, sm_89, sm_90 (see NO_FP8_PEAK)
+    assert len(jobs) == 9 + 11 + 9       # sm_80, sm_89, sm_90 (see NO_FP8_PEAK)
 
     def assemble(job):
         arch, b, path = job
@@ -278,6 +373,43 @@ def test_peak_ptx_assembles(tmp_path, need_ptxas):
                 # one per chain and iteration of a trip: 8 chains, 16 iterations written out (1 emulated)
                 unroll = 1 if "int4" in b.entry and arch >= "sm_90" else 16
                 assert len(re.findall(r"^ +mma\.sync\.aligned", b.source, re.M)) == 8 * unroll
+
+
+def test_wgmma_peak_assembles(tmp_path, need_ptxas):
+    """Every wgmma peak (one per precision) and every structure of WGMMA_STRUCTURES (fp16) assembles for
+    sm_90a without spills and without a C75xx info; its SASS holds the precision's warpgroup MMA once
+    per wgmma of a unit and one warpgroup wait per commit group (ptxas kept the structure)."""
+    from experiments.assemble import assemble, fatal_infos, sass_summary
+    from experiments.families.runner import sass_subject
+    fam = families.get("peak")
+    specs = [s for s in fam.space("sm_90") if s.p.get("instruction") == "wgmma"]
+    specs += [wgmma_variant("fp16", **v) for v in WGMMA_STRUCTURES]
+    assert len({s.entry for s in specs}) == 5 + len(WGMMA_STRUCTURES)
+
+    def one(s):
+        return s, assemble(fam.build(s).source, s.entry, s.arch, threads=fam.threads(s), dyn_smem=fam.dyn_smem(s),
+                           workdir=tmp_path, with_sass=True)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, specs))
+    for s, a in results:
+        p, src = s.p, fam.build(s).source
+        assert ".target sm_90a" in src and f".maxntid {128 * p['warpgroups']}, 1, 1" in src
+        assert len(re.findall(rf"^ +wgmma\.mma_async\.sync\.aligned\.{p['mma']}\.", src, re.M)) == p["iters"] == 32
+        assert src.count("wgmma.commit_group.sync.aligned;") == 32 // p["group"]
+        assert src.count(f"wgmma.wait_group.sync.aligned {p['wait']};") == 32 // p["group"] + (p["wait"] == 0)
+        # fp8 restarts the accumulators at the first wgmma of a unit (scale-d = false)
+        assert len(re.findall(r"%db\d+, %pfalse", src)) == s.precision.startswith("fp8")
+        assert "0x4000004000010000" in src                  # 128B swizzle, SBO 1024 B, LBO 1
+        assert a.spill_stores == a.spill_loads == a.stack_frame == 0 and not fatal_infos(a.report), s.entry
+        assert 0 < a.registers <= {1: 255, 2: 255, 3: 168}[p["warpgroups"]], (s.entry, a.registers)
+        assert a.static_smem == 0 and fam.dyn_smem(s) == 1024 + (64 * p["warpgroups"] + 256) * 128
+        if not a.sass:
+            continue                                        # no cuobjdump / nvdisasm
+        op = "IGMMA" if s.precision == "int8" else "QGMMA" if s.precision.startswith("fp8") else "HGMMA"
+        assert a.sass_counts.get(op) == 32 and not a.sass_counts.get("HMMA"), (s.entry, a.sass_counts)
+        waits = a.sass.count(f"WARPGROUP.DEPBAR.LE gsb0, 0x{p['wait']:x} ")
+        assert waits == 32 // p["group"] + (p["wait"] == 0), (s.entry, waits)
+        assert sass_summary(a, sass_subject(fam, s))[1]["mma_native"] == "true"
 
 
 def _column_major_gemm_ex(bufs, transa, transb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c,

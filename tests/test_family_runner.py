@@ -1,8 +1,9 @@
 """The kernel families in the runner: ``family`` as a config group with typed options, static runs of
 every family through run.py (skipped combinations with their reason, cuBLAS "needs a GPU"), run
 names and params, and the speedup / pct_of_peak relations (experiments.compare) on a store built
-here. GPU tests (``gpu`` marker): the families verified through run.py, and pct_of_peak from a
-peak run.
+here: wgmma runs divide by the wgmma peak (``family=peak family.instruction=wgmma``), every other
+family by the mma.sync peak. GPU tests (``gpu`` marker): the families verified through run.py, and
+pct_of_peak from a peak run of each generation.
 """
 import os
 import shutil
@@ -42,8 +43,12 @@ def test_family_group_selects_typed_options():
     fam, spec = family_spec(cfg, None)
     assert spec.entry == "wmma_int8_accs32_bk64_block64x64_warps2x4" and spec.arch == "sm_90"
     cfg = _compose("family=peak", "precision=int8")
-    assert family_options(cfg) == {"mma": "auto", "copy": "auto"}
+    assert family_options(cfg) == {"mma": "auto", "copy": "auto", "instruction": "mma_sync"}
     assert family_spec(cfg, 89)[1].arch == "sm_89"          # target.arch=auto: the GPU's own
+    # the wgmma peak: auto on an sm_90 GPU (or without one) is sm_90a, as for family=wgmma
+    cfg = _compose("family=peak", "precision=fp8_e5m2", "family.instruction=wgmma")
+    assert [family_spec(cfg, cc)[1].arch for cc in (90, None)] == ["sm_90a", "sm_90a"]
+    assert family_spec(cfg, 90)[1].p["mma"] == "m64n256k32"
     # precision=copy reaches the peak family from the command line (it used to stop at the enum)
     cfg = _compose("family=peak", "precision=copy", "family.copy=memcpy")
     assert family_spec(cfg, 90)[1].entry == "peak_copy_bytes1073741824_copymemcpy"
@@ -73,6 +78,10 @@ def test_family_options_are_typed(override, text):
                                                                  "mma.sync on fp8"),
     (("family=peak", "precision=fp8_e4m3", "target.arch=sm_100"), "sm_100 has no tensor-core instruction for "
                                                                   "mma.sync on fp8"),
+    (("family=peak", "precision=fp16", "family.instruction=wgmma", "target.arch=sm_100"),
+     "instruction=wgmma needs target.arch=sm_90a, not sm_100: wgmma.mma_async exists only for the "
+     "arch-specific target sm_90a"),
+    (("family=peak", "precision=int4", "family.instruction=wgmma"), "instruction=wgmma has no precision=int4"),
 ])
 def test_impossible_family_combinations_name_the_valid_values(overrides, text):
     with pytest.raises(SpecError) as err:
@@ -106,6 +115,8 @@ def test_run_names_and_params():
     assert record.family_run_name(spec, axes, (1024, 1024, 1024)) == "1024 wmma int8 s32 128x128 2x4"
     peak = families.get("peak").spec("int4", {}, "sm_90")
     assert record.family_run_name(peak, tuple(families.get("peak").axes)) == "peak int4 m16n8k64"
+    peak = families.get("peak").spec("int8", {"instruction": "wgmma"}, "sm_90")
+    assert record.family_run_name(peak, tuple(families.get("peak").axes)) == "peak int8 m64n256k32 wgmma"
     # numbers and switches say their axis (a wgmma name was 'wgmma fp8_e4m3 256 2 true 4 128 true grouped')
     wg = families.get("wgmma").spec("fp8_e4m3", {"persistent": "true"}, "sm_90a")
     assert record.family_run_name(wg, tuple(families.get("wgmma").axes), (8192,) * 3) == (
@@ -128,7 +139,7 @@ def test_help_lists_the_families(tmp_path):
     assert "family: cublas, dp4a, mma_sync, peak, wgmma, wmma" in out.splitlines()
     rc, out = _run_cli(tmp_path, "--cfg", "job", "family=peak", "precision=int8")
     assert rc == 0, out
-    assert "family:\n  name: peak\n  mma: auto\n  copy: auto\nprecision: int8\n" in out
+    assert "family:\n  name: peak\n  mma: auto\n  copy: auto\n  instruction: mma_sync\nprecision: int8\n" in out
     assert list(tmp_path.iterdir()) == []
 
 
@@ -181,12 +192,14 @@ def test_static_sweep_of_families(tmp_path, need_ptxas):
 
 # ------------------------------------------------------------------ speedups and peaks
 def _add(tr, parent, family, precision, thr, size=(512, 512, 512), gpu="NVIDIA H200", driver="580.1",
-         mma=None):
+         mma=None, instruction=None):
     params = {"family": family, "precision": precision}
     if size:
         params.update({"problem.m": size[0], "problem.n": size[1], "problem.k": size[2]})
     if mma:
         params["spec.mma"] = mma
+    if instruction:                 # a peak's spec.instruction: only wgmma peaks carry it
+        params["spec.instruction"] = instruction
     rid = tr.start(f"{family} {precision} {thr}", params, {"gpu": gpu, "driver": driver, "outcome": "verified"},
                    parent)
     tr.log(rid, {"throughput": thr})
@@ -249,6 +262,40 @@ def test_speedups_and_pct_of_peak(tmp_path):
         "| int8 | 1024x1024x1024 | cublas | cublas_int8_400.0 | 400.0 TOP/s | 50.0 | - | - | - |"]
 
 
+def test_pct_of_peak_divides_by_the_peak_of_the_same_instruction(tmp_path):
+    """wgmma runs relate to the wgmma peak (param spec.instruction=wgmma), every other family (cuBLAS
+    too, as before) to the mma.sync peak, whose runs carry no spec.instruction (as those tracked before
+    the option existed); a wgmma run without a wgmma peak gets no pct_of_peak rather than the mma.sync
+    one; a peak arriving in a sweep updates only the runs of its own instruction."""
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT)
+    old = tr.start("sweep old", {}, {"kind": "sweep"})
+    new = tr.start("sweep new", {}, {"kind": "sweep"})
+    p_mma = _add(tr, old, "peak", "fp16", 640.0, size=None, mma="m16n8k16")
+    p_wg = _add(tr, old, "peak", "fp16", 990.0, size=None, mma="m64n256k16", instruction="wgmma")
+    _add(tr, old, "peak", "bf16", 640.0, size=None, mma="m16n8k16")
+    assert [compare.instruction_of_peak(tr.client.get_run(r)) for r in (p_mma, p_wg)] == ["mma_sync", "wgmma"]
+    wg = _add(tr, new, "wgmma", "fp16", 693.0)
+    assert compare.relate(tr, wg) == {wg: {"pct_of_peak": 70.0, "peak_run": p_wg}}
+    mine = _add(tr, new, "mma_sync", "fp16", 320.0, mma="m16n8k16")
+    assert compare.relate(tr, mine) == {mine: {"pct_of_peak": 50.0, "peak_run": p_mma}}
+    cub = _add(tr, new, "cublas", "fp16", 576.0)
+    assert compare.relate(tr, cub) == {cub: {"pct_of_peak": 90.0, "peak_run": p_mma},
+                                       mine: {"speedup_vs_cublas": 0.5556}, wg: {"speedup_vs_cublas": 1.2031}}
+    wg_bf16 = _add(tr, new, "wgmma", "bf16", 600.0)         # bf16 has only an mma.sync peak
+    assert compare.relate(tr, wg_bf16) == {}
+    assert compare.peak_of(tr, tr.client.get_run(wg_bf16), "mma_sync").data.params["precision"] == "bf16"
+    # peaks of the new sweep: each updates the runs of its own instruction only
+    p_wg2 = _add(tr, new, "peak", "fp16", 1000.0, size=None, mma="m64n256k16", instruction="wgmma")
+    assert compare.relate(tr, p_wg2) == {wg: {"pct_of_peak": 69.3, "peak_run": p_wg2}}
+    p_mma2 = _add(tr, new, "peak", "fp16", 800.0, size=None, mma="m16n8k16")
+    assert compare.relate(tr, p_mma2) == {mine: {"pct_of_peak": 40.0, "peak_run": p_mma2},
+                                          cub: {"pct_of_peak": 72.0, "peak_run": p_mma2}}
+    got = {r: tr.client.get_run(r).data for r in (wg, mine, cub)}
+    assert [(d.metrics["pct_of_peak"], d.tags["peak_run"]) for d in got.values()] == [
+        (69.3, p_wg2), (40.0, p_mma2), (72.0, p_mma2)]
+    assert "pct_of_peak" not in tr.client.get_run(wg_bf16).data.metrics
+
+
 # ------------------------------------------------------------------ the GPU path, worker replaced
 class _Worker:
     """Stands in for the GPU worker: records each call and answers like measure_family would for a
@@ -256,6 +303,9 @@ class _Worker:
 
     def __init__(self, us):
         self.us, self.calls = us, []
+
+    def start(self):
+        """The real worker starts its process here; the calls below answer without one."""
 
     def call(self, name, timeout, **kw):
         self.calls.append((name, kw))
@@ -268,9 +318,9 @@ class _Worker:
                            "batch_us": [self.us] * 3}}
 
 
-def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
-    """run_job on a (stated) GPU for family=dp4a and family=peak: the worker gets measure_family with
-    the spec and the build; runs are named, rated in the family's unit and related (pct_of_peak)."""
+def _stub_gpu(tmp_path, monkeypatch, us):
+    """run_job on a stated H200 (sm_90) with the worker replaced by :class:`_Worker`: (job module,
+    store overrides, worker)."""
     import contextlib
 
     from experiments import job, track
@@ -284,8 +334,15 @@ def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
                                                    "cuda_runtime": "13.0", "cupy": "14.0"})
     monkeypatch.setattr(job, "gpu_lock", lambda *a: contextlib.nullcontext())
     store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.experiment={EXPERIMENT}"]
-    worker = _Worker(1000.0)
+    worker = _Worker(us)
     monkeypatch.setattr(job, "_WORKER", worker)
+    return job, store, worker
+
+
+def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
+    """run_job on a (stated) GPU for family=dp4a and family=peak: the worker gets measure_family with
+    the spec and the build; runs are named, rated in the family's unit and related (pct_of_peak)."""
+    job, store, worker = _stub_gpu(tmp_path, monkeypatch, 1000.0)
     assert job.run_job(_compose("family=peak", "precision=int8", *store)) == {
         "finished": 1, "failed": 0, "done_before": 0}
     name, kw = worker.calls[0]
@@ -308,6 +365,39 @@ def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
     assert peak.data.tags["mlflow.note.content"].startswith(
         "peak_int8_chains8_iters16_mmam16n8k32_units1048576: 1000.0 us")
     assert record.throughput_figure([peak], tmp_path / "f.png") is False      # no size: not plotted
+
+
+def test_wgmma_peak_through_the_runner(tmp_path, monkeypatch):
+    """family=peak family.instruction=wgmma on a (stated) sm_90 GPU: built for sm_90a and assembled
+    (HGMMA in the SASS where cuobjdump exists), rated from its fixed work (2^40 flops); a wgmma GEMM run
+    relates to it, an mma_sync GEMM run to the mma.sync peak of the same sweep."""
+    job, store, worker = _stub_gpu(tmp_path, monkeypatch, 1100.0)
+    assert job.run_job(_compose("family=peak", "precision=fp16", "family.instruction=wgmma", *store))["finished"] == 1
+    name, kw = worker.calls[-1]
+    assert name == "measure_family" and kw["arch"] == "sm_90a" and kw["build"]["kind"] == "ptx"
+    assert ["instruction", "wgmma"] in kw["params"] and ["mma", "m64n256k16"] in kw["params"]
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in kw["build"]["source"]
+    worker.us = 2000.0
+    assert job.run_job(_compose("family=peak", "precision=fp16", *store))["finished"] == 1
+    assert kw["arch"] != worker.calls[-1][1]["arch"] == "sm_90"
+    worker.us = 500.0
+    for fam in ("wgmma", "mma_sync"):
+        assert job.run_job(_compose(f"family={fam}", "precision=fp16", "problem.sizes=[1024]", *store))["finished"] == 1
+    runs = _children(tmp_path)
+    wpeak, mpeak = runs["peak fp16 m64n256k16 wgmma"], runs["peak fp16 m16n8k16"]
+    assert wpeak.data.metrics["throughput"] == round(2 ** 40 / 1100.0 / 1e6, 2) == 999.56
+    assert wpeak.data.tags["arch"] == "sm_90a" and wpeak.data.params["spec.instruction"] == "wgmma"
+    assert wpeak.data.params["family.instruction"] == "wgmma" and "spec.instruction" not in mpeak.data.params
+    assert wpeak.data.metrics["threads"] == 256 and wpeak.data.metrics["smem_dynamic_bytes"] == 50176
+    assert wpeak.data.metrics["spill_stores_bytes"] == 0 and wpeak.data.metrics["registers"] <= 255
+    if "sass_HGMMA" in wpeak.data.metrics:
+        assert wpeak.data.metrics["sass_HGMMA"] == 32 and wpeak.data.tags["mma_native"] == "true"
+    gemm = {r.data.params["family"]: r for r in runs.values() if r.data.params.get("problem.m") == "1024"}
+    thr = round(2 * 1024 ** 3 / 500.0 / 1e6, 2)
+    assert gemm["wgmma"].data.tags["peak_run"] == wpeak.info.run_id
+    assert gemm["wgmma"].data.metrics["pct_of_peak"] == round(100 * thr / 999.56, 2)
+    assert gemm["mma_sync"].data.tags["peak_run"] == mpeak.info.run_id
+    assert gemm["mma_sync"].data.metrics["pct_of_peak"] == round(100 * thr / mpeak.data.metrics["throughput"], 2)
 
 
 # ------------------------------------------------------------------ GPU
@@ -366,6 +456,32 @@ def test_families_verify_through_run_py_and_relate(tmp_path):
     want = 100 * run.data.metrics["throughput"] / peak.data.metrics["throughput"]
     assert run.data.tags["peak_run"] == peak.info.run_id
     assert run.data.metrics["pct_of_peak"] == pytest.approx(want, rel=1e-3) and 0 < want < 100
+
+
+@pytest.mark.gpu
+def test_each_generation_relates_to_its_own_peak_through_run_py(tmp_path):
+    """Both fp16 peaks (mma.sync and wgmma), then a wgmma and an mma_sync GEMM at 4096: each GEMM's
+    peak_run is the peak of its own instruction and its pct_of_peak is within (0, 100]; the wgmma peak
+    is above the mma.sync peak (sm_90 GPUs: wgmma is sm_90a only)."""
+    from experiments.families.gpu import device_sm
+    if device_sm() != 90:
+        pytest.skip(f"wgmma needs an sm_90 GPU (sm_90a); this one is sm_{device_sm()}")
+    print(_gpu_sweep(tmp_path, "family=peak", "family.instruction=mma_sync,wgmma", "precision=fp16"))
+    print(_gpu_sweep(tmp_path, "family=wgmma,mma_sync", "precision=fp16", "problem.sizes=[4096]"))
+    runs = _children(tmp_path)
+    peaks = {r.data.params.get("spec.instruction", "mma_sync"): r for r in runs.values()
+             if r.data.params["family"] == "peak"}
+    assert set(peaks) == {"mma_sync", "wgmma"} and all(r.data.tags["outcome"] == "verified" for r in peaks.values())
+    assert peaks["wgmma"].data.metrics["throughput"] > peaks["mma_sync"].data.metrics["throughput"]
+    for r in runs.values():
+        fam = r.data.params["family"]
+        if fam == "peak":
+            continue
+        want = peaks["wgmma" if fam == "wgmma" else "mma_sync"]
+        assert r.data.tags["peak_run"] == want.info.run_id, fam
+        pct = r.data.metrics["pct_of_peak"]
+        print(f"{fam}: {r.data.metrics['throughput']:.1f} TFLOP/s = {pct:.1f} % of the {want.info.run_name} run")
+        assert 0 < pct <= 100, fam
 
 
 def test_config_schema_lists_every_family():

@@ -10,8 +10,11 @@ from test_cli import ROOT, all_runs, store_args
 pytestmark = pytest.mark.gpu
 
 
-def run_gpu_cli(cwd, *args, timeout=600):
+def run_gpu_cli(cwd, *args, timeout=600, one_gpu=False):
+    """run.py in ``cwd``; ``one_gpu``: only the first GPU visible (unless CUDA_VISIBLE_DEVICES is set)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    if one_gpu:
+        env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc.returncode, proc.stdout
@@ -21,7 +24,7 @@ def test_parallel_jobs_take_turns_on_the_gpu(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     rc, out = run_gpu_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                           "precision=fp16,int8", "ktile=32,64", "problem.sizes=[1024,2048]",
-                          "timing.batches=5", *store_args(tmp_path))
+                          "timing.batches=5", *store_args(tmp_path), one_gpu=True)
     assert rc == 0, out
     parents, children = all_runs(tmp_path)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
@@ -34,9 +37,9 @@ def test_parallel_jobs_take_turns_on_the_gpu(tmp_path):
     print("GPU windows (s):", [(round(s - windows[0][0], 2), round(e - windows[0][0], 2)) for s, e in windows])
 
 
-def test_all_gpus_of_the_node_one_job_each(tmp_path):
-    """hydra/launcher=gpus: one job process per GPU, each pinned to its own GPU; on each GPU the
-    timings never overlap, and every run names its GPU."""
+def test_all_gpus_of_the_node(tmp_path):
+    """hydra/launcher=gpus: two job processes per GPU, each pinned to one GPU; on each GPU the
+    timings never overlap (also as the sweep's summary counts them), and every run names its GPU."""
     from experiments.worker import gpu_count
     if gpu_count() < 2:
         pytest.skip(f"needs 2 or more GPUs; this node has {gpu_count()}")
@@ -53,6 +56,7 @@ def test_all_gpus_of_the_node_one_job_each(tmp_path):
         by_gpu.setdefault(c.data.tags["gpu_uuid"], []).append(
             (float(c.data.tags["gpu_start_unix"]), float(c.data.tags["gpu_end_unix"])))
     assert len(by_gpu) == min(gpu_count(), 6)
+    assert "no two runs on one GPU at once" in out and parents[0].data.metrics["gpu_overlaps"] == 0
     for windows in by_gpu.values():
         windows.sort()
         for (s0, e0), (s1, e1) in zip(windows[:-1], windows[1:], strict=True):

@@ -24,12 +24,12 @@ def test_slurm_preset_asks_one_gpu_per_task(tmp_path):
         assert line in lines, out
 
 
-def test_gpus_preset_runs_one_job_per_gpu(tmp_path):
+def test_gpus_preset_runs_two_jobs_per_gpu(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     rc, out = run_cli(tmp_path, "hydra/launcher=gpus", "--cfg", "hydra", "--package", "hydra.launcher",
                       "--resolve")
     assert rc == 0, out
-    assert "n_jobs: 1" in out.splitlines()          # no GPU visible here: one job at a time
+    assert "n_jobs: 2" in out.splitlines()          # no GPU visible here: as for one GPU
     assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in out
 
 
@@ -82,3 +82,23 @@ def test_parallel_sweep_against_a_tracking_server(tmp_path, mlflow_server):
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert max(Counter(c.data.tags["run_key"] for c in children).values()) == 1
     assert len({c.data.tags["owner_pid"] for c in children}) > 1      # jobs ran in several processes
+
+
+def _run(gpu, start, end):
+    from types import SimpleNamespace
+    tags = {"gpu_uuid": gpu, "gpu_start_unix": f"{start:.3f}", "gpu_end_unix": f"{end:.3f}"}
+    return SimpleNamespace(data=SimpleNamespace(tags=tags))
+
+
+def test_gpu_time_sums_windows_per_gpu_and_counts_overlaps():
+    from experiments.sweep import gpu_time
+    runs = [_run("GPU-aaaa", 100.0, 102.5), _run("GPU-aaaa", 103.0, 104.0), _run("GPU-bbbb", 101.0, 104.5)]
+    line, m = gpu_time(runs, 100.0, 110.0)
+    assert m == {"sweep_wall_s": 10.0, "gpu_busy_s": 7.0, "gpu_busy_share": 0.35, "gpus": 2, "gpu_overlaps": 0}
+    assert line == ("GPU time: 7.0 s on 2 GPU(s) (GPU-aaaa 3.5 s, GPU-bbbb 3.5 s) of 10.0 s wall (35%); "
+                    "no two runs on one GPU at once")
+    # two windows of one GPU that overlap are counted (the other GPU's window at the same time is not)
+    _, m = gpu_time(runs + [_run("GPU-aaaa", 102.0, 103.5)], 100.0, 110.0)
+    assert m["gpu_overlaps"] == 2
+    # static runs hold no GPU: nothing to say
+    assert gpu_time([_run("x", 0, 0)][:0], 0.0, 1.0) == ("", {})

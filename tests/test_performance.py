@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from experiments import record
 from experiments.config import Config
-from experiments.performance import check, main
+from experiments.performance import check, main, sweep_run
 from experiments.spec import DEFAULT_SMS, auto_tile, sm_count, tile_cost
 from experiments.timing import ClockSampler, clock_summary
 from experiments.track import Tracker
@@ -202,35 +202,81 @@ def test_performance_check_shares_and_exit_status(tmp_path, capsys):
     assert main(["--uri", fine.uri, "--experiment", "nope"]) == 2
 
 
+def test_performance_check_divides_by_the_mma_sync_peak(tmp_path):
+    """A wgmma peak measured in the same sweep (faster than the mma.sync peak) leaves ours' shares as
+    they are: mma_sync runs relate to the mma.sync peak."""
+    tr = perf_store(tmp_path)
+    parent = sweep_run(tr)
+    rid = tr.start("peak fp16 m64n256k16 wgmma", {"family": "peak", "precision": "fp16", "spec.mma": "m64n256k16",
+                                                  "spec.instruction": "wgmma"},
+                   {**GPU, "throughput_unit": "TFLOP/s", "kernel": "peak_wgmma"}, parent)
+    tr.log(rid, {"throughput": 990.0})
+    tr.end(rid)
+    res = check(tr.uri, "e", "latest", goal=0.55)
+    assert res.shares[("fp16", (8192,) * 3)] == 381.9 / 632.0 and res.shares[("int8", (8192,) * 3)] == 692.0 / 1260.0
+
+
 # ----------------------------------------------------------------------------- two generations
-def test_generations_table_and_wgmma_main_effects(tmp_path, capsys):
-    """Figures from the H200 (results/h200/generations.md, fp16 at 8192); the wgmma runs differ from
-    the default in one axis each, one in two axes (not a main effect: left out)."""
-    from experiments.performance import generations
-    tr = Tracker(f"sqlite:///{tmp_path}/g.db", "e")
-    parent = tr.start("sweep experiment=generations", {}, {"kind": "sweep", "sweep_key": "g"})
-    rows = [("mma_sync", {}, 373.6), ("cublas", {}, 626.9), ("peak", {}, 637.3),
-            ("wgmma", {"family.bn": "256", "family.consumers": "2"}, 620.2),
-            ("wgmma", {"family.bn": "128", "family.consumers": "2"}, 577.0),
-            ("wgmma", {"family.bn": "256", "family.consumers": "1"}, 575.0),
-            ("wgmma", {"family.bn": "128", "family.consumers": "1"}, 500.0)]
+def _generations_store(tmp_path, rows, name="g"):
+    """A generations sweep of fp16 runs: (family, params, throughput), at N = params.pop("N", 8192);
+    peaks ignore the size."""
+    tr = Tracker(f"sqlite:///{tmp_path}/{name}.db", "e")
+    parent = tr.start("sweep experiment=generations", {}, {"kind": "sweep", "sweep_key": name})
     for fam, opts, thr in rows:
+        opts = dict(opts)
+        n = opts.pop("N", 8192)
         params = {"family": fam, "precision": "fp16", **opts,
-                  **({"spec.mma": "m16n8k16"} if fam == "peak" else {f"problem.{d}": 8192 for d in "mnk"})}
+                  **({"spec.mma": "m16n8k16"} if fam == "peak" else {f"problem.{d}": n for d in "mnk"})}
         rid = tr.start(f"{fam} {opts}", params, {**GPU, "throughput_unit": "TFLOP/s", "kernel": f"{fam}{opts}"},
                        parent)
         tr.log(rid, {"throughput": thr})
         tr.end(rid)
     tr.end(parent)
+    return tr
+
+
+def test_generations_table_and_wgmma_main_effects(tmp_path, capsys):
+    """Figures from the H200 (results/h200/generations.md, fp16 at 8192); the wgmma runs differ from
+    the default in one axis each, one in two axes: each of its axes is compared with the run that shares
+    the other (as epilogue=tma at stages=2 against stages=2). Without a wgmma peak the wgmma share is
+    not known: it is never taken of the mma.sync peak."""
+    from experiments.performance import generations
+    rows = [("mma_sync", {}, 373.6), ("cublas", {}, 626.9), ("peak", {}, 637.3),
+            ("wgmma", {"family.bn": "256", "family.consumers": "2"}, 620.2),
+            ("wgmma", {"family.bn": "128", "family.consumers": "2"}, 577.0),
+            ("wgmma", {"family.bn": "256", "family.consumers": "1"}, 575.0),
+            ("wgmma", {"family.bn": "128", "family.consumers": "1"}, 500.0)]
+    tr = _generations_store(tmp_path, rows)
     lines = generations(tr.uri, "e").splitlines()
-    assert ("| fp16 | 8192 | 373.6 TFLOP/s | 620.2 TFLOP/s | 626.9 TFLOP/s | 637.3 TFLOP/s | 58.6% | 97.3% | "
+    assert ("| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | wgmma peak | "
+            "mma.sync share | wgmma share | wgmma / cuBLAS |") in lines
+    assert ("| fp16 | 8192 | 373.6 TFLOP/s | 620.2 TFLOP/s | 626.9 TFLOP/s | 637.3 TFLOP/s | - | 58.6% | - | "
             "0.99 |") in lines
     effects = [line for line in lines if line.startswith("| fp16 | 8192 | ") and "default" in line]
     assert effects == ["| fp16 | 8192 | bn | 128 (default 256) | 577.0 TFLOP/s | 0.93 |",
-                       "| fp16 | 8192 | consumers | 1 (default 2) | 575.0 TFLOP/s | 0.93 |"]
+                       "| fp16 | 8192 | consumers | 1 (default 2) | 575.0 TFLOP/s | 0.93 |",
+                       "| fp16 | 8192 | bn | 128 (default 256; at consumers=1) | 500.0 TFLOP/s | 0.87 |",
+                       "| fp16 | 8192 | consumers | 1 (default 2; at bn=128) | 500.0 TFLOP/s | 0.87 |"]
     assert main(["--generations", "--uri", tr.uri, "--experiment", "e", "--out", str(tmp_path / "g.md")]) == 0
     assert (tmp_path / "g.md").read_text().splitlines() == lines
     assert main(["--generations", "--uri", tr.uri, "--experiment", "e", "--sweep", "nope"]) == 2
+
+
+def test_generations_wgmma_share_is_of_the_wgmma_peak(tmp_path):
+    """Each generation's share is of its own peak: wgmma runs of the wgmma peak (family=peak
+    family.instruction=wgmma: param spec.instruction), mma_sync of the mma.sync peak; without an
+    mma_sync run the mma.sync peak is still found (through the wgmma run's GPU and precision)."""
+    from experiments.performance import generations
+    wg_peak = ("peak", {"spec.instruction": "wgmma", "spec.mma": "m64n256k16"}, 930.0)
+    rows = [("mma_sync", {}, 373.6), ("cublas", {}, 626.9), ("peak", {}, 637.3), wg_peak,
+            ("wgmma", {}, 620.0), ("mma_sync", {"N": 512}, 30.0)]
+    lines = generations(_generations_store(tmp_path, rows).uri, "e").splitlines()
+    assert ("| fp16 | 8192 | 373.6 TFLOP/s | 620.0 TFLOP/s | 626.9 TFLOP/s | 637.3 TFLOP/s | 930.0 TFLOP/s | "
+            "58.6% | 66.7% | 0.99 |") in lines
+    # a size without a wgmma run still shows both peaks (the peak ignores the size)
+    assert "| fp16 | 512 | 30.0 TFLOP/s | - | - | 637.3 TFLOP/s | 930.0 TFLOP/s | 4.7% | - | - |" in lines
+    alone = generations(_generations_store(tmp_path, rows[2:5], "w").uri, "e").splitlines()
+    assert "| fp16 | 8192 | - | 620.0 TFLOP/s | - | 637.3 TFLOP/s | 930.0 TFLOP/s | - | 66.7% | - |" in alone
 
 
 def test_nothing_measured_leaves_the_results_file_alone(tmp_path, capsys):

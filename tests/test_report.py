@@ -61,3 +61,41 @@ def test_nothing_measured_leaves_the_out_file_alone(tmp_path, capsys):
         assert main(["--uri", tr.uri, "--experiment", "e", "--out", str(out), *extra]) == 2
         assert "was measured on a GPU yet: 1 static run(s)" in capsys.readouterr().err
     assert out.read_text() == "measured before\n"
+
+
+def _store(path, medians: dict, gpu: str, wall: float, busy: float, gpus: int):
+    """A store with one sweep parent (its GPU-time metrics) and verified runs {(kernel, N): (us, spread)}."""
+    tr = Tracker(f"sqlite:///{path}", "e")
+    parent = tr.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
+    tr.log(parent, {"sweep_wall_s": wall, "gpu_busy_s": busy, "gpus": gpus})
+    tr.end(parent)
+    for (kern, n), (us, spread) in medians.items():
+        rid = tr.start(f"{n} {kern}", {"problem.m": n, "problem.n": n, "problem.k": n},
+                       {"backend": "gpu", "outcome": "verified", "kernel": kern, "gpu_uuid": gpu}, parent)
+        tr.log(rid, {"median_us": us, "spread": spread})
+        tr.end(rid)
+    return tr.uri
+
+
+def test_against_compares_medians_within_the_first_spread(tmp_path):
+    """One sweep on one GPU and on two (figures of the int8 study preset on a 2-GPU H200): per kernel and
+    size the difference and whether it is within the first run's spread, then both sweeps' times."""
+    from experiments.report import against_table, main
+    one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021), ("k32", 8192): (7598.9, 0.001),
+                                       ("wmma", 1024): (20.65, 0.0028)}, "GPU-aaaa1111", 19.4, 8.0, 1)
+    two = _store(tmp_path / "two.db", {("k32", 512): (5.59, 0.003), ("k32", 8192): (7602.0, 0.002),
+                                       ("other", 512): (1.0, 0.0)}, "GPU-bbbb2222", 14.0, 9.7, 2)
+    lines = against_table(one, two, "e").splitlines()
+    assert lines[3:7] == [
+        "| kernel | M x N x K | first us | GPU | second us | GPU | difference | first spread | within |",
+        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |",
+        "| k32 | 512x512x512 | 5.71 | aaaa1111 | 5.59 | bbbb2222 | -2.10% | 0.21% | no |",
+        "| k32 | 8192x8192x8192 | 7598.90 | aaaa1111 | 7602.00 | bbbb2222 | +0.04% | 0.10% | yes |"]
+    assert lines[-3:] == [
+        "2 (kernel, size) pairs; 1 within the first run's spread; the largest difference -2.10% (k32 512x512x512).",
+        "First sweep: 19.4 s wall, GPU time 8.0 s on 1 GPU(s). Second sweep: 14.0 s wall, GPU time 9.7 s on "
+        "2 GPU(s).",
+        "Wall time ratio, second / first: 0.72."]
+    out = tmp_path / "cmp.md"
+    assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(out)]) == 0
+    assert out.read_text().splitlines() == lines

@@ -325,3 +325,18 @@ def test_moved_store_keeps_its_artifacts_beside_the_database(tmp_path, capsys):
     moved.artifact_text(new, "new artifact", "note.txt")
     assert (b / "artifacts" / new / "artifacts" / "note.txt").read_text() == "new artifact"
     assert not a.exists()
+
+
+def test_schema_made_only_for_a_store_mlflow_has_set_up(tmp_path):
+    """Job processes open a store without its lock only once MLflow's schema is in it."""
+    import sqlite3
+
+    from experiments.track import Tracker, _schema_made
+    db = tmp_path / "mlflow.db"
+    assert not _schema_made(db)                        # no file
+    sqlite3.connect(db).close()
+    assert not _schema_made(db)                        # an empty file, as a starting migration leaves it
+    Tracker(f"sqlite:///{db}", "e")
+    assert _schema_made(db)
+    second = Tracker(f"sqlite:///{db}", "e")           # opened without the lock, same experiment
+    assert second.experiment_id == Tracker(f"sqlite:///{db}", "e").experiment_id

@@ -4,9 +4,16 @@ CPU: the space and its messages; a covering subset of the space (every value of 
 precision, plus every producer x persistent x consumers combination) rendered and assembled with
 ``ptxas -arch=sm_90a -v`` through experiments.assemble (which fails a build on the C75xx infos: wgmma
 serialized, a wait or fence injected, setmaxnreg ignored), none spilling, registers within the cap;
-one static sweep through run.py (registers, HGMMA / UTMALDG counts, a skipped point with its reason).
+with epilogue=tma every precision x bn x consumers x producer x persistent at the most stages (up to
+4) that fit, with its TMA store and shared-store counts; cluster=2 with every producer x persistent x
+consumers x epilogue and every bn (fp16, int8), with its multicast loads, remote arrivals and cluster
+barriers; one static sweep and one static tma run through run.py (registers, HGMMA / UTMALDG /
+UTMASTG counts, a skipped point with its reason). The defaults epilogue=registers and cluster=1 leave
+every earlier point's entry, params and PTX as they were.
 GPU (``gpu`` marker): every precision verified at 512, 1024 and 2048 for the default point and for
-axis variations; int8 exactly, floats within rtol (fp8 within wgmma.FP8_RTOL).
+axis variations; int8 exactly, floats within rtol (fp8 within wgmma.FP8_RTOL); epilogue=tma and
+cluster=2 verified at 128 ... 1024 (and persistent blocks that walk several tiles), each bit-identical
+to the same point with epilogue=registers / cluster=1.
 """
 import os
 import re
@@ -19,13 +26,14 @@ import pytest
 
 from experiments import families
 from experiments.assemble import PtxasError, assemble, fatal_infos
-from experiments.families.wgmma import FP8_RTOL, REGS, TYPES, geometry, smem_bytes
+from experiments.families.wgmma import FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, geometry, smem_bytes
 from experiments.spec import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 FAM = families.get("wgmma")
 DEFAULT = {"bn": 256, "consumers": 2, "producer": "true", "stages": 4, "swizzle": 128,
            "persistent": "false", "order": "grouped"}
+AXIS_DEFAULT = {**DEFAULT, **OMITTED_DEFAULTS}     # epilogue=registers stays out of a spec's params
 
 
 def _spec(precision="fp16", arch="sm_90", **opts):
@@ -37,12 +45,18 @@ def test_space_count_and_defaults():
     specs = list(FAM.space("sm_90"))
     print(f"wgmma space on sm_90a: {len(specs)} specs")
     # 5 precisions x 4 bn x 2 consumers x 2 producer x 7 stages x 3 swizzle x 2 persistent x 2 orders
-    # = 6720, less the stage counts that do not fit 227 KiB
-    assert len(specs) == 6240 == len({s.entry for s in specs})
+    # = 6720 per epilogue and cluster size, less the stage counts that do not fit 227 KiB: 6240 with
+    # registers, 5640 with tma (its C staging takes consumers x 64 x BN x 4 bytes); cluster=2 needs no
+    # more shared memory per CTA
+    assert len(specs) == 23760 == len({s.entry for s in specs})
+    points = [(s.p.get("epilogue", "(registers)"), s.p.get("cluster", "(1)")) for s in specs]
+    assert [points.count(e) for e in [("(registers)", "(1)"), ("tma", "(1)"), ("(registers)", 2), ("tma", 2)]] == [
+        6240, 5640, 6240, 5640]
     assert all(s.arch == "sm_90a" and smem_bytes(s.precision, s.p) <= 232448 for s in specs)
-    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 6240
+    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 23760
     s = _spec()
     assert s.p == {**DEFAULT, "bk": 64} and s.arch == "sm_90a"
+    assert _spec(epilogue="registers", cluster=1) == s
     assert s.entry == ("wgmma_fp16_bk64_bn256_consumers2_ordergrouped_persistentfalse_producertrue_"
                        "stages4_swizzle128")
     g = geometry("fp16", s.p)
@@ -60,6 +74,16 @@ def test_space_count_and_defaults():
     (lambda: _spec(stages=5), "stages=5 needs 246864 bytes of shared memory per block (5 x (128 + 256) rows "
                               "x 128 bytes + 1104), more than the 232448 (227 KiB) of sm_90a; valid with "
                               "bn=256 consumers=2 swizzle=128: stages <= 4"),
+    (lambda: _spec(epilogue="tma"), "stages=4 needs 328768 bytes of shared memory per block (4 x (128 + 256) "
+                                    "rows x 128 bytes + 131072 of C staging (2 x 64 x 256 x 4) + 1088), more "
+                                    "than the 232448 (227 KiB) of sm_90a; valid with bn=256 consumers=2 "
+                                    "swizzle=128 epilogue=tma: stages <= 2"),
+    (lambda: _spec("int8", epilogue="tma", bn=128, stages=6),
+     "stages=6 needs 263264 bytes of shared memory per block (6 x (128 + 128) rows x 128 bytes + 65536 of C "
+     "staging (2 x 64 x 128 x 4) + 1120), more than the 232448 (227 KiB) of sm_90a; valid with bn=128 "
+     "consumers=2 swizzle=128 epilogue=tma: stages <= 5"),
+    (lambda: _spec(epilogue="smem"), "family=wgmma epilogue='smem' is not valid; valid: registers, tma"),
+    (lambda: _spec(cluster=4), "family=wgmma cluster=4 is not valid; valid: 1, 2"),
     (lambda: _spec(bn=96), "family=wgmma bn=96 is not valid; valid: 256, 192, 128, 64"),
     (lambda: _spec("int4"), "no wgmma GEMM for precision=int4; valid: fp16, bf16, fp8_e4m3, fp8_e5m2, int8"),
     (lambda: _spec(swizzle=16), "swizzle=16 is not valid; valid: 128, 64, 32"),
@@ -74,6 +98,9 @@ def test_validation_messages(call, message):
     ({}, (512, 512, 96), "K=96 is not a multiple of BK=64"),
     ({"consumers": 1}, (96, 512, 64), "M=96 is not a multiple of BM=64"),
     ({"bn": 192}, (512, 512, 512), "N=512 is not a multiple of BN=192"),
+    ({"cluster": 2}, (384, 512, 512), "M=384 is 3 tile rows of BM=128, not a multiple of cluster=2 (the CTAs "
+                                      "of a cluster take adjacent tile rows): M must be a multiple of 256"),
+    ({"cluster": 2}, (320, 512, 512), "M=320 is not a multiple of BM=128"),
 ])
 def test_check_problem(opts, mnk, message):
     with pytest.raises(SpecError, match=re.escape(message)):
@@ -98,6 +125,89 @@ def test_template_contract():
     assert "setmaxnreg" not in nop and ".minnctapersm 1" in nop and ".maxntid 256, 1, 1" in nop
     assert "m64n256k32.s32.s8.s8" in nop and "%ptrue;" in nop and "st.global.v2.s32" in nop
     assert "m64n128k32.f32.e5m2.e5m2" in FAM.build(_spec("fp8_e5m2", bn=128)).source
+    for text in ("tmap_c", "st.shared", "fence.proxy.async", "cp.async.bulk.wait_group", "bar.sync        1"):
+        assert text not in src and text not in nop
+
+
+def test_tma_epilogue_contract():
+    """epilogue=tma: C's tensor map instead of its pointer, the staging after the ring, one TMA store per
+    8-column box and warpgroup, the fence before the warpgroup's named barrier, the waits."""
+    s = _spec(epilogue="tma", stages=2)
+    g = geometry("fp16", s.p)
+    assert (g["stg_wg"], g["stg_bytes"], g["box_bytes"]) == (65536, 131072, 2048)
+    assert FAM.dyn_smem(s) == 1024 + 2 * 49152 + 131072 + 32 == 230432
+    src = FAM.build(s).source
+    assert ".param .align 64 .b8 tmap_c[128]," in src and "c_ptr" not in src and "st.global" not in src
+    assert "add.u32         %full, %base, 229376;" in src        # 2 stages x 49152 + 131072 of staging
+    assert "add.u32         %stg, %base, 98304;" in src and "mad.lo.u32      %stg, %wg, 65536, %stg;" in src
+    assert src.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%tmap_c_gen, { %q5, %q3 }]") == 32
+    assert "[%stg+63488];" in src and src.count("st.shared.v2.f32") == 64
+    assert "st.shared.v2.f32 [%stt+63744], { %d126, %d127 };" in src      # box 31, rows 8 .. 15
+    assert src.count("cp.async.bulk.commit_group;") == 1 and "cp.async.bulk.wait_group.read" not in src
+    assert src.count("@%pt0 cp.async.bulk.wait_group 0;") == 1
+    fence = src.index("fence.proxy.async.shared::cta;")
+    assert src.index("@%pwg0 bar.sync 1, 128;", fence) < src.index("cp.async.bulk.tensor.2d.global", fence)
+    assert "@!%pwg0 bar.sync 2, 128;" in src
+    one = FAM.build(_spec("int8", epilogue="tma", consumers=1, bn=64, persistent="true",
+                          producer="false")).source
+    assert one.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") == 8
+    assert one.count("    bar.sync        1, 128;") == 2 and "%pwg0 bar" not in one
+    assert one.count("st.shared.v2.s32") == 16 and "@%pt0 cp.async.bulk.wait_group.read 0;" in one
+    # the wait for the previous tile's stores comes before this tile's first shared store
+    assert one.index("cp.async.bulk.wait_group.read 0;") < one.index("st.shared.v2.s32")
+
+
+def test_cluster_contract():
+    """cluster=2: the directive, cluster ids for the tile walk, the B half multicast to both CTAs, releases
+    on both CTAs' empty barriers (count doubled), the cluster barriers at start and end."""
+    s = _spec(cluster=2)
+    assert FAM.multiples(s) == (256, 256, 64) and FAM.dyn_smem(s) == FAM.dyn_smem(_spec())
+    src = FAM.build(s).source
+    assert ".reqnctapercluster 2, 1, 1" in src and ".reqnctapercluster" not in FAM.build(_spec()).source
+    assert "mov.u32         %bid, %clusterid.x;" in src and "mov.u32         %nblocks, %nclusterid.x;" in src
+    assert "shr.u32         %tiles_m, %tiles_m, 1;" in src
+    assert src.count("mad.lo.u32      %ltm, %ltm, 2, %crank;") == 1           # one tile, producer
+    assert src.count("mad.lo.u32      %ctm, %ctm, 2, %crank;") == 1
+    assert "mbarrier.init.shared::cta.b64 [%empty+24], 4;" in src            # 2 consumers x 2 CTAs
+    assert "mul.lo.u32      %brow, %crank, 128;" in src and "mov.u16         %mask, 3;" in src
+    assert "mad.lo.u32      %q6, %crank, 16384, %q6;" in src                  # 128 rows x 128 bytes
+    assert src.count("complete_tx::bytes.multicast::cluster [%q6], [%tmap_b_gen, { %q7, %q8 }], [%q5], %mask;") == 1
+    assert src.count("complete_tx::bytes [%q6], [%tmap_a_gen") == 1
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64 %rd_state, [%q5], 49152;" in src   # the whole stage
+    for r in (0, 1):
+        assert src.count(f"@%pt0 mapa.shared::cluster.u32 %q5, %q4, {r};") == 2     # k loop, tile end
+    assert src.count("@%pt0 mbarrier.arrive.shared::cluster.b64 _, [%q5];") == 4
+    assert "mbarrier.arrive.shared::cta" not in src
+    assert src.index("barrier.cluster.arrive.release.aligned;") < src.index("PRODUCE:")
+    assert src.count("bra  CLUSTER_END;") == 1 and src.count("bra        CLUSTER_END;") == 1
+    end = src.index("CLUSTER_END:")
+    assert src.index("barrier.cluster.arrive.release;", end) < src.index("barrier.cluster.wait.acquire;", end)
+    assert src.index("barrier.cluster.wait.acquire;", end) < src.index("EXIT:", end)
+    # the B half of bn=192 starts 96 rows in: a multiple of the 1024-byte swizzle atom
+    assert "mad.lo.u32      %q6, %crank, 12288, %q6;" in FAM.build(_spec(cluster=2, bn=192)).source
+    nop = FAM.build(_spec(cluster=2, producer="false", persistent="true")).source
+    assert nop.count("multicast::cluster") == 3 and "CLUSTER_END:" in nop and "bra  CLUSTER_END" not in nop
+
+
+def test_run_names_and_identity():
+    """The defaults epilogue=registers and cluster=1 add nothing to a point's identity (params, entry, run
+    name); tma and cluster=2 do."""
+    from experiments import record
+    axes = tuple(FAM.axes)
+    assert axes[-2:] == ("epilogue", "cluster")
+    old = _spec("fp8_e4m3", persistent="true")
+    assert record.family_run_name(old, axes, (8192,) * 3) == (
+        "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages4 swizzle128 persistent grouped")
+    new = _spec("fp8_e4m3", persistent="true", epilogue="tma", stages=2)
+    assert record.family_run_name(new, axes, (8192,) * 3) == (
+        "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages2 swizzle128 persistent grouped tma")
+    assert new.entry == ("wgmma_fp8_e4m3_bk128_bn256_consumers2_epiloguetma_ordergrouped_persistenttrue_"
+                         "producertrue_stages2_swizzle128")
+    two = _spec("int8", cluster=2)
+    assert record.family_run_name(two, axes) == (
+        "wgmma int8 bn256 consumers2 producer stages4 swizzle128 no_persistent grouped cluster2")
+    assert two.entry == ("wgmma_int8_bk128_bn256_cluster2_consumers2_ordergrouped_persistentfalse_producertrue_"
+                         "stages4_swizzle128")
 
 
 def test_fatal_ptxas_infos_fail_the_build():
@@ -134,11 +244,12 @@ def _covering():
         points = [{}]
         for axis, values in FAM.axes.items():
             if axis != "precision":
-                points += [{axis: v} for v in values if v != DEFAULT[axis]]
+                points += [{axis: v} for v in values if v != AXIS_DEFAULT[axis]]
         points += [{"producer": p, "persistent": q, "consumers": c}
                    for p in ("true", "false") for q in ("true", "false") for c in (1, 2)]
         points += [{"bn": 128, "consumers": 1, "stages": n} for n in FAM.axes["stages"]]
         points += [{"bn": 64, "consumers": 1, "stages": 8, "swizzle": 32, "order": "row"}]
+        points += [{"epilogue": "tma", "stages": 2}]
         for opts in points:
             try:
                 s = _spec(prec, **opts)
@@ -150,7 +261,7 @@ def _covering():
 
 def test_covering_subset_assembles(tmp_path, need_ptxas):
     specs = _covering()
-    covered = {(a, s.p[a]) for s in specs for a in FAM.axes if a != "precision"}
+    covered = {(a, s.p.get(a, AXIS_DEFAULT[a])) for s in specs for a in FAM.axes if a != "precision"}
     assert covered == {(a, v) for a, vs in FAM.axes.items() if a != "precision" for v in vs}
     assert {s.precision for s in specs} == set(TYPES)
 
@@ -169,6 +280,92 @@ def test_covering_subset_assembles(tmp_path, need_ptxas):
         if a.sass:      # defaults: one wgmma per 32 bytes of K, one TMA load per operand
             op = {"fp16": "HGMMA", "bf16": "HGMMA", "int8": "IGMMA"}.get(s.precision, "QGMMA")
             assert a.sass_counts.get(op) == 4 and a.sass_counts.get("UTMALDG") == 2, (s.entry, a.sass_counts)
+
+
+def _tma_points(precision):
+    """epilogue=tma at every bn x consumers x producer x persistent, with the most stages (up to the
+    default 4) that fit beside the C staging."""
+    out = []
+    for bn in FAM.axes["bn"]:
+        for cons in FAM.axes["consumers"]:
+            for prod in FAM.axes["producer"]:
+                for pers in FAM.axes["persistent"]:
+                    opts = {"epilogue": "tma", "bn": bn, "consumers": cons, "producer": prod, "persistent": pers}
+                    for stages in (4, 3, 2):
+                        try:
+                            out.append(_spec(precision, stages=stages, **opts))
+                            break
+                        except SpecError:
+                            continue
+    return out
+
+
+@pytest.mark.parametrize("precision", list(TYPES))
+def test_tma_epilogue_assembles(precision, tmp_path, need_ptxas):
+    specs = _tma_points(precision)
+    assert len(specs) == 32                    # every combination fits with 2 stages at least
+    # fewer than 4 stages beside the staging only for the two largest tiles (swizzle 128)
+    assert {(s.p["bn"], s.p["consumers"], s.p["stages"]) for s in specs if s.p["stages"] < 4} == {
+        (256, 2, 2), (192, 2, 3)}
+    op = {"fp16": "HGMMA", "bf16": "HGMMA", "int8": "IGMMA"}.get(precision, "QGMMA")
+
+    def one(s):
+        sass = s.p["persistent"] == "true" and s.p["consumers"] == 2
+        return s, assemble(FAM.build(s).source, s.entry, s.arch, threads=FAM.threads(s),
+                           dyn_smem=FAM.dyn_smem(s), workdir=tmp_path, with_sass=sass)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, specs))
+    print(f"assembled {len(results)} {precision} wgmma kernels with epilogue=tma for sm_90a")
+    for s, a in results:
+        assert not fatal_infos(a.report), (s.entry, a.report)
+        assert a.spill_stores == a.spill_loads == a.stack_frame == 0, (s.entry, a.report)
+        cap = REGS["launch"] if s.p["producer"] == "true" else 255
+        assert 0 < a.registers <= cap, (s.entry, a.registers)
+        assert f"used {1 + s.p['consumers']} barriers" in a.report, (s.entry, a.report)
+        if a.sass:      # one TMA store per 8-column box, two shared stores per box and thread
+            c = a.sass_counts
+            loads = 2 if s.p["producer"] == "true" else 6      # without: prologue, refill, last refill
+            assert c.get("UTMASTG") == s.p["bn"] // 8 and c.get("UTMALDG") == loads, (s.entry, c)
+            assert c.get("STS") == s.p["bn"] // 4 and c.get(op) == s.p["swizzle"] // 32, (s.entry, c)
+            assert not any(k.startswith("STG") for k in c), (s.entry, c)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])      # the covering subset has cluster=2 for all
+def test_cluster_assembles(precision, tmp_path, need_ptxas):
+    """cluster=2 with every producer x persistent x consumers x epilogue (the most stages up to 4 that
+    fit) and every bn: assembled, no C75xx info, no spill; SASS of the persistent two-consumer ones: one
+    multicast B load per load site, one remote-capable arrival per CTA and release site, the two cluster
+    barriers and no GPU-wide fence but theirs."""
+    from experiments.assemble import sass_opcodes
+    specs = []
+    for opts in ([{"producer": p, "persistent": q, "consumers": c, "epilogue": e}
+                  for p in ("true", "false") for q in ("true", "false") for c in (1, 2) for e in ("registers", "tma")]
+                 + [{"bn": bn} for bn in (192, 128, 64)]):
+        for stages in (4, 3, 2):
+            try:
+                specs.append(_spec(precision, cluster=2, stages=stages, **opts))
+                break
+            except SpecError:
+                continue
+    assert len(specs) == 19
+
+    def one(s):
+        sass = s.p["persistent"] == "true" and s.p["consumers"] == 2
+        return s, assemble(FAM.build(s).source, s.entry, s.arch, threads=FAM.threads(s),
+                           dyn_smem=FAM.dyn_smem(s), workdir=tmp_path, with_sass=sass)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, specs))
+    print(f"assembled {len(results)} {precision} wgmma kernels with cluster=2 for sm_90a")
+    for s, a in results:
+        assert not fatal_infos(a.report), (s.entry, a.report)
+        assert a.spill_stores == a.spill_loads == a.stack_frame == 0, (s.entry, a.report)
+        assert 0 < a.registers <= (REGS["launch"] if s.p["producer"] == "true" else 255), (s.entry, a.registers)
+        if a.sass:
+            ops = sass_opcodes(a.sass)
+            sites = 1 if s.p["producer"] == "true" else 3       # without: prologue, refill, last refill
+            assert ops.get("UTMALDG.2D.MULTICAST") == ops.get("UTMALDG.2D") == sites, (s.entry, ops)
+            assert ops.get("SYNCS.ARRIVE.TRANS64.RED.A1T0") == 4, (s.entry, ops)
+            assert ops.get("UCGABAR_ARV") == ops.get("UCGABAR_WAIT") == ops.get("MEMBAR.ALL.GPU") == 2, (s.entry, ops)
 
 
 # ------------------------------------------------------------------ run.py, static
@@ -204,6 +401,26 @@ def test_static_sweep(tmp_path, need_ptxas):
         assert r.data.tags["mma_native"] == "true" and r.data.tags["arch"] == "sm_90a"
 
 
+def test_static_tma_run(tmp_path, need_ptxas):
+    """One epilogue=tma kernel through run.py: typed option, run name, spec params, TMA store counts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "family=wgmma", "backend=static", "precision=int8",
+         "family.epilogue=tma", "family.stages=2", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+         "tracking.experiment=wgmma-tests", f"hydra.run.dir={tmp_path}/out"], cwd=tmp_path, env=env,
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    (name, r), = _children(tmp_path).items()
+    assert name == "wgmma int8 bn256 consumers2 producer stages2 swizzle128 no_persistent grouped tma"
+    assert r.data.tags["outcome"] == "static" and r.data.params["spec.epilogue"] == "tma"
+    m = r.data.metrics
+    print(f"{name}: {m['registers']:.0f} regs, {m['smem_dynamic_bytes']:.0f} B dynamic smem, "
+          f"{m['sass_UTMASTG']:.0f} x UTMASTG, {m['sass_STS']:.0f} x STS")
+    assert m["smem_dynamic_bytes"] == 230432 and m["registers"] == REGS["launch"]
+    assert (m["sass_IGMMA"], m["sass_UTMALDG"], m["sass_UTMASTG"], m["sass_STS"]) == (4, 2, 32, 64)
+
+
 # ------------------------------------------------------------------ GPU
 VARIANTS = [{}, {"consumers": 1}, {"producer": "false"}, {"swizzle": 64}, {"swizzle": 32},
             {"persistent": "true"}, {"persistent": "true", "producer": "false", "order": "row"}, {"bn": 128}]
@@ -229,3 +446,104 @@ def test_gpu_verifies(precision, opts, n):
         assert res.tolerance == 0 and res.max_error == 0
     else:
         assert res.tolerance == (FP8_RTOL if precision.startswith("fp8") else 1e-3)
+
+
+# epilogue=tma on the GPU: (options besides epilogue, shapes M x N x K); each shape a multiple of BM, BN
+# and BK for every precision (BK 64 for 16-bit types with 128B swizzle, 128 for 8-bit)
+TMA_CASES = [
+    ({"stages": 2}, [(256, 256, 128), (512, 512, 512), (1024, 1024, 1024)]),
+    ({"bn": 128, "consumers": 1}, [(128, 128, 128), (256, 512, 384), (1024, 1024, 1024)]),
+    ({"bn": 192, "stages": 3, "producer": "false"}, [(384, 384, 256), (768, 768, 768)]),
+    ({"stages": 2, "persistent": "true"}, [(1024, 1024, 1024)]),
+    # persistent blocks that walk several tiles, so the staging is written again after a wait: 1024 x 2048
+    # in 64 x 64 tiles is 512 tiles for the H200's 132 blocks
+    ({"bn": 64, "consumers": 1, "persistent": "true"}, [(128, 128, 128), (1024, 2048, 256)]),
+    ({"bn": 64, "consumers": 1, "persistent": "true", "producer": "false", "order": "row", "swizzle": 32},
+     [(1024, 2048, 256)]),
+]
+
+
+def _prepared(precision, opts, shape):
+    import cupy
+    spec = _spec(precision, f"sm_{cupy.cuda.Device().compute_capability}", **opts)
+    return spec, FAM.prepare(spec, FAM.build(spec), *shape, seed=11)
+
+
+def _ids(v):
+    return "x".join(map(str, v)) if isinstance(v, tuple) else "-".join(f"{k}{x}" for k, x in v.items())
+
+
+def _finish(entry, limit_s=60.0):
+    """Wait for the launches so far; a kernel that never finishes (a barrier that is never completed)
+    ends the session with its name instead of hanging it: the hung context cannot run anything else."""
+    import time
+
+    import cupy
+    done = cupy.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + limit_s
+    while not done.done:
+        if time.monotonic() > deadline:
+            pytest.exit(f"{entry} did not finish within {limit_s:.0f} s (a deadlock): GPU tests stopped", 3)
+        time.sleep(0.01)
+
+
+def _same_c(precision, opts, change, shape):
+    """Verify the kernel of ``opts`` + ``change`` and check that its C is bit for bit that of ``opts``
+    alone (the same wgmma sequence: only how operands arrive or results leave differs)."""
+    import cupy
+    spec, new = _prepared(precision, {**opts, **change}, shape)
+    _, ref = _prepared(precision, opts, shape)
+    new.launch()
+    ref.launch()
+    _finish(spec.entry)
+    res = new.verify()
+    assert res.ok, f"{spec.entry} at {shape}: max error {res.max_error:.3g}; {res.message()}"
+    if precision == "int8":
+        assert res.tolerance == 0 and res.max_error == 0
+    a, b = new.launch.output, ref.launch.output
+    assert a.dtype == b.dtype and a.shape == b.shape == shape[:2]
+    assert bool(cupy.array_equal(a.view(cupy.int32), b.view(cupy.int32))), spec.entry
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts, shape", [(o, s) for o, shapes in TMA_CASES for s in shapes], ids=_ids)
+@pytest.mark.parametrize("precision", list(TYPES))
+def test_gpu_tma_epilogue(precision, opts, shape):
+    """epilogue=tma verifies and writes the C of epilogue=registers, bit for bit."""
+    _same_c(precision, opts, {"epilogue": "tma"}, shape)
+
+
+# cluster=2 on the GPU: M a multiple of 2 BM; the persistent ones walk about 4 pair tiles per cluster
+CLUSTER_CASES = [
+    ({}, [(256, 256, 128), (512, 512, 512), (1024, 1024, 1024)]),
+    ({"bn": 128, "producer": "false"}, [(512, 256, 256)]),
+    ({"bn": 192, "stages": 3, "epilogue": "tma"}, [(768, 768, 768)]),
+    ({"bn": 64, "consumers": 1, "persistent": "true"}, [(128, 128, 128), (1024, 2048, 256)]),
+    ({"bn": 64, "consumers": 1, "persistent": "true", "producer": "false", "order": "row", "swizzle": 32,
+      "epilogue": "tma"}, [(1024, 2048, 256)]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts, shape", [(o, s) for o, shapes in CLUSTER_CASES for s in shapes], ids=_ids)
+@pytest.mark.parametrize("precision", list(TYPES))
+def test_gpu_cluster(precision, opts, shape):
+    """cluster=2 (B shared by TMA multicast) verifies and writes the C of cluster=1, bit for bit."""
+    _same_c(precision, opts, {"cluster": 2}, shape)
+
+
+def test_gpu_cases_are_valid():
+    """The GPU cases above validate for every precision and their shapes fit the tiles (CPU check, so a
+    typo fails here rather than on the GPU); the persistent ones at 1024 x 2048 walk 512 tiles (256
+    pairs) with the H200's 132 blocks (66 clusters)."""
+    for cases, change in ((TMA_CASES, {"epilogue": "tma"}), (CLUSTER_CASES, {"cluster": 2})):
+        for precision in TYPES:
+            for opts, shapes in cases:
+                for o in (opts, {**opts, **change}):
+                    spec = _spec(precision, **o)
+                    for m, n, k in shapes:
+                        FAM.check_problem(spec, m, n, k)
+    walk = [(geometry("fp16", {**AXIS_DEFAULT, **o}), s) for o, shapes in TMA_CASES + CLUSTER_CASES
+            for s in shapes if o.get("persistent") and s[0] == 1024]
+    assert [(s[0] // g["BM"]) * (s[1] // g["BN"]) for g, s in walk] == [32, 512, 512, 512, 512]

@@ -1,16 +1,33 @@
-"""The peak family: this GPU's own ceilings, measured with the same timing as every kernel. ``precision`` =
-an ``mma.sync`` type: a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which every warp keeps
-``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK`` per chain per
-iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the register-only peak of
-``reference/h200/README.md``). The loop is written out ``UNROLL`` iterations per trip: with one iteration
-per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an H200 (fp16 555 against 638
-TFLOP/s, int8 1,114 against 1,271 TOP/s, same clocks). The launch does a fixed amount of work, ``units``
-of ``iters`` iterations, spread over the grid's warps (warp w takes units w, w + W, ...), so
-:meth:`PeakFamily.flops` does not depend on the GPU's SM count; the amount is chosen so one launch lasts
-about 1 ms on an H200. A holds 1 and B 1/K (floats) or 1 (integers), so every mma adds exactly 1 (floats)
-or K (integers) to each accumulator and the host knows each result exactly.
-``precision=copy``: device-to-device copy bandwidth (bytes read + written, GB/s), a vectorised PTX
-copy kernel or ``cudaMemcpyAsync``. The problem size M, N, K does not apply and is ignored.
+"""The peak family: this GPU's own ceilings, measured with the same timing as every kernel. The option
+``instruction`` says which tensor-core instruction a precision's ceiling is measured with.
+
+``instruction=mma_sync`` (the default): a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which
+every warp keeps ``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK``
+per chain per iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the
+register-only peak of ``reference/h200/README.md``). The loop is written out ``UNROLL`` iterations per
+trip: with one iteration per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an
+H200 (fp16 555 against 638 TFLOP/s, int8 1,114 against 1,271 TOP/s, same clocks). The launch does a
+fixed amount of work, ``units`` of ``iters`` iterations, spread over the grid's warps (warp w takes
+units w, w + W, ...), so :meth:`PeakFamily.flops` does not depend on the GPU's SM count; the amount is
+chosen so one launch lasts about 1 ms on an H200. A holds 1 and B 1/K (floats) or 1 (integers), so
+every mma adds exactly 1 (floats) or K (integers) to each accumulator and the host knows each result.
+
+``instruction=wgmma`` (sm_90a only): Hopper's warpgroup MMA, the instruction the ``wgmma`` GEMM family
+issues (``kernels_ptx/peak_wgmma.ptx.j2``; PTX ISA 9.0, 9.7.15). Each warpgroup issues
+``wgmma.mma_async.m64n256kK`` with both operands read from shared memory through matrix descriptors
+(K-major, 128-byte swizzle, as ``wgmma_gemm.ptx.j2`` builds them), ``WGMMA_GROUP`` wgmma per
+``commit_group`` and ``wait_group WGMMA_WAIT`` after each, so that several are in flight;
+``WGMMA_WARPGROUPS`` warpgroups per block, one block per SM. A fixed work of ``units`` x ``iters`` wgmma
+(2**21: about 1.1 ms at 990 TFLOP/s fp16, 1980 fp8 / int8) is spread over the grid's warpgroups as
+above. Every element of A holds one value and every element of B another (the mma.sync peak's words),
+so each wgmma adds exactly 1 (floats) or K (int8) to every accumulator whatever the layout. fp8 wgmma
+accumulates in a narrower format than f32 (about 14 significant bits; DeepSeek-V3 technical report,
+3.3.2): a running sum of thousands of wgmma would lose the increments, so fp8 restarts its
+accumulators (scale-d = false) at the first wgmma of every unit and its result is one unit's exact sum;
+the unit count is checked by the other precisions, which run the same loop.
+
+``precision=copy``: device-to-device copy bandwidth (bytes read + written, GB/s), a vectorised PTX copy
+kernel or ``cudaMemcpyAsync``. The problem size M, N, K does not apply and is ignored.
 """
 from __future__ import annotations
 
@@ -20,8 +37,12 @@ import numpy as np
 
 from ..spec import ARCHS
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template, sm_of
+from .wgmma import ARCH as WGMMA_ARCH
+from .wgmma import SWIZZLES
+from .wgmma import TYPES as WGMMA_TYPES
 
-__all__ = ["PeakFamily", "MMA_TYPES", "operand_words", "expected_accumulators", "THREADS", "CHAINS"]
+__all__ = ["PeakFamily", "MMA_TYPES", "operand_words", "expected_accumulators", "expected_wgmma",
+           "wgmma_smem_bytes", "wgmma_restarts", "THREADS", "CHAINS", "INSTRUCTIONS", "WGMMA_N"]
 
 # precision -> (PTX type, bits, accumulator, K of the m16n8kK shapes, lowest sm, lowest PTX ISA)
 MMA_TYPES = {
@@ -30,7 +51,9 @@ MMA_TYPES = {
     "int8": ("s8", 8, "s32", (16, 32), 80, (7, 0)),
     "int4": ("s4", 4, "s32", (32, 64), 80, (7, 0)),
     "fp8_e4m3": ("e4m3", 8, "f32", (32,), 89, (8, 4)),
+    "fp8_e5m2": ("e5m2", 8, "f32", (32,), 89, (8, 4)),
 }
+INSTRUCTIONS = ("mma_sync", "wgmma")
 THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # (iters, units): ~1.3e8 mma per launch where the type is native. s4 on sm_90 (and, assumed, later
 # archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
@@ -39,10 +62,21 @@ NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
 # archs whose SASS of mma.sync .e4m3 is F2FP.F16.E4M3.UNPACK_B + HMMA.16816, no QMMA (ptxas 13.0)
 NO_FP8_MMA_SYNC = (90, 100)
 COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM, COPY_CACHE = 1 << 30, 8, 2, ("", ".cs")
+# instruction=wgmma: m64nNkK per warpgroup; warpgroups per block (one block per SM), wgmma per commit
+# group, groups left in flight by wait_group (chosen without a GPU at hand: on one,
+# tests/test_families_gpu.py::test_wgmma_peak_structures times the alternatives and fails unless this
+# choice is within 3 % of the fastest); (iters = wgmma per unit, units): 2**21 wgmma per launch
+WGMMA_N, WGMMA_WARPGROUPS, WGMMA_GROUP, WGMMA_WAIT = 256, 2, 4, 1
+WGMMA_WORK = (32, 1 << 16)
+WGMMA_SWIZZLE, WGMMA_ALIGN = 128, 1024          # bytes of a shared-memory row; alignment slack
+
+
+def _wgmma_shape(precision: str) -> str:
+    return f"m64n{WGMMA_N}k{WGMMA_TYPES[precision][1]}"
 
 
 def _mma_rule(precision, p, arch):
-    if precision == "copy":
+    if precision == "copy" or p.get("instruction") == "wgmma":
         return None
     shapes = [f"m16n8k{k}" for k in MMA_TYPES[precision][3]]
     if p["mma"] not in shapes:
@@ -56,10 +90,20 @@ def _mma_rule(precision, p, arch):
     return None
 
 
+def _wgmma_rule(precision, p, arch):
+    if p.get("instruction") != "wgmma" or arch == WGMMA_ARCH:
+        return None
+    return (f"instruction=wgmma needs target.arch={WGMMA_ARCH}, not {arch}: wgmma.mma_async exists only for "
+            f"the arch-specific target {WGMMA_ARCH} (sm_89 and earlier have no warpgroup MMA, sm_100 and "
+            f"later replace it with tcgen05); target.arch auto and sm_90 resolve to {WGMMA_ARCH}")
+
+
 def operand_words(precision: str, k: int) -> tuple[int, int, float]:
     """(A word, B word, increment): the 32-bit registers of the A and B fragments (one element value
-    repeated) and what one m16n8kK mma adds to each accumulator. Floats: A = 1, B = 2**-log2(K),
-    increment 1.0; integers: A = B = 1, increment K. fp8 e4m3: 1.0 = 0x38, 2**-e = (7 - e) << 3."""
+    repeated) and what one m16n8kK mma (or m64nNkK wgmma) adds to each accumulator. Floats: A = 1,
+    B = 2**-log2(K), increment 1.0; integers: A = B = 1, increment K. fp8 e4m3 (bias 7, 3 mantissa
+    bits): 1.0 = 0x38, 2**-e = (7 - e) << 3; e5m2 (bias 15, 2 mantissa bits): 1.0 = 0x3C,
+    2**-e = (15 - e) << 2."""
     bits = MMA_TYPES[precision][1]
     if precision == "fp16":
         one, frac = (int(np.array([v], np.float16).view(np.uint16)[0]) for v in (1.0, 1.0 / k))
@@ -67,6 +111,8 @@ def operand_words(precision: str, k: int) -> tuple[int, int, float]:
         one, frac = (int(np.array([v], np.float32).view(np.uint32)[0]) >> 16 for v in (1.0, 1.0 / k))
     elif precision == "fp8_e4m3":
         one, frac = 7 << 3, (7 - int(np.log2(k))) << 3
+    elif precision == "fp8_e5m2":
+        one, frac = 15 << 2, (15 - int(np.log2(k))) << 2
     else:
         one = frac = 1
     rep = lambda x: sum(x << (bits * i) for i in range(32 // bits))  # noqa: E731
@@ -74,39 +120,102 @@ def operand_words(precision: str, k: int) -> tuple[int, int, float]:
     return rep(one), rep(frac), inc
 
 
+def _k(spec: FamilySpec) -> int:
+    return int(spec.p["mma"].split("k")[1])
+
+
+def _acc_dtype(precision: str):
+    return np.float32 if MMA_TYPES[precision][2] == "f32" else np.int32
+
+
+def _units_done(p: dict, workers: int, xp):
+    """Units each of ``workers`` warps (warpgroups) does: units w, w + W, ... below p["units"]."""
+    w = xp.arange(workers, dtype=np.int64)
+    return p["units"] // workers + (w < p["units"] % workers)
+
+
 def expected_accumulators(spec: FamilySpec, warps: int, xp=np):
-    """Exact result of one mma launch with ``warps`` warps: array (32 * warps, 4 * chains) of the
+    """Exact result of one mma.sync launch with ``warps`` warps: array (32 * warps, 4 * chains) of the
     accumulator dtype; thread t's chain c holds c + (units warp t // 32 did) * iters * increment."""
     p = spec.p
-    _, _, inc = operand_words(spec.precision, int(p["mma"].split("k")[1]))
-    w = xp.arange(warps, dtype=np.int64)
-    done = p["units"] // warps + (w < p["units"] % warps)
-    per_warp = done * p["iters"] * int(inc)
+    _, _, inc = operand_words(spec.precision, _k(spec))
+    per_warp = _units_done(p, warps, xp) * p["iters"] * int(inc)
     chain = xp.repeat(xp.arange(p["chains"], dtype=np.int64), 4)
     out = xp.repeat(per_warp, 32)[:, None] + chain[None, :]
-    return out.astype(np.float32 if MMA_TYPES[spec.precision][2] == "f32" else np.int32)
+    return out.astype(_acc_dtype(spec.precision))
+
+
+def wgmma_restarts(precision: str) -> bool:
+    """Whether the wgmma peak restarts its accumulators every unit: fp8 (narrow accumulation)."""
+    return precision.startswith("fp8")
+
+
+def expected_wgmma(spec: FamilySpec, warpgroups: int, xp=np):
+    """Exact result of one instruction=wgmma launch with ``warpgroups`` warpgroups in the grid: array
+    (128 * warpgroups, N / 2) of the accumulator dtype (f32, s32 for int8). Thread t's register i holds
+    i + (units warpgroup t // 128 did) * iters * increment; for fp8 (restarted every unit) iters *
+    increment where the warpgroup did a unit, else i."""
+    p = spec.p
+    _, _, inc = operand_words(spec.precision, _k(spec))
+    done = xp.repeat(_units_done(p, warpgroups, xp), 128)[:, None]
+    reg = xp.arange(WGMMA_N // 2, dtype=np.int64)[None, :]
+    unit = p["iters"] * int(inc)
+    out = (done > 0) * unit + (done == 0) * reg if wgmma_restarts(spec.precision) else reg + done * unit
+    return out.astype(_acc_dtype(spec.precision))
+
+
+def wgmma_smem_bytes(spec: FamilySpec) -> int:
+    """Dynamic shared memory of an instruction=wgmma block: 1024 (alignment) + A (64 rows per
+    warpgroup) + B (N rows), 128 bytes per row."""
+    return WGMMA_ALIGN + (64 * spec.p["warpgroups"] + WGMMA_N) * WGMMA_SWIZZLE
+
+
+def _literal(value: int, acc: str) -> str:
+    return f"0f{np.array([value], '>f4').tobytes().hex().upper()}" if acc == "f32" else str(value)
 
 
 class PeakFamily(Family):
-    """``family=peak``: precision = an mma.sync type (``mma`` = its shape, auto = the largest K) or
-    ``copy`` (``copy`` = kernel or memcpy, auto = kernel)."""
+    """``family=peak``: precision = an mma type (``mma`` = its shape, auto = the largest K of mma.sync,
+    or m64n256kK with ``instruction=wgmma``) or ``copy`` (``copy`` = kernel or memcpy, auto = kernel)."""
     name = "peak"
     title = "peak measurement"
     axes = {"precision": tuple(MMA_TYPES) + ("copy",),
-            "mma": ("auto", "m16n8k8", "m16n8k16", "m16n8k32", "m16n8k64"),
-            "copy": ("auto", "kernel", "memcpy")}
-    defaults = {"mma": "auto", "copy": "auto"}
-    rules = (Rule("mma", "the shapes mma.sync offers per type; fp8 from sm_89", _mma_rule),)
+            "mma": ("auto", "m16n8k8", "m16n8k16", "m16n8k32", "m16n8k64", "m64n256k16", "m64n256k32"),
+            "copy": ("auto", "kernel", "memcpy"),
+            "instruction": INSTRUCTIONS}
+    defaults = {"mma": "auto", "copy": "auto", "instruction": "mma_sync"}
+    rules = (Rule("mma", "the shapes mma.sync offers per type; fp8 from sm_89", _mma_rule),
+             Rule("wgmma", "wgmma.mma_async exists only on sm_90a (auto and sm_90 resolve to it)",
+                  _wgmma_rule))
     sized = False
     tensor_cores = True
 
+    def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
+        """As :meth:`Family.spec`; with ``instruction=wgmma`` target.arch auto and sm_90 resolve to
+        sm_90a (any other arch is refused by the rule ``wgmma``)."""
+        opts = dict(options or {})
+        if str(opts.get("instruction", "mma_sync")) == "wgmma" and str(arch) in ("auto", "sm_90"):
+            arch = WGMMA_ARCH
+        return super().spec(precision, opts, arch)
+
     def threads(self, spec: FamilySpec) -> int:
-        """256 (the copy and the mma loop); 0 for memcpy."""
+        """256 (the copy and the mma.sync loop), 128 per warpgroup (wgmma); 0 for memcpy."""
+        if spec.p.get("instruction") == "wgmma":
+            return 128 * spec.p["warpgroups"]
         return 0 if spec.p.get("copy") == "memcpy" else THREADS
+
+    def dyn_smem(self, spec: FamilySpec) -> int:
+        """:func:`wgmma_smem_bytes` for instruction=wgmma, else 0."""
+        return wgmma_smem_bytes(spec) if spec.p.get("instruction") == "wgmma" else 0
 
     def resolve(self, precision, params, arch):
         """Drop the axis that does not apply (mma for copy, copy for mma types; only "auto" is
-        accepted there), resolve "auto" and add the work size."""
+        accepted there, and instruction for mma_sync, so those specs are as before the option existed),
+        resolve "auto" and add the work size (and, for wgmma, the loop's structure)."""
+        wgmma = params.pop("instruction") == "wgmma"
+        if wgmma and precision not in WGMMA_TYPES:
+            raise SpecError(f"family=peak instruction=wgmma has no precision={precision}; "
+                            f"valid: {', '.join(WGMMA_TYPES)}")
         unused = "mma" if precision == "copy" else "copy"
         if (value := params.pop(unused)) != "auto":
             raise SpecError(f"family=peak {unused}={value} applies to "
@@ -114,6 +223,14 @@ class PeakFamily(Family):
                             f"with precision={precision} valid: auto")
         if precision == "copy":
             return {"copy": "kernel" if params["copy"] == "auto" else params["copy"], "bytes": COPY_BYTES}
+        if wgmma:
+            shape = _wgmma_shape(precision)
+            if params["mma"] not in ("auto", shape):
+                raise SpecError(f"family=peak mma={params['mma']} is not valid with instruction=wgmma "
+                                f"precision={precision}; valid: auto, {shape}")
+            iters, units = WGMMA_WORK
+            return {"instruction": "wgmma", "mma": shape, "warpgroups": WGMMA_WARPGROUPS,
+                    "group": WGMMA_GROUP, "wait": WGMMA_WAIT, "iters": iters, "units": units}
         if params["mma"] == "auto":
             params["mma"] = f"m16n8k{MMA_TYPES[precision][3][-1]}"
         emulated = precision == "int4" and sm_of(arch) >= 90
@@ -121,17 +238,21 @@ class PeakFamily(Family):
         return {**params, "chains": CHAINS, "iters": iters, "units": units}
 
     def flops(self, spec: FamilySpec, m: int = 0, n: int = 0, k: int = 0) -> int:
-        """Work of one launch, whatever M, N, K: bytes read + written for copy, else
-        units * iters * chains * 2 * 16 * 8 * K operations."""
+        """Work of one launch, whatever M, N, K: bytes read + written for copy, units * iters * 2 * 64
+        * N * K for wgmma, else units * iters * chains * 2 * 16 * 8 * K operations."""
         p = spec.p
         if spec.precision == "copy":
             return 2 * p["bytes"]
-        return p["units"] * p["iters"] * p["chains"] * 2 * 16 * 8 * int(p["mma"].split("k")[1])
+        if p.get("instruction") == "wgmma":
+            return p["units"] * p["iters"] * 2 * 64 * WGMMA_N * _k(spec)
+        return p["units"] * p["iters"] * p["chains"] * 2 * 16 * 8 * _k(spec)
 
     def unit(self, spec: FamilySpec) -> str:
         return "GB/s" if spec.precision == "copy" else super().unit(spec)
 
     def build(self, spec: FamilySpec) -> Build:
+        """The kernel's PTX, no GPU needed: ``peak_mma.ptx.j2`` for the mma.sync loop and the copy,
+        ``peak_wgmma.ptx.j2`` for instruction=wgmma (:meth:`_build_wgmma`); kind "none" for memcpy."""
         p = spec.p
         if spec.precision == "copy":
             if p["copy"] == "memcpy":
@@ -141,54 +262,96 @@ class PeakFamily(Family):
                                   unroll=COPY_UNROLL, ld_cache=COPY_CACHE[0], st_cache=COPY_CACHE[1],
                                   vec=[[f"%v{4 * j + i}" for i in range(4)] for j in range(COPY_UNROLL)])
             return Build("ptx", src, spec.entry)
+        if p.get("instruction") == "wgmma":
+            return Build("ptx", self._build_wgmma(spec), spec.entry)
         ptype, bits, acc, _, _, min_ptx = MMA_TYPES[spec.precision]
-        k = int(p["mma"].split("k")[1])
+        k = _k(spec)
         a_regs, b_regs = 16 * k * bits // 1024, 8 * k * bits // 1024
-        init = [f"0f{np.array([c], '>f4').tobytes().hex().upper()}" if acc == "f32" else str(c)
-                for c in range(p["chains"])]
         src = render_template(
             "peak_mma.ptx.j2", kind="mma", entry=spec.entry, T=THREADS, arch=spec.arch,
             version="%d.%d" % max(min_ptx, ARCHS[spec.arch].min_ptx),
             mma_op=f"mma.sync.aligned.{p['mma']}.row.col.{acc}.{ptype}.{ptype}.{acc}", acc_reg=acc,
-            a_regs=a_regs, b_regs=b_regs, chains=p["chains"], init=init, iters=p["iters"],
+            a_regs=a_regs, b_regs=b_regs, chains=p["chains"],
+            init=[_literal(c, acc) for c in range(p["chains"])], iters=p["iters"],
             unroll=math.gcd(p["iters"], UNROLL),
             units=p["units"], a_list=[f"%a{i}" for i in range(a_regs)],
             b_list=[f"%b{i}" for i in range(b_regs)],
             acc_lists=[[f"%d{4 * c + r}" for r in range(4)] for c in range(p["chains"])])
         return Build("ptx", src, spec.entry)
 
+    def _build_wgmma(self, spec: FamilySpec) -> str:
+        """PTX of the wgmma loop (PTX ISA 9.0, 9.7.15: wgmma.mma_async with shared-memory matrix
+        descriptors, wgmma.fence / commit_group / wait_group; 9.7.13.4: fence.proxy.async). The
+        descriptors are the wgmma family's for a 128-byte swizzle (layout 1, SBO 1024 bytes, LBO 1).
+        Raises SpecError when ``group`` does not divide ``iters``."""
+        p = spec.p
+        _, _, types, tail, acc, _ = WGMMA_TYPES[spec.precision]
+        if p["iters"] % p["group"]:
+            raise SpecError(f"{spec.entry}: group={p['group']} must divide iters={p['iters']}")
+        desc_hi = (SWIZZLES[WGMMA_SWIZZLE][1] << 62) | ((8 * WGMMA_SWIZZLE >> 4) << 32) | (1 << 16)
+        nacc = WGMMA_N // 2
+        return render_template(
+            "peak_wgmma.ptx.j2", entry=spec.entry, version="%d.%d" % ARCHS[WGMMA_ARCH].min_ptx,
+            arch=WGMMA_ARCH, T=self.threads(spec), warpgroups=p["warpgroups"],
+            wgmma_op=f"wgmma.mma_async.sync.aligned.{p['mma']}.{types}", wgmma_tail=tail, acc_t=acc,
+            nacc=nacc, init=[_literal(i, acc) for i in range(nacc)],
+            a_bytes=64 * p["warpgroups"] * WGMMA_SWIZZLE, b_bytes=WGMMA_N * WGMMA_SWIZZLE,
+            desc_hi=f"0x{desc_hi:016X}",
+            ksteps=WGMMA_SWIZZLE // 32, iters=p["iters"], group=p["group"], wait=p["wait"],
+            restart=wgmma_restarts(spec.precision), units=p["units"])
+
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int) -> Prepared:
-        """Ignores M, N, K. Grid = 4 blocks per SM x SM count, 256 threads. mma: outputs poisoned,
-        verified exactly against :func:`expected_accumulators`; copy: dst = ~src (every element wrong
-        until copied), src[i] = i * 2654435761 + seed mod 2**32 (distinct), verified exactly."""
+        """Ignores M, N, K. mma.sync: grid = 4 blocks per SM x SM count, 256 threads; wgmma: one block
+        of 128 x warpgroups threads per SM. Outputs poisoned, verified exactly against
+        :func:`expected_accumulators` / :func:`expected_wgmma` (every accumulator of every thread);
+        copy: dst = ~src (every element wrong until copied), src[i] = i * 2654435761 + seed mod 2**32
+        (distinct), verified exactly."""
         import cupy
 
         from . import gpu
         gpu.check_device(spec)
-        grid = BLOCKS_PER_SM * gpu.sm_count()
         if spec.precision == "copy":
-            n32 = spec.p["bytes"] // 4
-            src = cupy.arange(n32, dtype=cupy.uint32) * cupy.uint32(2654435761) + cupy.uint32(seed % 2 ** 32)
-            dst = ~src
-            if spec.p["copy"] == "memcpy":
-                rt = cupy.cuda.runtime
-                launch = lambda: rt.memcpyAsync(dst.data.ptr, src.data.ptr, spec.p["bytes"],  # noqa: E731
-                                                rt.memcpyDeviceToDevice, cupy.cuda.get_current_stream().ptr)
-            else:
-                kern = gpu.load_ptx(build)
-                args = (dst, src, np.uint64(spec.p["bytes"] // 16))
-                cgrid = COPY_BLOCKS_PER_SM * gpu.sm_count()
-                launch = lambda: kern((cgrid, 1, 1), (THREADS, 1, 1), args)  # noqa: E731
-            return Prepared(launch, lambda: gpu.exact_check(dst, src),
-                            note="bytes read + written; M, N, K ignored")
+            return self._prepare_copy(spec, build, seed)
+        a_word, b_word, _ = operand_words(spec.precision, _k(spec))
+        args_tail = (np.uint32(a_word), np.uint32(b_word))
+        if spec.p.get("instruction") == "wgmma":
+            smem, grid, threads = wgmma_smem_bytes(spec), gpu.sm_count(), self.threads(spec)
+            kern = gpu.load_ptx(build, dyn_smem=smem)
+            groups = grid * spec.p["warpgroups"]
+            out = gpu.poisoned((groups * 128, WGMMA_N // 2), _acc_dtype(spec.precision))
+            args = (out, *args_tail)
+            note = "wgmma.mma_async loop, both operands in shared memory; M, N, K ignored"
+            if wgmma_restarts(spec.precision):
+                note += ("; fp8 accumulates below f32 precision: the accumulators restart every unit of "
+                         f"{spec.p['iters']} wgmma (verified: one unit's sum)")
+            return Prepared(lambda: kern((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem),
+                            lambda: gpu.exact_check(out, expected_wgmma(spec, groups, cupy)), note=note)
+        grid = BLOCKS_PER_SM * gpu.sm_count()
         kern = gpu.load_ptx(build)
-        a_word, b_word, _ = operand_words(spec.precision, int(spec.p["mma"].split("k")[1]))
         warps = grid * THREADS // 32
-        out = gpu.poisoned((warps * 32, 4 * spec.p["chains"]),
-                           np.float32 if MMA_TYPES[spec.precision][2] == "f32" else np.int32)
-        args = (out, np.uint32(a_word), np.uint32(b_word))
+        out = gpu.poisoned((warps * 32, 4 * spec.p["chains"]), _acc_dtype(spec.precision))
+        args = (out, *args_tail)
         note = "register-only mma.sync loop; M, N, K ignored"
         if spec.precision == "int4" and spec.arch == "sm_90":
             note += "; ptxas emulates s4 mma on sm_90 (no IMMA for s4): this is the emulation's peak"
         return Prepared(lambda: kern((grid, 1, 1), (THREADS, 1, 1), args),
                         lambda: gpu.exact_check(out, expected_accumulators(spec, warps, cupy)), note=note)
+
+    def _prepare_copy(self, spec: FamilySpec, build: Build, seed: int) -> Prepared:
+        import cupy
+
+        from . import gpu
+        n32 = spec.p["bytes"] // 4
+        src = cupy.arange(n32, dtype=cupy.uint32) * cupy.uint32(2654435761) + cupy.uint32(seed % 2 ** 32)
+        dst = ~src
+        if spec.p["copy"] == "memcpy":
+            rt = cupy.cuda.runtime
+            launch = lambda: rt.memcpyAsync(dst.data.ptr, src.data.ptr, spec.p["bytes"],  # noqa: E731
+                                            rt.memcpyDeviceToDevice, cupy.cuda.get_current_stream().ptr)
+        else:
+            kern = gpu.load_ptx(build)
+            args = (dst, src, np.uint64(spec.p["bytes"] // 16))
+            cgrid = COPY_BLOCKS_PER_SM * gpu.sm_count()
+            launch = lambda: kern((cgrid, 1, 1), (THREADS, 1, 1), args)  # noqa: E731
+        return Prepared(launch, lambda: gpu.exact_check(dst, src),
+                        note="bytes read + written; M, N, K ignored")

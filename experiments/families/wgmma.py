@@ -4,30 +4,65 @@ One PTX template (``kernels_ptx/wgmma_gemm.ptx.j2``, its contract in its header)
 BM x BN tile of C = A B^T (A: M x K, B: N x K, both K contiguous, as the mma_sync family's ``col`` B):
 ``consumers`` warpgroups each own 64 rows (BM = 64 x consumers) and issue one m64nBNkK wgmma per 32
 bytes of K, both operands read from shared memory through matrix descriptors (K-major, swizzled);
-accumulators stay in registers (f32, or s32 for int8) and are stored to C from there. The operands
-arrive by TMA (``cp.async.bulk.tensor.2d``, tensor maps passed by value) into a ring of ``stages``
-stages, each guarded by a full and an empty mbarrier; a stage is handed back to the loader only after
-the wgmma that read it has completed (``wgmma.wait_group 1`` one iteration later). The loader is a
-separate warpgroup that gives registers to the consumers with ``setmaxnreg`` (``producer=true``,
-warp specialization) or thread 0 of the consumers (``producer=false``). ``swizzle`` sets the width
-of a shared-memory row, hence BK (BK x element bytes = swizzle), the TMA swizzle mode and the
+accumulators stay in registers (f32, or s32 for int8). The operands arrive by TMA
+(``cp.async.bulk.tensor.2d``, tensor maps passed by value) into a ring of ``stages`` stages, each
+guarded by a full and an empty mbarrier; a stage is handed back to the loader only after the wgmma
+that read it has completed (``wgmma.wait_group 1`` one iteration later). The loader is a separate
+warpgroup that gives registers to the consumers with ``setmaxnreg`` (``producer=true``, warp
+specialization) or thread 0 of the consumers (``producer=false``). ``swizzle`` sets the width of a
+shared-memory row, hence BK (BK x element bytes = swizzle), the TMA swizzle mode and the
 descriptors' layout field together. ``persistent=true`` launches one block per SM, each walking
 tiles b, b + grid, ...; ``order`` maps a linear tile index to (tile row, tile column) in both modes.
 
+``epilogue`` says how the accumulators reach C. ``registers``: ``st.global.v2`` straight from the
+fragments. ``tma``: each consumer warpgroup writes its 64 x BN tile with ``st.shared.v2`` into its own
+staging buffer after the ring, then ``fence.proxy.async.shared::cta`` and a named barrier of the
+warpgroup (``bar.sync 1 + wg, 128``); its first thread issues BN / 8 TMA stores
+(``cp.async.bulk.tensor.2d.global.shared::cta.bulk_group``) through a third tensor map (C: f32 / s32,
+box 8 columns x 64 rows, no swizzle) and commits them as one bulk group. Before the staging is
+written again (the next tile, persistent) that thread waits for the group to have read it
+(``cp.async.bulk.wait_group.read 0``) and the warpgroup meets at its barrier; before the block exits
+it waits for the writes (``cp.async.bulk.wait_group 0``). Why so:
+
+- the staging is not part of the ring: in persistent mode the producer refills every stage with the
+  next tile while this one is stored, and with one tile per block the only stage bytes no other
+  warpgroup still reads are this warpgroup's own A rows, STAGES x 64 x SW bytes, less than its
+  64 x BN x 4 unless STAGES x SW >= 4 BN. It costs consumers x 64 x BN x 4 bytes (128 KiB at the
+  default tile, which then fits 2 stages);
+- boxes 8 columns wide (32 bytes a row, 2 KiB a box): a warp's ``st.shared.v2`` of one register pair
+  covers 8 whole rows, 256 contiguous bytes, free of bank conflicts; rows of 32 or more columns lie
+  128 bytes apart or a multiple, so the 8 rows meet in the same 8 banks, and 128B swizzle still
+  leaves rows r and r ^ 1 on the same banks;
+- ``stmatrix`` does not fit: it moves 16-bit halves (8 x 8 matrices of b16), so a thread's two 32-bit
+  values of one row would land in two different matrices.
+
+``cluster=2``: two CTAs along M form a cluster (``.reqnctapercluster 2, 1, 1``, so a plain launch
+works) and compute tile rows 2i and 2i + 1 of one tile column (M a multiple of 2 BM). Each loads its
+own A and one half of the B box with ``.multicast::cluster`` into both CTAs; each CTA's full barrier
+still expects the whole stage. A consumer warpgroup releases a stage on both CTAs' empty barriers
+(``mapa`` + a remote ``mbarrier.arrive``; the empty count doubles), since either producer writes into
+both. ``barrier.cluster`` arrive / wait after the barrier init and, by every thread, before exit.
+
 Sources: PTX ISA 9.0, 9.7.15 (wgmma.mma_async, its shared-memory matrix descriptor and the D
 register fragments), 9.7.9.25.5 (cp.async.bulk.tensor), 9.7.13.15 (mbarrier), 9.7.19.6 (setmaxnreg);
+for the tma epilogue also the sections on cp.async.bulk.commit_group / cp.async.bulk.wait_group (bulk
+async-groups), bar.sync (named barriers with a thread count) and membar / fence (fence.proxy.async:
+generic-proxy writes made visible to the async proxy); for clusters those on cp.async.bulk.tensor's
+.multicast::cluster, mapa, mbarrier.arrive on a shared::cluster address, barrier.cluster and the
+.reqnctapercluster directive;
 CUDA Driver API, cuTensorMapEncodeTiled (the map goes to CuPy's RawKernel by value, as a size-1 numpy
-array of a 128-byte dtype).
+array of a 128-byte dtype; box dims <= 256 elements, inner box bytes a multiple of 16, and with a
+swizzle at most the swizzle span; no limit on the inner bytes without one).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..spec import ARCHS
+from ..spec import ARCHS, NO_TAILS_ADVICE, check_no_tails
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
 
 __all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
-           "encode_tiled"]
+           "encode_tiled", "C_TMAP", "C_BOX_COLS", "OMITTED_DEFAULTS"]
 
 ARCH = "sm_90a"             # wgmma and setmaxnreg exist only for the arch-specific target
 # precision -> (bytes per element, K of one wgmma, wgmma type suffix (dtype.atype.btype), operands after
@@ -53,33 +88,50 @@ REGS = {"launch": 168, "producer": 40, "consumer": {1: 240, 2: 232}}
 FP8_RTOL = 2.0 ** -8
 GROUP = 8                   # tile rows per group with order=grouped
 ALIGN_SLACK = 1024          # the ring starts at a 1024-byte boundary of dynamic shared memory
+# epilogue=tma: C's CUtensorMapDataType per accumulator type (FLOAT32, INT32), and the columns of one
+# staging box (8 x 4 bytes: a warp's register pair covers 8 whole 32-byte rows, no bank conflict)
+C_TMAP = {"f32": 7, "s32": 3}
+C_BOX_COLS = 8
+# axes added after runs were recorded: their default stays out of the spec (its params, hence the entry,
+# the run name and the run key), so every point that existed before keeps its identity and PTX
+OMITTED_DEFAULTS = {"epilogue": "registers", "cluster": 1}
 
 
 def geometry(precision: str, p: dict) -> dict:
-    """Block tile and derived sizes of one point (p: resolved params)."""
+    """Block tile and derived sizes (bytes, threads) of one point. p: resolved params (a missing
+    ``epilogue`` is ``registers``, a missing ``cluster`` 1). stage_bytes: one ring stage, (BM + BN) x SW;
+    stg_wg: one consumer warpgroup's C staging with epilogue=tma, 64 x BN x 4 (0 with registers);
+    stg_bytes: all of it; CL: CTAs per cluster."""
     nbytes = TYPES[precision][0]
     sw, bn, cons, stages = p["swizzle"], p["bn"], p["consumers"], p["stages"]
     bm, bk = 64 * cons, sw // nbytes
     stage = (bm + bn) * sw
+    stg_wg = 64 * bn * 4 if p.get("epilogue", "registers") == "tma" else 0
     return dict(BM=bm, BN=bn, BK=bk, SW=sw, STAGES=stages, stage_bytes=stage, a_bytes=bm * sw,
-                ksteps=sw // 32, T=128 * (cons + (p["producer"] == "true")))
+                ksteps=sw // 32, T=128 * (cons + (p["producer"] == "true")), stg_wg=stg_wg,
+                stg_bytes=cons * stg_wg, box_bytes=64 * C_BOX_COLS * 4, CL=p.get("cluster", 1))
 
 
 def smem_bytes(precision: str, p: dict) -> int:
-    """Dynamic shared memory of one block: alignment slack + stages x (BM + BN) x SW + the barriers."""
+    """Dynamic shared memory of one block (bytes): alignment slack + stages x (BM + BN) x SW + the C
+    staging (epilogue=tma: consumers x 64 x BN x 4) + the barriers (2 x 8 bytes per stage)."""
     g = geometry(precision, p)
-    return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + 16 * g["STAGES"]
+    return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + g["stg_bytes"] + 16 * g["STAGES"]
 
 
 def _smem_rule(precision, p, arch):
     g = geometry(precision, p)
     need, limit = smem_bytes(precision, p), ARCHS[arch].max_smem_block
     if need > limit:
-        fit = (limit - ALIGN_SLACK) // (g["stage_bytes"] + 16)
+        fit = (limit - ALIGN_SLACK - g["stg_bytes"]) // (g["stage_bytes"] + 16)
+        staging = (f" + {g['stg_bytes']} of C staging ({p['consumers']} x 64 x {g['BN']} x 4)"
+                   if g["stg_bytes"] else "")
+        epilogue = f" epilogue={p['epilogue']}" if "epilogue" in p else ""
+        rest = ALIGN_SLACK + 16 * p["stages"]
         return (f"stages={p['stages']} needs {need} bytes of shared memory per block ({p['stages']} x "
-                f"({g['BM']} + {g['BN']}) rows x {g['SW']} bytes + {ALIGN_SLACK + 16 * p['stages']}), "
+                f"({g['BM']} + {g['BN']}) rows x {g['SW']} bytes{staging} + {rest}), "
                 f"more than the {limit} (227 KiB) of {arch}; valid with bn={p['bn']} "
-                f"consumers={p['consumers']} swizzle={p['swizzle']}: stages <= {fit}")
+                f"consumers={p['consumers']} swizzle={p['swizzle']}{epilogue}: stages <= {fit}")
     return None
 
 
@@ -93,17 +145,20 @@ def _bool(value) -> str:
 class WgmmaFamily(Family):
     """``family=wgmma`` (sm_90a): axes precision, bn (wgmma N), consumers (warpgroups of 64 rows),
     producer (a loading warpgroup with setmaxnreg, or thread 0), stages (ring depth), swizzle (bytes
-    per smem row; BK follows), persistent (one block per SM) and order (tile order).
-    Sizes: multiples of BM, BN and BK."""
+    per smem row; BK follows), persistent (one block per SM), order (tile order), epilogue (C from
+    registers, or through shared memory and TMA stores) and cluster (1, or 2 CTAs along M sharing B
+    by TMA multicast). Sizes: multiples of BM (2 x BM with cluster=2), BN and BK."""
     name = "wgmma"
     title = "wgmma GEMM"
     axes = {"precision": tuple(TYPES), "bn": (256, 192, 128, 64), "consumers": (2, 1),
             "producer": ("true", "false"), "stages": tuple(range(2, 9)), "swizzle": (128, 64, 32),
-            "persistent": ("false", "true"), "order": ("grouped", "row")}
+            "persistent": ("false", "true"), "order": ("grouped", "row"), "epilogue": ("registers", "tma"),
+            "cluster": (1, 2)}
     defaults = {"bn": 256, "consumers": 2, "producer": "true", "stages": 4, "swizzle": 128,
-                "persistent": "false", "order": "grouped"}
-    rules = (Rule("smem", "stages x (BM + BN) x swizzle bytes (+ 1 KiB alignment, barriers) must fit "
-                          "the 227 KiB of shared memory per block", _smem_rule),)
+                "persistent": "false", "order": "grouped", "epilogue": "registers", "cluster": 1}
+    rules = (Rule("smem", "stages x (BM + BN) x swizzle bytes (+ consumers x 64 x BN x 4 of C staging with "
+                          "epilogue=tma, 1 KiB alignment, barriers) must fit the 227 KiB of shared memory "
+                          "per block", _smem_rule),)
     tensor_cores = True
 
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
@@ -122,20 +177,37 @@ class WgmmaFamily(Family):
         return super().spec(precision, opts, arch)
 
     def resolve(self, precision, params, arch):
+        """Adds bk (swizzle / element bytes); drops the axes of :data:`OMITTED_DEFAULTS` at their
+        default value."""
         params["bk"] = params["swizzle"] // TYPES[precision][0]
+        for axis, value in OMITTED_DEFAULTS.items():
+            if params.get(axis) == value:
+                del params[axis]
         return params
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
-        """(BM, BN, BK) of the block tile."""
+        """(BM, BN, BK) of the block tile; (2 BM, BN, BK) with cluster=2 (a cluster takes two tile rows)."""
         g = geometry(spec.precision, spec.p)
-        return g["BM"], g["BN"], g["BK"]
+        return g["CL"] * g["BM"], g["BN"], g["BK"]
+
+    def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
+        """Raise SpecError unless M, N, K are multiples of BM, BN, BK, and with cluster=2 the tile rows
+        (M / BM) are even: the two CTAs of a cluster compute tile rows 2i and 2i + 1 of one column."""
+        g = geometry(spec.precision, spec.p)
+        check_no_tails(spec.entry, (m, n, k), (g["BM"], g["BN"], g["BK"]))
+        rows, cl = m // g["BM"], g["CL"]
+        if rows % cl:
+            raise SpecError(f"{spec.entry} handles no tails: M={m} is {rows} tile rows of BM={g['BM']}, "
+                            f"not a multiple of cluster={cl} (the CTAs of a cluster take adjacent tile "
+                            f"rows): M must be a multiple of {cl * g['BM']}" + NO_TAILS_ADVICE)
 
     def threads(self, spec: FamilySpec) -> int:
         """128 x (consumers + 1 with a producer warpgroup)."""
         return geometry(spec.precision, spec.p)["T"]
 
     def dyn_smem(self, spec: FamilySpec) -> int:
-        """Dynamic shared memory per block (bytes): the stage ring, see :func:`smem_bytes`."""
+        """Dynamic shared memory per block (bytes): the stage ring and the C staging, see
+        :func:`smem_bytes`."""
         return smem_bytes(spec.precision, spec.p)
 
     def build(self, spec: FamilySpec) -> Build:
@@ -147,19 +219,24 @@ class WgmmaFamily(Family):
         src = render_template(
             "wgmma_gemm.ptx.j2", entry=spec.entry, version="%d.%d" % ARCHS[ARCH].min_ptx, arch=ARCH,
             producer=producer, consumers=p["consumers"], persistent=p["persistent"] == "true",
-            grouped=p["order"] == "grouped", group=GROUP, desc_hi=f"0x{desc_hi:016X}",
+            grouped=p["order"] == "grouped", group=GROUP // g["CL"], desc_hi=f"0x{desc_hi:016X}",
             wgmma_op=f"wgmma.mma_async.sync.aligned.m64n{g['BN']}k{kk}.{types}", wgmma_tail=tail,
             acc_t=acc, nacc=g["BN"] // 2, bk_shift=g["BK"].bit_length() - 1,
             bm_shift=g["BM"].bit_length() - 1, launch_regs=REGS["launch"], producer_regs=REGS["producer"],
-            consumer_regs=REGS["consumer"][p["consumers"]], smem_bytes=smem_bytes(spec.precision, p), **g)
+            consumer_regs=REGS["consumer"][p["consumers"]], smem_bytes=smem_bytes(spec.precision, p),
+            tma=p.get("epilogue") == "tma", box_cols=C_BOX_COLS, cluster=g["CL"],
+            done="CLUSTER_END" if g["CL"] > 1 else "EXIT", **g)
         return Build("ptx", src, spec.entry)
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
                 *, rtol: float = 1e-3) -> Prepared:
         """Operands as verify.make_operands makes them (B as N x K), C poisoned, tensor maps encoded
         (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
-        dynamic shared memory allowed. fp16 and bf16 are checked within ``rtol``, fp8 within
-        the larger of ``rtol`` and :data:`FP8_RTOL`, int8 exactly."""
+        dynamic shared memory allowed; with epilogue=tma a third map for C (f32 / s32, box
+        :data:`C_BOX_COLS` x 64, no swizzle) replaces the C pointer; with cluster=2 B's box is BN / 2
+        rows and a persistent grid is an even number of blocks (one cluster per 2 SMs). fp16 and bf16
+        are checked within ``rtol``, fp8 within the larger of ``rtol`` and :data:`FP8_RTOL`, int8
+        exactly. Raises SpecError (a size that does not fit, a GPU older than sm_90)."""
         from ..verify import check, make_operands
         from . import gpu
         gpu.check_device(spec)
@@ -172,10 +249,14 @@ class WgmmaFamily(Family):
         kern = gpu.load_ptx(build, dyn_smem=smem)
         swz = SWIZZLES[p["swizzle"]][0]
         tmap_a = encode_tiled(ops.a.data.ptr, m, k, g["BM"], g["BK"], dtype, nbytes, swz)
-        tmap_b = encode_tiled(ops.b.data.ptr, n, k, g["BN"], g["BK"], dtype, nbytes, swz)
-        tiles = (m // g["BM"]) * (n // g["BN"])
-        grid = min(tiles, gpu.sm_count()) if p["persistent"] == "true" else tiles
-        args = (tmap_a, tmap_b, c, np.uint32(m), np.uint32(n), np.uint32(k))
+        tmap_b = encode_tiled(ops.b.data.ptr, n, k, g["BN"] // g["CL"], g["BK"], dtype, nbytes, swz)
+        tiles, cl = (m // g["BM"]) * (n // g["BN"]), g["CL"]
+        grid = cl * min(tiles // cl, gpu.sm_count() // cl) if p["persistent"] == "true" else tiles
+        if p.get("epilogue") == "tma":
+            out = encode_tiled(c.data.ptr, m, n, 64, C_BOX_COLS, C_TMAP[acc], 4, 0)
+        else:
+            out = c
+        args = (tmap_a, tmap_b, out, np.uint32(m), np.uint32(n), np.uint32(k))
         block = (g["T"], 1, 1)
 
         def launch():
@@ -185,7 +266,8 @@ class WgmmaFamily(Family):
 
         def verify():
             return check(c, ops, acc == "f32", tol)
-        launch.operands = ops       # the tensor maps hold raw pointers into A and B: keep them alive
+        launch.operands = ops       # the tensor maps hold raw pointers into A, B and (tma) C: keep them alive
+        launch.output = c
         notes = [f"persistent: {grid} blocks for {tiles} tiles"] if grid != tiles else []
         if tol != rtol:
             notes.append(f"fp8 wgmma accumulates in reduced precision: verified within rtol={tol:.3g}")
