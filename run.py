@@ -85,12 +85,14 @@ def check_override_keys(argv: list) -> str | None:
     which would only hide the typo): a key the config does not have (``ktil=32``, ``pipeline.stage=3``,
     also with '+'), an option the chosen family does not have (``family=wgmma family.foo=1``) or a
     value outside its values (``family.bn=100``, ``family.persistent=2``), a family option in a sweep
-    over several families, a value that is not an integer for an integer key (``ktile=32.5``) and one
-    other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true).
+    over several families, a value that is not an integer for an integer key (``ktile=32.5``), one
+    other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true)
+    and one that is not a member of an enum key (``precision=int5``, also with --help).
     Sweep functions (``choice(...)``, ``range(...)``) are left to Hydra."""
     import dataclasses
     import re
     import typing
+    from enum import Enum
     from pathlib import Path
 
     from experiments.config import MMA_SYNC, Config
@@ -130,6 +132,9 @@ def check_override_keys(argv: list) -> str | None:
                 return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"
         if kind is bool and "(" not in value and (bad := _outside(value, ("true", "false"))):
             return f"{key}={bad} is not valid ({arg!r}); valid: true, false"
+        members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
+        if members and "(" not in value and "*" not in value and (bad := _outside(value, tuple(members))):
+            return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
     return None
 
 

@@ -260,7 +260,8 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
 
 def main(argv=None) -> int:
     """The command line (module docstring); returns the exit status."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.performance",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default="tensor-core-ablations")
     ap.add_argument("--sweep", default="latest", help="the sweep's parent run id, or latest")

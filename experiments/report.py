@@ -147,7 +147,7 @@ def _latest_sweep(tr: Tracker) -> dict:
 
 
 def _sweep_times(m: dict) -> str:
-    if "sweep_wall_s" not in m:
+    if not {"sweep_wall_s", "gpu_busy_s", "gpus"} <= set(m):
         return "no sweep timing"
     return f"{m['sweep_wall_s']:.1f} s wall, GPU time {m['gpu_busy_s']:.1f} s on {m['gpus']:.0f} GPU(s)"
 
@@ -164,7 +164,8 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     ra, rb = _verified(a), _verified(b)
     keys = sorted(set(ra) & set(rb), key=lambda k: (k[0], [int(d) for d in k[1].split("x")]))
     if not keys:
-        return _nothing_measured(a, uri, f"), or none of its runs is in {other} too.")
+        return (f"{NOTHING_MEASURED}{uri} has a match in {other} (the same kernel at the same size, verified "
+                f"on a GPU): they hold {len(ra)} and {len(rb)} verified GPU run(s).\n")
     out = [f"First: {uri}", f"Second: {other}", "",
            "| kernel | M x N x K | first us | GPU | second us | GPU | difference | first spread | within |",
            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
@@ -182,8 +183,9 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     med = {k: (ra[k].data.metrics["median_us"], rb[k].data.metrics["median_us"]) for k in keys}
     worst = max(keys, key=lambda k: abs(med[k][1] / med[k][0] - 1))
     wa, wb = med[worst]
-    out += ["", f"{len(keys)} (kernel, size) pairs; {within} within the first run's spread; the largest "
-                f"difference {(wb - wa) / wa:+.2%} ({worst[0]} {worst[1]}).",
+    alone = f" ({len(ra) - len(keys)} only in the first store, {len(rb) - len(keys)} only in the second)"
+    out += ["", f"{len(keys)} (kernel, size) pairs{alone}; {within} within the first run's spread; the "
+                f"largest difference {(wb - wa) / wa:+.2%} ({worst[0]} {worst[1]}).",
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
     if "sweep_wall_s" in sa and "sweep_wall_s" in sb:
@@ -193,7 +195,7 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
 
 def main(argv=None) -> int:
     """The command line; returns the exit status (2: nothing measured, the --out file untouched)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.splitlines()[0])
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default="tensor-core-ablations")
     ap.add_argument("--out", default=None, help="also write the table to this file")
@@ -203,13 +205,21 @@ def main(argv=None) -> int:
     ap.add_argument("--against", default=None, metavar="URI",
                     help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
     args = ap.parse_args(argv)
+    if args.against is not None and args.by_family:
+        ap.error("--against compares two stores run by run; --by-family summarises one store: give one")
+    if args.against is not None and not args.against.strip():
+        ap.error("--against needs the URI of the other store, e.g. sqlite:///$PWD/all.db")
     table = families_table if args.by_family else results_table
     try:
-        if args.against:
-            text = against_table(resolve_uri(args.uri, create=False), resolve_uri(args.against, create=False),
-                                 args.experiment)
+        uri = resolve_uri(args.uri, create=False)
+        if args.against is not None:
+            other = resolve_uri(args.against, create=False)
+            if other == uri:
+                ap.error(f"--against names the same store as --uri ({uri}): give the store of the other "
+                         "measurement")
+            text = against_table(uri, other, args.experiment)
         else:
-            text = table(resolve_uri(args.uri, create=False), args.experiment)
+            text = table(uri, args.experiment)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
     if text.startswith(NOTHING_MEASURED):        # nothing measured: a results file is not overwritten

@@ -157,14 +157,22 @@ class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
     ``create=False`` opens an existing store and experiment only (for read-only commands).
-    Raises StoreError when the store does not exist (``create=False``), or the experiment was deleted.
+    Raises StoreError when the store does not exist or is no MLflow store (``create=False``), or the
+    experiment was deleted.
     """
 
     def __init__(self, uri: str, experiment: str, create: bool = True):
+        import logging
+
         import mlflow
+        for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # a new store's set-up notes
+            logging.getLogger(name).setLevel(logging.WARNING)
         db = sqlite_path(uri)
         if not create and db is not None and not db.is_file():
             raise StoreError(f"no store at {db} (tracking URI {uri}); give the URI that run.py printed")
+        if not create and db is not None and not _schema_made(db):     # read-only: never set one up
+            raise StoreError(f"{db} is not an MLflow store (no MLflow tables in it; tracking URI {uri}); "
+                             "give the URI that run.py printed")
         if uri.startswith(("http://", "https://")):
             _check_server(uri)
         self.uri, self.experiment, self.open = uri, experiment, set()

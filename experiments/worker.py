@@ -219,19 +219,24 @@ _SLOT: list = []      # the GPU this process has claimed (its lock is held for t
 def claim_gpu(on_wait=None) -> dict | None:
     """The GPU this process works on, as :func:`nvml_gpu` describes it (None without one).
 
-    With CUDA_VISIBLE_DEVICES set (by the user, or by Slurm for a task) that choice stands. On a node
-    with several GPUs otherwise, the process claims one of the :data:`JOBS_PER_GPU` slots of a GPU
+    With CUDA_VISIBLE_DEVICES set to one GPU (by the user, or by Slurm for a task) that choice stands.
+    On a node with several GPUs otherwise (all, or those CUDA_VISIBLE_DEVICES lists), the process
+    claims one of the :data:`JOBS_PER_GPU` slots of a GPU
     (a lock per PCI bus id and slot, held until the process ends; first slot 0 of every GPU, then
     slot 1, so the first processes spread over the GPUs) and sets CUDA_VISIBLE_DEVICES to its UUID,
     so that parallel jobs (``hydra/launcher=gpus``) share each GPU by turns (:func:`gpu_lock`); when
     all slots are taken it waits (``on_wait()`` is called once).
     """
-    if _SLOT or os.environ.get("CUDA_VISIBLE_DEVICES") is not None or gpu_count() <= 1:
+    if _SLOT or gpu_count() <= 1:
         return nvml_gpu()
     import pynvml
     from filelock import FileLock, Timeout
     pynvml.nvmlInit()
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = ([v.strip() for v in visible.split(",") if v.strip()] if visible is not None
+               else [str(i) for i in range(pynvml.nvmlDeviceGetCount())])
+    handles = [pynvml.nvmlDeviceGetHandleByUUID(e) if e.startswith(("GPU-", "MIG-"))
+               else pynvml.nvmlDeviceGetHandleByIndex(int(e)) for e in entries]
     waited = False
     while True:
         for slot, h in ((s, h) for s in range(JOBS_PER_GPU) for h in handles):

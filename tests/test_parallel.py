@@ -102,3 +102,53 @@ def test_gpu_time_sums_windows_per_gpu_and_counts_overlaps():
     assert m["gpu_overlaps"] == 2
     # static runs hold no GPU: nothing to say
     assert gpu_time([_run("x", 0, 0)][:0], 0.0, 1.0) == ("", {})
+
+
+class _FakeNvml:
+    """pynvml for two GPUs (index 0 and 1) that NVML names by index and by UUID."""
+    def __init__(self):
+        self.uuids = ["GPU-aaaa", "GPU-bbbb"]
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return self.uuids.index(uuid)
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.uuids[h]
+
+    def nvmlDeviceGetPciInfo(self, h):
+        from types import SimpleNamespace
+        return SimpleNamespace(busId=f"00000000:0{h}:00.0")
+
+
+@pytest.mark.parametrize("visible, first", [(None, "GPU-aaaa"), ("1,0", "GPU-bbbb"), ("GPU-bbbb,GPU-aaaa", "GPU-bbbb")])
+def test_claim_spreads_processes_over_the_visible_gpus(monkeypatch, tmp_path, visible, first):
+    """Two job processes per GPU: the first two claims take one slot of each GPU (the first listed in
+    CUDA_VISIBLE_DEVICES first), the next two the second slots, and each process then sees only its
+    own GPU. A list in CUDA_VISIBLE_DEVICES is spread over, not all put on its first GPU."""
+    import tempfile
+
+    from experiments import worker
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(worker, "nvml_gpu", lambda: {"uuid": os.environ["CUDA_VISIBLE_DEVICES"]})
+    claimed, held = [], []
+    for _ in range(2 * worker.JOBS_PER_GPU):       # one process after another, each its own claim
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        held.append([])                             # that process's slot lock, held while it lives
+        monkeypatch.setattr(worker, "_SLOT", held[-1])
+        claimed.append(worker.claim_gpu()["uuid"])
+    second = ({"GPU-aaaa", "GPU-bbbb"} - {first}).pop()
+    assert claimed == [first, second, first, second]
+    assert len(list(tmp_path.glob("tensorcore-ablations-slot-*.lock"))) == 4

@@ -92,10 +92,36 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
         "| k32 | 512x512x512 | 5.71 | aaaa1111 | 5.59 | bbbb2222 | -2.10% | 0.21% | no |",
         "| k32 | 8192x8192x8192 | 7598.90 | aaaa1111 | 7602.00 | bbbb2222 | +0.04% | 0.10% | yes |"]
     assert lines[-3:] == [
-        "2 (kernel, size) pairs; 1 within the first run's spread; the largest difference -2.10% (k32 512x512x512).",
+        "2 (kernel, size) pairs (1 only in the first store, 1 only in the second); 1 within the first run's "
+        "spread; the largest difference -2.10% (k32 512x512x512).",
         "First sweep: 19.4 s wall, GPU time 8.0 s on 1 GPU(s). Second sweep: 14.0 s wall, GPU time 9.7 s on "
         "2 GPU(s).",
         "Wall time ratio, second / first: 0.72."]
     out = tmp_path / "cmp.md"
     assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(out)]) == 0
     assert out.read_text().splitlines() == lines
+
+
+def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
+    """The same store twice, --by-family with --against, an empty --against, stores without a common
+    (kernel, size); and a report never turns a file that is not a store into one."""
+    import pytest
+
+    from experiments.report import main
+    one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
+    two = _store(tmp_path / "two.db", {("k64", 512): (5.0, 0.001)}, "GPU-b", 14.0, 9.7, 2)
+    for argv, text in ((["--against", one], "--against names the same store as --uri"),
+                       (["--against", two, "--by-family"], "--against compares two stores run by run"),
+                       (["--against", " "], "--against needs the URI of the other store")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--uri", one, "--experiment", "e", *argv])
+        assert exc.value.code == 2 and text in capsys.readouterr().err
+    assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(tmp_path / "x.md")]) == 2
+    assert (f"No run in {one} has a match in {two} (the same kernel at the same size, verified on a GPU): "
+            "they hold 1 and 1 verified GPU run(s).") in capsys.readouterr().err
+    assert not (tmp_path / "x.md").exists()
+    for name, content in (("empty.db", b""), ("text.db", b"hello\n")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(SystemExit, match="is not an MLflow store"):
+            main(["--uri", f"sqlite:///{tmp_path / name}"])
+        assert (tmp_path / name).read_bytes() == content
