@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .compare import MMA_SYNC, family_of, peak_of, verified_runs
 from .record import PEAK
-from .report import AT_MAX, CLOCK, _fmt
+from .report import AT_MAX, CLOCK, _fmt, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
 __all__ = ["Check", "NothingMeasured", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
@@ -66,23 +66,6 @@ def _holdings(tr: Tracker, parent: str) -> str:
     name = tr.client.get_run(parent).info.run_name or ""
     what = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no runs"
     return f"sweep {parent} ({name}): {what}"
-
-
-def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
-    """The parent run id of ``sweep``: a run id, or "latest" (the newest run tagged kind=sweep).
-
-    Raises StoreError when there is no such sweep in the tracker's experiment."""
-    if sweep != "latest":
-        try:
-            tr.client.get_run(sweep)
-        except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
-            raise StoreError(f"--sweep {sweep} is not a run id in {tr.uri}") from exc
-        return sweep
-    found = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
-                                  order_by=["attributes.start_time DESC"])
-    if not found:
-        raise StoreError(f"no sweep (a parent run tagged kind=sweep) in {tr.uri}")
-    return found[0].info.run_id
 
 
 def _best(runs: list):

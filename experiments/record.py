@@ -6,8 +6,9 @@ Tracking (``job``, ``sweep``), the report and the analysis read names from here,
 from __future__ import annotations
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
-           "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "throughput_figure",
-           "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP", "PCT_OF_PEAK", "family_params"]
+           "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
+           "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
+           "PCT_OF_PEAK", "family_params"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -204,6 +205,15 @@ def sweep_note(command: str, runs: list) -> str:
     return "\n".join(lines)
 
 
+def plotting():
+    """matplotlib.pyplot (Agg backend) and seaborn, imported on first use (seconds)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    return plt, sns
+
+
 def throughput_figure(runs: list, path) -> bool:
     """Save throughput against problem size, one line per kernel, as a PNG at ``path``.
 
@@ -214,11 +224,8 @@ def throughput_figure(runs: list, path) -> bool:
             and "problem.m" in r.data.params and len({r.data.params.get(f"problem.{d}") for d in "mnk"}) == 1]
     if not rows:
         return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pandas as pd
-    import seaborn as sns
+    plt, sns = plotting()
     df = pd.DataFrame(rows, columns=["kernel", "N", "throughput", "unit"])
     fig, ax = plt.subplots(figsize=(9, 5))
     sns.lineplot(data=df, x="N", y="throughput", hue="kernel", marker="o", ax=ax)

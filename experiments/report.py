@@ -23,7 +23,7 @@ from pathlib import Path
 from .track import StoreError, Tracker, resolve_uri
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
-__all__ = ["results_table", "families_table", "against_table", "main"]
+__all__ = ["results_table", "families_table", "against_table", "sweep_run", "main"]
 
 
 def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
@@ -139,11 +139,29 @@ def _verified(tr: Tracker) -> dict:
             for r in runs if "median_us" in r.data.metrics and "problem.m" in r.data.params}
 
 
+def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
+    """The parent run id of ``sweep``: a run id, or "latest" (the newest run tagged kind=sweep).
+
+    Raises StoreError when there is no such sweep in the tracker's experiment."""
+    if sweep != "latest":
+        try:
+            tr.client.get_run(sweep)
+        except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
+            raise StoreError(f"--sweep {sweep} is not a run id in {tr.uri}") from exc
+        return sweep
+    found = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
+                                  order_by=["attributes.start_time DESC"])
+    if not found:
+        raise StoreError(f"no sweep (a parent run tagged kind=sweep) in {tr.uri}")
+    return found[0].info.run_id
+
+
 def _latest_sweep(tr: Tracker) -> dict:
     """The metrics of the store's latest sweep parent ({} without one)."""
-    parents = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
-                                    order_by=["attributes.start_time DESC"])
-    return parents[0].data.metrics if parents else {}
+    try:
+        return tr.client.get_run(sweep_run(tr)).data.metrics
+    except StoreError:
+        return {}
 
 
 def _sweep_times(m: dict) -> str:

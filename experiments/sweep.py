@@ -19,18 +19,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .record import ARTIFACTS, outcome_of, sweep_note, sweep_view, throughput_figure
+from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
 __all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "SweepCallback"]
-
-
-def _import_plotting() -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
-    import seaborn  # noqa: F401
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -168,7 +161,7 @@ class SweepCallback(Callback):
         if multirun:
             handoff[SWEEP_ENV["parent"]] = tracker.parent(info)
             # the summary figure's libraries load while the jobs run (seconds, otherwise at the end)
-            threading.Thread(target=_import_plotting, daemon=True).start()
+            threading.Thread(target=plotting, daemon=True).start()
         _hand_to_jobs(config, handoff)
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."

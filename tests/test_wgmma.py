@@ -259,24 +259,46 @@ def _covering():
     return list(out.values())
 
 
+def _assemble_checked(specs, tmp_path, with_sass) -> list:
+    """Assemble every spec for sm_90a (two at a time; SASS for those ``with_sass(s)`` picks) and check
+    what every build must hold: no C75xx info, no spill, registers within the launch cap. Returns
+    [(spec, Assembly)]."""
+    def one(s):
+        return s, assemble(FAM.build(s).source, s.entry, s.arch, threads=FAM.threads(s),
+                           dyn_smem=FAM.dyn_smem(s), workdir=tmp_path, with_sass=with_sass(s))
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, specs))
+    for s, a in results:
+        assert not fatal_infos(a.report), (s.entry, a.report)
+        assert a.spill_stores == a.spill_loads == a.stack_frame == 0, (s.entry, a.report)
+        cap = REGS["launch"] if s.p["producer"] == "true" else 255
+        assert 0 < a.registers <= cap, (s.entry, a.registers)
+    return results
+
+
+def _persistent_two_consumers(s) -> bool:
+    return s.p["persistent"] == "true" and s.p["consumers"] == 2
+
+
+def _most_stages(precision, **opts):
+    """The spec of ``opts`` with the most stages up to the default 4 that fit in shared memory."""
+    for stages in (4, 3, 2):
+        try:
+            return _spec(precision, stages=stages, **opts)
+        except SpecError:
+            continue
+    raise AssertionError(f"{precision} {opts}: not even 2 stages fit")
+
+
 def test_covering_subset_assembles(tmp_path, need_ptxas):
     specs = _covering()
     covered = {(a, s.p.get(a, AXIS_DEFAULT[a])) for s in specs for a in FAM.axes if a != "precision"}
     assert covered == {(a, v) for a, vs in FAM.axes.items() if a != "precision" for v in vs}
     assert {s.precision for s in specs} == set(TYPES)
 
-    def one(s):
-        sass = s.p == {**DEFAULT, "bk": s.p["bk"]}
-        return s, assemble(FAM.build(s).source, s.entry, s.arch, threads=FAM.threads(s),
-                           dyn_smem=FAM.dyn_smem(s), workdir=tmp_path, with_sass=sass)
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, specs))
+    results = _assemble_checked(specs, tmp_path, lambda s: s.p == {**DEFAULT, "bk": s.p["bk"]})
     print(f"assembled {len(results)} wgmma kernels for sm_90a")
     for s, a in results:
-        assert a.spill_stores == a.spill_loads == a.stack_frame == 0, (s.entry, a.report)
-        cap = REGS["launch"] if s.p["producer"] == "true" else 255
-        assert 0 < a.registers <= cap, (s.entry, a.registers)
-        assert not fatal_infos(a.report)
         if a.sass:      # defaults: one wgmma per 32 bytes of K, one TMA load per operand
             op = {"fp16": "HGMMA", "bf16": "HGMMA", "int8": "IGMMA"}.get(s.precision, "QGMMA")
             assert a.sass_counts.get(op) == 4 and a.sass_counts.get("UTMALDG") == 2, (s.entry, a.sass_counts)
@@ -290,13 +312,8 @@ def _tma_points(precision):
         for cons in FAM.axes["consumers"]:
             for prod in FAM.axes["producer"]:
                 for pers in FAM.axes["persistent"]:
-                    opts = {"epilogue": "tma", "bn": bn, "consumers": cons, "producer": prod, "persistent": pers}
-                    for stages in (4, 3, 2):
-                        try:
-                            out.append(_spec(precision, stages=stages, **opts))
-                            break
-                        except SpecError:
-                            continue
+                    out.append(_most_stages(precision, epilogue="tma", bn=bn, consumers=cons, producer=prod,
+                                            persistent=pers))
     return out
 
 
@@ -308,19 +325,9 @@ def test_tma_epilogue_assembles(precision, tmp_path, need_ptxas):
     assert {(s.p["bn"], s.p["consumers"], s.p["stages"]) for s in specs if s.p["stages"] < 4} == {
         (256, 2, 2), (192, 2, 3)}
     op = {"fp16": "HGMMA", "bf16": "HGMMA", "int8": "IGMMA"}.get(precision, "QGMMA")
-
-    def one(s):
-        sass = s.p["persistent"] == "true" and s.p["consumers"] == 2
-        return s, assemble(FAM.build(s).source, s.entry, s.arch, threads=FAM.threads(s),
-                           dyn_smem=FAM.dyn_smem(s), workdir=tmp_path, with_sass=sass)
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, specs))
+    results = _assemble_checked(specs, tmp_path, _persistent_two_consumers)
     print(f"assembled {len(results)} {precision} wgmma kernels with epilogue=tma for sm_90a")
     for s, a in results:
-        assert not fatal_infos(a.report), (s.entry, a.report)
-        assert a.spill_stores == a.spill_loads == a.stack_frame == 0, (s.entry, a.report)
-        cap = REGS["launch"] if s.p["producer"] == "true" else 255
-        assert 0 < a.registers <= cap, (s.entry, a.registers)
         assert f"used {1 + s.p['consumers']} barriers" in a.report, (s.entry, a.report)
         if a.sass:      # one TMA store per 8-column box, two shared stores per box and thread
             c = a.sass_counts
@@ -337,29 +344,15 @@ def test_cluster_assembles(precision, tmp_path, need_ptxas):
     multicast B load per load site, one remote-capable arrival per CTA and release site, the two cluster
     barriers and no GPU-wide fence but theirs."""
     from experiments.assemble import sass_opcodes
-    specs = []
-    for opts in ([{"producer": p, "persistent": q, "consumers": c, "epilogue": e}
-                  for p in ("true", "false") for q in ("true", "false") for c in (1, 2) for e in ("registers", "tma")]
-                 + [{"bn": bn} for bn in (192, 128, 64)]):
-        for stages in (4, 3, 2):
-            try:
-                specs.append(_spec(precision, cluster=2, stages=stages, **opts))
-                break
-            except SpecError:
-                continue
+    specs = [_most_stages(precision, cluster=2, **opts)
+             for opts in ([{"producer": p, "persistent": q, "consumers": c, "epilogue": e}
+                           for p in ("true", "false") for q in ("true", "false") for c in (1, 2)
+                           for e in ("registers", "tma")]
+                          + [{"bn": bn} for bn in (192, 128, 64)])]
     assert len(specs) == 19
-
-    def one(s):
-        sass = s.p["persistent"] == "true" and s.p["consumers"] == 2
-        return s, assemble(FAM.build(s).source, s.entry, s.arch, threads=FAM.threads(s),
-                           dyn_smem=FAM.dyn_smem(s), workdir=tmp_path, with_sass=sass)
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, specs))
+    results = _assemble_checked(specs, tmp_path, _persistent_two_consumers)
     print(f"assembled {len(results)} {precision} wgmma kernels with cluster=2 for sm_90a")
     for s, a in results:
-        assert not fatal_infos(a.report), (s.entry, a.report)
-        assert a.spill_stores == a.spill_loads == a.stack_frame == 0, (s.entry, a.report)
-        assert 0 < a.registers <= (REGS["launch"] if s.p["producer"] == "true" else 255), (s.entry, a.registers)
         if a.sass:
             ops = sass_opcodes(a.sass)
             sites = 1 if s.p["producer"] == "true" else 3       # without: prologue, refill, last refill
