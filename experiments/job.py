@@ -29,7 +29,7 @@ from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
-__all__ = ["run_job", "JobError", "git_commit"]
+__all__ = ["run_job", "JobError", "git_commit", "warm_process"]
 
 console = Console(highlight=False, soft_wrap=True)
 _WORKER = GpuWorker()         # one GPU process per sweep process, kept across its jobs
@@ -110,6 +110,16 @@ def run_job(cfg) -> dict:
         if not job.multirun:
             raise
         return {"crashed": 1}
+
+
+def warm_process(gpu: bool) -> int:
+    """Make a job process of a parallel launcher ready before its first job (experiments.sweep.prewarm):
+    import the store's modules (MLflow with its SQL store, seconds) and, with ``gpu``, claim this
+    process's GPU and start its GPU worker (CuPy imports there; no CUDA context yet). Returns the pid."""
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - what the job's Tracker opens
+    if gpu and claim_gpu() is not None:
+        _WORKER.start()
+    return os.getpid()
 
 
 def _backend_tag(cfg) -> str:

@@ -23,7 +23,7 @@ from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, thr
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
-__all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "SweepCallback"]
+__all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -57,6 +57,40 @@ def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
             + ("no two runs on one GPU at once" if not overlaps else f"{overlaps} overlapping GPU windows"))
     return line, {"sweep_wall_s": round(wall, 2), "gpu_busy_s": round(total, 2),
                   "gpu_busy_share": round(share, 4), "gpus": len(busy), "gpu_overlaps": overlaps}
+
+
+def prewarm(launcher: DictConfig, gpu: bool) -> threading.Thread | None:
+    """Start the job processes of Hydra's joblib launcher (``hydra/launcher=gpus`` or ``joblib``) now,
+    while the sweep opens its store, instead of after it: the same ``joblib.Parallel`` arguments the
+    launcher will use (so joblib's reusable loky executor is the one its jobs then run in) with one
+    :func:`experiments.job.warm_process` per process. Returns the thread doing it (join it before the
+    jobs are launched; its ``pids`` then lists the processes warmed), or None for another launcher. Raises SystemExit for an ``n_jobs`` joblib
+    cannot use (0), naming the values it takes."""
+    if "JoblibLauncher" not in str(launcher.get("_target_", "")):
+        return None
+    from hydra.utils import instantiate
+    from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
+    from joblib import Parallel, delayed, effective_n_jobs
+
+    from .job import warm_process
+    args = dict(instantiate(launcher).joblib)           # as JoblibLauncher.launch passes them
+    args["backend"] = "loky"
+    process_joblib_cfg(args)
+    try:
+        n = effective_n_jobs(args["n_jobs"])
+    except ValueError as exc:
+        raise SystemExit(f"hydra.launcher.n_jobs={args['n_jobs']}: {exc} (a positive count of job "
+                         "processes, or -1 for one per CPU)") from None
+
+    def start() -> None:
+        try:
+            thread.pids = Parallel(**args)(delayed(warm_process)(gpu) for _ in range(n))
+        except Exception:  # noqa: BLE001 - the jobs start their processes themselves then
+            pass
+    thread = threading.Thread(target=start, daemon=True, name="prewarm")
+    thread.pids = []
+    thread.start()
+    return thread
 
 
 def count_jobs(overrides) -> int:
@@ -141,6 +175,7 @@ class SweepCallback(Callback):
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from .worker import nvml_gpu
         gpu = nvml_gpu() if value(config.backend) != "static" else None
+        warming = prewarm(config.hydra.launcher, gpu is not None) if multirun else None
         if value(config.backend) == "gpu" and gpu is None:
             raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
@@ -179,6 +214,8 @@ class SweepCallback(Callback):
         elif multirun:
             where += f" (parent run {handoff[SWEEP_ENV['parent']]})"
         print(where + ".", flush=True)
+        if warming is not None:
+            warming.join()
 
     def _close(self, failed_job: bool = False) -> None:
         """End the parent run(s) this sweep added runs to (one per store and experiment: a sweep over

@@ -24,13 +24,49 @@ def test_slurm_preset_asks_one_gpu_per_task(tmp_path):
         assert line in lines, out
 
 
-def test_gpus_preset_runs_two_jobs_per_gpu(tmp_path):
+def test_gpus_preset_runs_three_jobs_per_gpu(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     rc, out = run_cli(tmp_path, "hydra/launcher=gpus", "--cfg", "hydra", "--package", "hydra.launcher",
                       "--resolve")
     assert rc == 0, out
-    assert "n_jobs: 2" in out.splitlines()          # no GPU visible here: as for one GPU
+    assert "n_jobs: 3" in out.splitlines()          # no GPU visible here: as for one GPU
     assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in out
+
+
+def _launcher(*overrides):
+    from hydra import compose, initialize_config_dir
+    from test_cli import ROOT
+
+    from experiments.config import register
+    register()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True).hydra.launcher
+
+
+def test_prewarm_starts_the_processes_the_jobs_then_run_in():
+    """The sweep starts the joblib launcher's processes while it opens its store; the launcher's own
+    call (the same arguments, as JoblibLauncher.launch makes them) must reuse them, not start others."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    from hydra.utils import instantiate
+    from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
+    from joblib import Parallel, delayed
+
+    from experiments.sweep import prewarm
+    launcher = _launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+    thread = prewarm(launcher, gpu=False)
+    thread.join(120)
+    assert len(thread.pids) == 2 and os.getpid() not in thread.pids
+    args = dict(instantiate(launcher).joblib, backend="loky")
+    process_joblib_cfg(args)
+    assert set(Parallel(**args)(delayed(os.getpid)() for _ in range(6))) <= set(thread.pids)
+    assert prewarm(_launcher("hydra/launcher=basic"), gpu=False) is None
+
+
+def test_prewarm_refuses_zero_job_processes():
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    from experiments.sweep import prewarm
+    with pytest.raises(SystemExit, match=r"hydra.launcher.n_jobs=0: .*a positive count of job processes"):
+        prewarm(_launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=0"), gpu=False)
 
 
 @pytest.fixture
@@ -131,9 +167,9 @@ class _FakeNvml:
 
 @pytest.mark.parametrize("visible, first", [(None, "GPU-aaaa"), ("1,0", "GPU-bbbb"), ("GPU-bbbb,GPU-aaaa", "GPU-bbbb")])
 def test_claim_spreads_processes_over_the_visible_gpus(monkeypatch, tmp_path, visible, first):
-    """Two job processes per GPU: the first two claims take one slot of each GPU (the first listed in
-    CUDA_VISIBLE_DEVICES first), the next two the second slots, and each process then sees only its
-    own GPU. A list in CUDA_VISIBLE_DEVICES is spread over, not all put on its first GPU."""
+    """JOBS_PER_GPU job processes per GPU: the first two claims take one slot of each GPU (the first
+    listed in CUDA_VISIBLE_DEVICES first), the next two the second slots, and so on; each process then
+    sees only its own GPU. A list in CUDA_VISIBLE_DEVICES is spread over, not all put on its first GPU."""
     import tempfile
 
     from experiments import worker
@@ -150,5 +186,5 @@ def test_claim_spreads_processes_over_the_visible_gpus(monkeypatch, tmp_path, vi
         monkeypatch.setattr(worker, "_SLOT", held[-1])
         claimed.append(worker.claim_gpu()["uuid"])
     second = ({"GPU-aaaa", "GPU-bbbb"} - {first}).pop()
-    assert claimed == [first, second, first, second]
-    assert len(list(tmp_path.glob("tensorcore-ablations-slot-*.lock"))) == 4
+    assert claimed == [first, second] * worker.JOBS_PER_GPU
+    assert len(list(tmp_path.glob("tensorcore-ablations-slot-*.lock"))) == 2 * worker.JOBS_PER_GPU
