@@ -113,12 +113,20 @@ def run_job(cfg) -> dict:
 
 
 def warm_process(gpu: bool) -> int:
-    """Make a job process of a parallel launcher ready before its first job (experiments.sweep.prewarm):
-    import the store's modules (MLflow with its SQL store, seconds) and, with ``gpu``, claim this
-    process's GPU and start its GPU worker (CuPy imports there; no CUDA context yet). Returns the pid."""
+    """Make a job process of a parallel launcher ready before its first job (experiments.sweep.prewarm).
+    With ``gpu``: claim this process's GPU and start its GPU worker, which imports CuPy and pays the
+    first-call costs there (worker.warm_up: CUDA context, cuBLAS, verification kernels; under the GPU's
+    lock) while this process imports the store's modules (MLflow with its SQL store, seconds).
+    Returns the pid. A GPU that cannot be used is left for the first job to report."""
+    claimed = claim_gpu() if gpu else None
+    if claimed is not None:
+        _WORKER.submit("warm_up", pci_bus_id=claimed.get("pci_bus_id"))
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - what the job's Tracker opens
-    if gpu and claim_gpu() is not None:
-        _WORKER.start()
+    if claimed is not None:
+        try:
+            _DEVICE.update(_WORKER.wait("warm_up", timeout=120))
+        except WorkerError:
+            pass
     return os.getpid()
 
 

@@ -93,6 +93,17 @@ def prewarm(launcher: DictConfig, gpu: bool) -> threading.Thread | None:
     return thread
 
 
+def release_job_processes() -> None:
+    """End the job processes of the joblib launcher at once, when its jobs are done: they would
+    otherwise wait for joblib's idle timeout, or make the command wait at exit while each stops its
+    GPU worker. Their GPU workers end when they see their process gone."""
+    import sys
+    reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable_executor, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=False, kill_workers=True)
+
+
 def count_jobs(overrides) -> int:
     """Number of jobs the basic sweeper makes from ``overrides`` (product of the sweep lengths).
 
@@ -174,6 +185,7 @@ class SweepCallback(Callback):
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from .worker import nvml_gpu
+        self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         warming = prewarm(config.hydra.launcher, gpu is not None) if multirun else None
         if value(config.backend) == "gpu" and gpu is None:
@@ -187,7 +199,7 @@ class SweepCallback(Callback):
         info = sweep_info(config, multirun)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.measured = gpu is not None
-        self.key, self.t0 = info["key"], time.time()
+        self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
@@ -306,7 +318,10 @@ class SweepCallback(Callback):
         self._start(config, multirun=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self._close()
+        try:
+            self._close()
+        finally:
+            release_job_processes()
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         self._start(config, multirun=False)

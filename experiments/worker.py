@@ -15,7 +15,7 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "measure_family", "device_info", "gpu_lock",
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "measure_family", "device_info", "warm_up", "gpu_lock",
            "gpu_count", "claim_gpu"]
 
 
@@ -160,6 +160,29 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     return out
 
 
+def warm_up(pci_bus_id: str | None = None) -> dict:
+    """Pay this process's first-call costs on the GPU before its first kernel (worker side): the CUDA
+    context, cuRAND and cuBLAS handles, CuPy's elementwise kernels of verification (int8 and fp16
+    operands of 128 x 128 x 128, checked against their reference), a stream, events and NVML. Holds
+    the GPU's lock (:func:`gpu_lock`) meanwhile, as a timing does. Returns :func:`device_info`."""
+    import cupy
+    import numpy as np
+
+    from .timing import gpu_state
+    from .verify import check, make_operands
+    with gpu_lock(pci_bus_id):
+        info = device_info()
+        for precision, dtype in (("int8", np.int32), ("fp16", np.float32)):
+            ops = make_operands(precision, 128, 128, 128, 0)
+            c = (ops.a_ref @ ops.b_ref.T).astype(dtype)
+            check(c, ops, dtype is np.float32, 1e-3)
+        stream, _, _ = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(), cupy.cuda.Event()
+        stream.synchronize()
+        gpu_state(pci_bus_id)
+        cupy.get_default_memory_pool().free_all_blocks()
+    return info
+
+
 def _serve(conn) -> None:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the sweep's to handle; it kills us
@@ -171,7 +194,7 @@ def _serve(conn) -> None:
     except ImportError:
         pass                                        # the first call reports it
     funcs = {"measure": measure, "measure_family": measure_family, "device_info": device_info,
-             "ready": lambda: True}
+             "warm_up": warm_up, "ready": lambda: True}
     while True:
         try:
             name, kwargs = conn.recv()
@@ -262,6 +285,7 @@ def claim_gpu(on_wait=None) -> dict | None:
 # how often a process waiting for the GPU tries its lock (filelock polls; its default, 50 ms, would leave
 # the GPU idle for up to that long at each hand-over between two runs of 0.2-0.5 s)
 LOCK_POLL_S = 0.002
+WAIT_NOTE_S = 5.0     # a wait for the GPU this long is worth a line (another sweep, or a long timing)
 
 
 @contextlib.contextmanager
@@ -270,13 +294,14 @@ def gpu_lock(pci_bus_id: str | None, on_wait=None):
 
     An inter-process file lock per PCI bus id (in the system's temporary folder), so that jobs of a
     parallel launcher (or two sweeps) never time kernels on the same GPU at once; they wait their
-    turn. ``on_wait(holder)`` is called once when the GPU is busy (holder: 'pid N on HOST').
+    turn. ``on_wait(holder)`` is called once when the GPU has been busy for :data:`WAIT_NOTE_S` seconds
+    (holder: 'pid N on HOST'); the jobs of one parallel sweep take turns in less.
     """
     from filelock import FileLock, Timeout
     path = _lock_path("gpu", pci_bus_id or "default")
     lock = FileLock(path)
     try:
-        lock.acquire(timeout=0.05, poll_interval=LOCK_POLL_S)
+        lock.acquire(timeout=WAIT_NOTE_S, poll_interval=LOCK_POLL_S)
     except Timeout:
         if on_wait:
             try:
@@ -325,14 +350,23 @@ class GpuWorker:
         self._proc = self._conn = None
 
     def call(self, name: str, timeout: float, **kwargs):
-        """Call worker function ``name`` (measure, measure_family, device_info, ready); wait at most
-        ``timeout`` seconds.
+        """Call worker function ``name`` (measure, measure_family, device_info, warm_up, ready); wait at
+        most ``timeout`` seconds.
 
         Raises WorkerError with the remote exception text, or saying that the worker timed out
         (it is killed: a hung kernel cannot be interrupted otherwise) or died (exit code).
         """
+        self.submit(name, **kwargs)
+        return self.wait(name, timeout)
+
+    def submit(self, name: str, **kwargs) -> None:
+        """Send the call of ``name`` without waiting; :meth:`wait` gets its answer."""
         self._ensure()
         self._conn.send((name, kwargs))
+
+    def wait(self, name: str, timeout: float):
+        """The answer to the call of ``name`` submitted last, as :meth:`call` returns it and with
+        its errors."""
         if not self._conn.poll(timeout):
             self.stop()
             raise WorkerError(f"no answer from the GPU worker within {timeout:g} s (the kernel may "

@@ -208,6 +208,40 @@ def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     assert res["timing"]["median_us"] > 0
 
 
+def test_warm_up_pays_the_first_call_costs_under_the_gpu_lock(tmp_path, monkeypatch):
+    """worker.warm_up answers the device and leaves the GPU's lock free; it waits for a holder."""
+    import tempfile
+    import threading
+    import time
+
+    from experiments.worker import GpuWorker, gpu_lock, nvml_gpu
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))      # locks of this test only (here
+    monkeypatch.setenv("TMPDIR", str(tmp_path))                   # and in the worker it spawns)
+    bus = nvml_gpu()["pci_bus_id"]
+    w = GpuWorker()
+    try:
+        held = threading.Event()
+
+        def hold():
+            with gpu_lock(bus):
+                held.set()
+                time.sleep(1.5)
+        t = threading.Thread(target=hold)
+        t.start()
+        held.wait(10)
+        t0 = time.time()
+        w.submit("warm_up", pci_bus_id=bus)
+        info = w.wait("warm_up", 120)
+        waited = time.time() - t0
+        t.join()
+    finally:
+        w.stop()
+    assert info["sm_count"] > 0 and info["pci_bus_id"]
+    assert waited > 1.0                 # it took the lock after the holder (1.5 s) let it go
+    with gpu_lock(bus):                 # and let it go itself
+        pass
+
+
 def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
     """A nonzero only at even k, B only at odd k: C must be exactly 0; same parity: not 0."""
     import cupy

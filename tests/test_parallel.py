@@ -43,6 +43,17 @@ def _launcher(*overrides):
         return compose("config", overrides=list(overrides), return_hydra_config=True).hydra.launcher
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:                                           # a zombie child of this process counts as gone
+        return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def test_prewarm_starts_the_processes_the_jobs_then_run_in():
     """The sweep starts the joblib launcher's processes while it opens its store; the launcher's own
     call (the same arguments, as JoblibLauncher.launch makes them) must reuse them, not start others."""
@@ -51,7 +62,7 @@ def test_prewarm_starts_the_processes_the_jobs_then_run_in():
     from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
     from joblib import Parallel, delayed
 
-    from experiments.sweep import prewarm
+    from experiments.sweep import prewarm, release_job_processes
     launcher = _launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     thread = prewarm(launcher, gpu=False)
     thread.join(120)
@@ -59,6 +70,11 @@ def test_prewarm_starts_the_processes_the_jobs_then_run_in():
     args = dict(instantiate(launcher).joblib, backend="loky")
     process_joblib_cfg(args)
     assert set(Parallel(**args)(delayed(os.getpid)() for _ in range(6))) <= set(thread.pids)
+    release_job_processes()                        # the sweep's end: they stop at once
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(pid) for pid in thread.pids):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in thread.pids)
     assert prewarm(_launcher("hydra/launcher=basic"), gpu=False) is None
 
 

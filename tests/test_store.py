@@ -270,6 +270,23 @@ def test_gpu_worker_starts_inside_a_joblib_worker():
         assert res.startswith("ok: ") or "No module named 'cupy'" in res, res
 
 
+def test_gpu_worker_answers_a_submitted_call_when_asked():
+    """submit() returns at once (a job process imports MLflow meanwhile); wait() gets that call's
+    answer, or its error: warm_up reports the missing CuPy from inside without a GPU."""
+    from experiments.worker import GpuWorker, WorkerError
+    w = GpuWorker()
+    try:
+        w.submit("ready")
+        assert w.wait("ready", 120) is True
+        w.submit("warm_up")
+        try:
+            assert w.wait("warm_up", 120)["sm_count"] > 0
+        except WorkerError as exc:
+            assert "No module named 'cupy'" in str(exc) or "CUDA" in str(exc), exc
+    finally:
+        w.stop()
+
+
 def test_warp_grid_that_does_not_divide_the_block_tile(tmp_path):
     rc, out = run_cli(tmp_path, "tile.warps=[3,2]", *store_args(tmp_path, False))
     assert rc == 1, out
