@@ -129,9 +129,9 @@ def triage(runs: list, gpu: str | None, rerun: bool) -> tuple[list, list]:
 
 def _hold(gpu: dict):
     """The GPU lock of the sweeps (experiments.worker.gpu_lock), so no timing runs while ncu
-    replays kernels; nothing where that lock is not available."""
+    replays kernels; nothing where that lock is not available (no fcntl)."""
     try:
-        import filelock  # noqa: F401 - gpu_lock needs it
+        import fcntl  # noqa: F401 - gpu_lock needs it
 
         from .worker import gpu_lock
     except ImportError:

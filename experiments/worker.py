@@ -164,13 +164,14 @@ def warm_up(pci_bus_id: str | None = None) -> dict:
     """Pay this process's first-call costs on the GPU before its first kernel (worker side): the CUDA
     context, cuRAND and cuBLAS handles, CuPy's elementwise kernels of verification (int8 and fp16
     operands of 128 x 128 x 128, checked against their reference), a stream, events and NVML. Holds
-    the GPU's lock (:func:`gpu_lock`) meanwhile, as a timing does. Returns :func:`device_info`."""
+    the GPU's lock shared (:func:`gpu_lock`): the job processes of a sweep warm up together, never
+    while a kernel is timed on the GPU. Returns :func:`device_info`."""
     import cupy
     import numpy as np
 
     from .timing import gpu_state
     from .verify import check, make_operands
-    with gpu_lock(pci_bus_id):
+    with gpu_lock(pci_bus_id, shared=True):
         info = device_info()
         for precision, dtype in (("int8", np.int32), ("fp16", np.float32)):
             ops = make_operands(precision, 128, 128, 128, 0)
@@ -282,40 +283,48 @@ def claim_gpu(on_wait=None) -> dict | None:
         time.sleep(1.0)
 
 
-# how often a process waiting for the GPU tries its lock (filelock polls; its default, 50 ms, would leave
-# the GPU idle for up to that long at each hand-over between two runs of 0.2-0.5 s)
+# how often a process waiting for the GPU tries its lock (a blocking wait could not say after a while
+# who holds it); a hand-over between two runs of 0.2-0.5 s then leaves the GPU idle for 2 ms at most
 LOCK_POLL_S = 0.002
 WAIT_NOTE_S = 5.0     # a wait for the GPU this long is worth a line (another sweep, or a long timing)
 
 
 @contextlib.contextmanager
-def gpu_lock(pci_bus_id: str | None, on_wait=None):
+def gpu_lock(pci_bus_id: str | None, on_wait=None, shared: bool = False):
     """Hold the GPU for verification and timing: one holder per device at a time on this host.
 
-    An inter-process file lock per PCI bus id (in the system's temporary folder), so that jobs of a
-    parallel launcher (or two sweeps) never time kernels on the same GPU at once; they wait their
-    turn. ``on_wait(holder)`` is called once when the GPU has been busy for :data:`WAIT_NOTE_S` seconds
-    (holder: 'pid N on HOST'); the jobs of one parallel sweep take turns in less.
+    An inter-process lock per PCI bus id (``fcntl.flock`` on a file in the system's temporary folder),
+    so that jobs of a parallel launcher (or two sweeps, or ncu) never time kernels on the same GPU at
+    once; they wait their turn. ``shared``: GPU work that disturbs no other of its kind but must not
+    run while a kernel is timed (:func:`warm_up`: the job processes of a sweep make their CUDA contexts
+    together). ``on_wait(holder)`` is called once when the GPU has been busy for :data:`WAIT_NOTE_S`
+    seconds (holder: 'pid N on HOST'); the jobs of one parallel sweep take turns in less.
+    Raises OSError where the temporary folder cannot hold the lock file.
     """
-    from filelock import FileLock, Timeout
+    import fcntl
     path = _lock_path("gpu", pci_bus_id or "default")
-    lock = FileLock(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        lock.acquire(timeout=WAIT_NOTE_S, poll_interval=LOCK_POLL_S)
-    except Timeout:
-        if on_wait:
+        noted, since = False, time.monotonic()
+        while True:
             try:
-                holder = open(path + ".owner").read().strip()
-            except OSError:
-                holder = "another process"
-            on_wait(holder)
-        lock.acquire(poll_interval=LOCK_POLL_S)
-    try:
-        with open(path + ".owner", "w") as f:
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if on_wait and not noted and time.monotonic() - since > WAIT_NOTE_S:
+                    try:
+                        holder = open(path + ".owner").read().strip()
+                    except OSError:
+                        holder = "another process"
+                    on_wait(holder)
+                    noted = True
+                time.sleep(LOCK_POLL_S)
+        if not shared:
+            with open(path + ".owner", "w") as f:
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}")
         yield
     finally:
-        lock.release()
+        os.close(fd)                # releases the lock
 
 
 class GpuWorker:

@@ -204,3 +204,43 @@ def test_claim_spreads_processes_over_the_visible_gpus(monkeypatch, tmp_path, vi
     second = ({"GPU-aaaa", "GPU-bbbb"} - {first}).pop()
     assert claimed == [first, second] * worker.JOBS_PER_GPU
     assert len(list(tmp_path.glob("tensorcore-ablations-slot-*.lock"))) == 2 * worker.JOBS_PER_GPU
+
+
+def test_gpu_lock_lets_warm_ups_share_the_gpu_but_never_a_timing(tmp_path, monkeypatch):
+    """Shared holders (warm-ups) hold the GPU together; an exclusive one (verification and timing)
+    waits for all of them and keeps every other holder out; a long wait is noted once, with the holder."""
+    import tempfile
+    import threading
+
+    from experiments import worker
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(worker, "WAIT_NOTE_S", 0.2)
+    events: list = []
+
+    def timing(hold_s):
+        with worker.gpu_lock("0000:01:00.0", on_wait=lambda who: events.append(("noted", who))):
+            events.append(("timing", time.monotonic()))
+            time.sleep(hold_s)
+        events.append(("timed", time.monotonic()))
+
+    with worker.gpu_lock("0000:01:00.0", shared=True):
+        with worker.gpu_lock("0000:01:00.0", shared=True):       # a second warm-up gets in at once
+            t = threading.Thread(target=timing, args=(0.5,))
+            t.start()
+            time.sleep(0.4)
+            assert [e[0] for e in events] == ["noted"]               # the timing waits (and says so)
+            assert events[0][1] == "another process"                 # shared holders write no owner
+        released = time.monotonic()
+    t.join(10)
+    assert events[1][0] == "timing" and events[1][1] >= released
+    t = threading.Thread(target=timing, args=(0.5,))
+    events.clear()
+    t.start()
+    while not events:
+        time.sleep(0.01)
+    with worker.gpu_lock("0000:01:00.0", shared=True):               # a warm-up waits for the timing
+        entered = time.monotonic()
+    t.join(10)
+    assert events[0][0] == "timing" and entered - events[0][1] >= 0.45      # after its 0.5 s
+    assert open(tmp_path / "tensorcore-ablations-gpu-0000_01_00_0.lock.owner").read() == \
+        f"pid {os.getpid()} on {socket.gethostname()}"
