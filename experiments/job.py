@@ -250,13 +250,15 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
 
 
 def _device(gpu: dict) -> dict:
-    """What the worker reports of the GPU (worker.device_info), asked once per process while holding
-    the GPU: the worker makes its CUDA context then, never while another process times on it."""
-    if not _DEVICE:
+    """What the worker reports of the GPU (worker.device_info), once per worker process: its first
+    call is worker.warm_up (CUDA context, cuBLAS, verification kernels; never while another process
+    times on the GPU), so that every kernel is timed by a worker in the same state, in a sweep of one
+    process as in a parallel one (whose job processes warm up before their first job), and after a
+    worker was replaced following a fault."""
+    if not _DEVICE or not _WORKER.warmed:
         try:
             _WORKER.call("ready", timeout=120)           # started, CuPy imported: no GPU work yet
-            with gpu_lock(gpu.get("pci_bus_id")):
-                _DEVICE.update(_WORKER.call("device_info", timeout=120))
+            _DEVICE.update(_WORKER.call("warm_up", timeout=120, pci_bus_id=gpu.get("pci_bus_id")))
         except WorkerError as exc:
             raise JobError(
                 f"{gpu['gpu']} was found, but CuPy could not use it. Install the CuPy build for your "

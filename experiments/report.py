@@ -17,6 +17,7 @@ pct_of_peak and its speedups over the baselines (experiments.compare), and the p
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 from pathlib import Path
 
@@ -174,7 +175,8 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     """Markdown comparing the verified GPU runs of two stores that measured the same sweep (e.g. on one
     GPU, then over every GPU of the node with hydra/launcher=gpus): per (kernel, size) present in
     both, median us in each, the GPU (end of its UUID), the difference (other - uri) / uri and whether
-    it is within the first run's spread ((max - min) / median of its launches); then a summary and
+    it is within the first run's spread ((max - min) / median of its launches); then a summary (how many
+    are within, apart for pairs measured on the same GPU and on another) and
     each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
 
     Read-only: raises StoreError when a store or the experiment does not exist."""
@@ -187,14 +189,14 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     out = [f"First: {uri}", f"Second: {other}", "",
            "| kernel | M x N x K | first us | GPU | second us | GPU | difference | first spread | within |",
            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
-    within = 0
+    within = collections.Counter()      # (same GPU, within the spread) -> pairs
     for key in keys:
         x, y = ra[key], rb[key]
         mx, my = x.data.metrics["median_us"], y.data.metrics["median_us"]
         spread = x.data.metrics.get("spread", 0.0)
         diff = (my - mx) / mx
         ok = abs(diff) <= spread
-        within += ok
+        within[(x.data.tags.get("gpu_uuid") == y.data.tags.get("gpu_uuid"), ok)] += 1
         out.append(f"| {key[0]} | {key[1]} | {mx:.2f} | {x.data.tags.get('gpu_uuid', '')[-8:]} | {my:.2f} | "
                    f"{y.data.tags.get('gpu_uuid', '')[-8:]} | {diff:+.2%} | {spread:.2%} | "
                    f"{'yes' if ok else 'no'} |")
@@ -202,8 +204,11 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     worst = max(keys, key=lambda k: abs(med[k][1] / med[k][0] - 1))
     wa, wb = med[worst]
     alone = f" ({len(ra) - len(keys)} only in the first store, {len(rb) - len(keys)} only in the second)"
-    out += ["", f"{len(keys)} (kernel, size) pairs{alone}; {within} within the first run's spread; the "
-                f"largest difference {(wb - wa) / wa:+.2%} ({worst[0]} {worst[1]}).",
+    split = "; ".join(f"on {where}: {within[(same, True)]} of {within[(same, True)] + within[(same, False)]}"
+                      for same, where in ((True, "the same GPU"), (False, "another GPU")))
+    out += ["", f"{len(keys)} (kernel, size) pairs{alone}; {within[(True, True)] + within[(False, True)]} "
+                f"within the first run's spread ({split}); the largest difference {(wb - wa) / wa:+.2%} "
+                f"({worst[0]} {worst[1]}).",
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
     if "sweep_wall_s" in sa and "sweep_wall_s" in sb:

@@ -333,6 +333,7 @@ class GpuWorker:
     def __init__(self):
         self._proc = None
         self._conn = None
+        self.warmed = False      # warm_up answered by the process now running
 
     def start(self) -> None:
         """Start the worker process now, without waiting for it (it imports CuPy while the caller
@@ -346,6 +347,7 @@ class GpuWorker:
             # inside a launcher's worker (joblib's loky): a spawned child must not inherit that method
             mp.set_start_method("spawn", force=True)
         ctx = mp.get_context("spawn")
+        self.warmed = False
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="gpu-worker")
         self._proc.start()
@@ -387,6 +389,7 @@ class GpuWorker:
             self.stop()
             raise WorkerError(f"the GPU worker died (exit code {code}) while running {name}") from None
         if reply[0] == "ok":
+            self.warmed = self.warmed or name == "warm_up"
             return reply[1]
         _, text, tb, fatal = reply
         if fatal:

@@ -93,7 +93,8 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
         "| k32 | 8192x8192x8192 | 7598.90 | aaaa1111 | 7602.00 | bbbb2222 | +0.04% | 0.10% | yes |"]
     assert lines[-3:] == [
         "2 (kernel, size) pairs (1 only in the first store, 1 only in the second); 1 within the first run's "
-        "spread; the largest difference -2.10% (k32 512x512x512).",
+        "spread (on the same GPU: 0 of 0; on another GPU: 1 of 2); the largest difference -2.10% "
+        "(k32 512x512x512).",
         "First sweep: 19.4 s wall, GPU time 8.0 s on 1 GPU(s). Second sweep: 14.0 s wall, GPU time 9.7 s on "
         "2 GPU(s).",
         "Wall time ratio, second / first: 0.72."]
