@@ -115,8 +115,8 @@ def run_job(cfg) -> dict:
 def warm_process(gpu: bool) -> int:
     """Make a job process of a parallel launcher ready before its first job (experiments.sweep.prewarm).
     With ``gpu``: claim this process's GPU and start its GPU worker, which imports CuPy and pays the
-    first-call costs there (worker.warm_up: CUDA context, cuBLAS, verification kernels; under the GPU's
-    lock) while this process imports the store's modules (MLflow with its SQL store, seconds).
+    first-call costs there (worker.warm_up: CUDA context, cuBLAS, verification kernels; the GPU's lock
+    held shared) while this process imports the store's modules (MLflow with its SQL store, seconds).
     Returns the pid. A GPU that cannot be used is left for the first job to report."""
     claimed = claim_gpu() if gpu else None
     if claimed is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -64,8 +65,8 @@ def prewarm(launcher: DictConfig, gpu: bool) -> threading.Thread | None:
     while the sweep opens its store, instead of after it: the same ``joblib.Parallel`` arguments the
     launcher will use (so joblib's reusable loky executor is the one its jobs then run in) with one
     :func:`experiments.job.warm_process` per process. Returns the thread doing it (join it before the
-    jobs are launched; its ``pids`` then lists the processes warmed), or None for another launcher. Raises SystemExit for an ``n_jobs`` joblib
-    cannot use (0), naming the values it takes."""
+    jobs are launched; its ``pids`` then lists the processes warmed), or None for another launcher.
+    Raises SystemExit for an ``n_jobs`` joblib cannot use (0), naming the values it takes."""
     if "JoblibLauncher" not in str(launcher.get("_target_", "")):
         return None
     from hydra.utils import instantiate
@@ -97,7 +98,6 @@ def release_job_processes() -> None:
     """End the job processes of the joblib launcher at once, when its jobs are done: they would
     otherwise wait for joblib's idle timeout, or make the command wait at exit while each stops its
     GPU worker. Their GPU workers end when they see their process gone."""
-    import sys
     reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable_executor, "_executor", None)
     if executor is not None:

@@ -15,8 +15,8 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "measure_family", "device_info", "warm_up", "gpu_lock",
-           "gpu_count", "claim_gpu"]
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "measure_family", "device_info", "warm_up",
+           "gpu_lock", "gpu_count", "claim_gpu"]
 
 
 class WorkerError(RuntimeError):
@@ -177,8 +177,8 @@ def warm_up(pci_bus_id: str | None = None) -> dict:
             ops = make_operands(precision, 128, 128, 128, 0)
             c = (ops.a_ref @ ops.b_ref.T).astype(dtype)
             check(c, ops, dtype is np.float32, 1e-3)
-        stream, _, _ = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(), cupy.cuda.Event()
-        stream.synchronize()
+        cupy.cuda.Event().record(cupy.cuda.Stream(non_blocking=True))
+        cupy.cuda.Device().synchronize()
         gpu_state(pci_bus_id)
         cupy.get_default_memory_pool().free_all_blocks()
     return info
