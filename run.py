@@ -186,6 +186,7 @@ def _terminate(signum, frame):
 
 
 if __name__ == "__main__":
+    from experiments.sweep import release_job_processes
     from experiments.track import abort_open_runs
     signal.signal(signal.SIGTERM, _terminate)
     if problem := check_modes(sys.argv[1:]) or check_override_keys(sys.argv[1:]):
@@ -196,6 +197,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C must not cut the cleanup
         term = exc.args == (signal.SIGTERM,)
+        release_job_processes()                          # no job process writes a run after this
         ended, sweeps, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
         sweep = "; the sweep is marked KILLED" if sweeps else ""
         print(f"\nInterrupted: {kept} run(s) finished in this command are kept; {ended} run(s) in progress "
@@ -203,4 +205,5 @@ if __name__ == "__main__":
               "runs are skipped, the sweep continues).", file=sys.stderr, flush=True)
         sys.exit(143 if term else 130)
     finally:
+        release_job_processes()           # a parallel launcher's processes, however the command ends
         abort_open_runs("FAILED", "the command ended without closing this run")

@@ -86,22 +86,33 @@ def prewarm(launcher: DictConfig, gpu: bool) -> threading.Thread | None:
     def start() -> None:
         try:
             thread.pids = Parallel(**args)(delayed(warm_process)(gpu) for _ in range(n))
-        except Exception:  # noqa: BLE001 - the jobs start their processes themselves then
-            pass
+        except BaseException:  # noqa: BLE001 - a process interrupted (Ctrl-C reaches them too) or
+            pass               # failed: the jobs start their processes themselves then
     thread = threading.Thread(target=start, daemon=True, name="prewarm")
     thread.pids = []
+    _PREWARM.append(thread)
     thread.start()
     return thread
 
 
+_PREWARM: list = []     # the threads of prewarm, until release_job_processes has waited for them
+
+
 def release_job_processes() -> None:
-    """End the job processes of the joblib launcher at once, when its jobs are done: they would
+    """End the job processes of the joblib launcher at once: when its jobs are done (they would
     otherwise wait for joblib's idle timeout, or make the command wait at exit while each stops its
-    GPU worker. Their GPU workers end when they see their process gone."""
+    GPU worker), and when the command ends otherwise (Ctrl-C, an error), also while the sweep starts
+    them (:func:`prewarm`), so none is left behind. Their GPU workers end when they see their process
+    gone."""
+    while _PREWARM:                  # the processes it starts must exist before they can be ended
+        _PREWARM.pop().join(120)
     reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable_executor, "_executor", None)
     if executor is not None:
-        executor.shutdown(wait=False, kill_workers=True)
+        try:
+            executor.shutdown(wait=True, kill_workers=True)
+        except Exception:  # noqa: BLE001 - already shut down, or broken: its processes are gone
+            pass
 
 
 def count_jobs(overrides) -> int:

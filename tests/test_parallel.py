@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from test_cli import run_cli
@@ -244,3 +245,49 @@ def test_gpu_lock_lets_warm_ups_share_the_gpu_but_never_a_timing(tmp_path, monke
     assert events[0][0] == "timing" and entered - events[0][1] >= 0.45      # after its 0.5 s
     assert open(tmp_path / "tensorcore-ablations-gpu-0000_01_00_0.lock.owner").read() == \
         f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+@pytest.mark.parametrize("after_s, group", [(2.5, True), (6.0, False)])
+def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, after_s, group):
+    """SIGINT while the job processes start or while they run, to the whole process group (Ctrl-C in a
+    terminal) or to run.py alone (kill -INT): the command ends with 130, no job process of it stays
+    behind (it used to hang at exit waiting for them, or leave them running), no run stays RUNNING,
+    and the same command resumes."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    import signal
+
+    from test_cli import ROOT, all_runs, store_args
+    args = [sys.executable, str(ROOT / "run.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+            "backend=static", "experiment=l4_run2_int8", *store_args(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    proc = subprocess.Popen(args, cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(after_s)
+    (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("run.py did not end within 90 s of the SIGINT: " + proc.communicate()[0][-2000:])
+    if proc.returncode == 0:
+        pytest.skip(f"the sweep ended before the Ctrl-C at {after_s} s")
+    assert proc.returncode == 130, out
+    assert "Interrupted:" in out
+    time.sleep(1)
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cwd(p) == str(tmp_path)]
+    assert not left, [(p.name, (p / "cmdline").read_bytes()) for p in left]
+    parents, children = all_runs(tmp_path)
+    assert "RUNNING" not in {r.info.status for r in parents + children}
+    rc = subprocess.run(args, cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""}, timeout=300,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT).returncode
+    assert rc == 0
+    parents, children = all_runs(tmp_path)
+    finished = [c for c in children if c.info.status == "FINISHED"]
+    assert len(finished) == 6 and len({c.data.tags["run_key"] for c in finished}) == 6
+
+
+def _cwd(proc_dir) -> str | None:
+    try:
+        return os.readlink(proc_dir / "cwd")
+    except OSError:
+        return None
