@@ -187,7 +187,7 @@ def _terminate(signum, frame):
 
 if __name__ == "__main__":
     from experiments.sweep import release_job_processes
-    from experiments.track import abort_open_runs
+    from experiments.track import abort_open_runs, close_runs_of_ended_processes
     signal.signal(signal.SIGTERM, _terminate)
     if problem := check_modes(sys.argv[1:]) or check_override_keys(sys.argv[1:]):
         print(problem, file=sys.stderr)
@@ -198,7 +198,9 @@ if __name__ == "__main__":
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C must not cut the cleanup
         term = exc.args == (signal.SIGTERM,)
         release_job_processes()                          # no job process writes a run after this
+        stale = close_runs_of_ended_processes()          # the runs those processes had in progress
         ended, sweeps, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
+        ended += stale
         sweep = "; the sweep is marked KILLED" if sweeps else ""
         print(f"\nInterrupted: {kept} run(s) finished in this command are kept; {ended} run(s) in progress "
               f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "

@@ -111,12 +111,20 @@ SETTING_BOUNDS = (("timing.warmup", 0, True), ("timing.batches", 1, True), ("tim
 
 
 def check_settings(cfg) -> None:
-    """Raise SpecError for a timing or verification setting out of range (e.g. timing.batches=0)."""
+    """Raise SpecError for a timing or verification setting out of range (e.g. timing.batches=0), not
+    finite (verify.rtol=nan would pass any result) or a seed NumPy cannot take."""
+    import math
+
     from omegaconf import OmegaConf
     for key, low, inclusive in SETTING_BOUNDS:
         v = OmegaConf.select(cfg, key)
-        if v < low or (v == low and not inclusive):
-            raise SpecError(f"{key}={v} is not valid; it must be {'>=' if inclusive else '>'} {low}")
+        if not math.isfinite(v) or v < low or (v == low and not inclusive):
+            bound = ">=" if inclusive else ">"
+            raise SpecError(f"{key}={v} is not valid; it must be a finite number {bound} {low}")
+    seed = OmegaConf.select(cfg, "verify.seed")
+    if seed is not None and not 0 <= seed < 2 ** 32:
+        raise SpecError(f"verify.seed={seed} is not valid; it must be null (a fresh seed per run) or an "
+                        "integer from 0 to 2**32 - 1")
 
 
 def _check_shapes(spec: KernelSpec, shapes) -> None:

@@ -21,7 +21,7 @@ import collections
 import sys
 from pathlib import Path
 
-from .track import StoreError, Tracker, resolve_uri
+from .track import StoreError, Tracker, resolve_uri, sqlite_path
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
 __all__ = ["results_table", "families_table", "against_table", "sweep_run", "main"]
@@ -216,6 +216,12 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     return "\n".join(out) + "\n"
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Two SQLite URIs that name one file (through a link, or with '..')."""
+    pa, pb = sqlite_path(a), sqlite_path(b)
+    return pa is not None and pb is not None and pa.resolve() == pb.resolve()
+
+
 def main(argv=None) -> int:
     """The command line; returns the exit status (2: nothing measured, the --out file untouched)."""
     ap = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__.splitlines()[0])
@@ -237,7 +243,7 @@ def main(argv=None) -> int:
         uri = resolve_uri(args.uri, create=False)
         if args.against is not None:
             other = resolve_uri(args.against, create=False)
-            if other == uri:
+            if other == uri or _same_file(other, uri):
                 ap.error(f"--against names the same store as --uri ({uri}): give the store of the other "
                          "measurement")
             text = against_table(uri, other, args.experiment)

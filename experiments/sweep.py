@@ -9,8 +9,10 @@ parent run. The callback hands the identity to the jobs through environment vari
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -60,12 +62,14 @@ def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
                   "gpu_busy_share": round(share, 4), "gpus": len(busy), "gpu_overlaps": overlaps}
 
 
-def prewarm(launcher: DictConfig, gpu: bool) -> threading.Thread | None:
+def prewarm(launcher: DictConfig, gpu: bool, jobs: int | None = None) -> threading.Thread | None:
     """Start the job processes of Hydra's joblib launcher (``hydra/launcher=gpus`` or ``joblib``) now,
     while the sweep opens its store, instead of after it: the same ``joblib.Parallel`` arguments the
     launcher will use (so joblib's reusable loky executor is the one its jobs then run in) with one
-    :func:`experiments.job.warm_process` per process. Returns the thread doing it (join it before the
-    jobs are launched; its ``pids`` then lists the processes warmed), or None for another launcher.
+    :func:`experiments.job.warm_process` per process that will get a job (``jobs``: the sweep's count,
+    None when unknown). Returns the thread doing it (join it before the jobs are launched; its ``pids``
+    then lists the processes warmed), or None for another launcher and for one job process (joblib
+    then runs the jobs in this process).
     Raises SystemExit for an ``n_jobs`` joblib cannot use (0), naming the values it takes."""
     if "JoblibLauncher" not in str(launcher.get("_target_", "")):
         return None
@@ -82,6 +86,9 @@ def prewarm(launcher: DictConfig, gpu: bool) -> threading.Thread | None:
     except ValueError as exc:
         raise SystemExit(f"hydra.launcher.n_jobs={args['n_jobs']}: {exc} (a positive count of job "
                          "processes, or -1 for one per CPU)") from None
+    if n == 1:
+        return None
+    n = min(n, jobs or n)
 
     def start() -> None:
         try:
@@ -108,11 +115,13 @@ def release_job_processes() -> None:
         _PREWARM.pop().join(120)
     reusable_executor = sys.modules.get("joblib.externals.loky.reusable_executor")
     executor = getattr(reusable_executor, "_executor", None)
-    if executor is not None:
-        try:
-            executor.shutdown(wait=True, kill_workers=True)
-        except Exception:  # noqa: BLE001 - already shut down, or broken: its processes are gone
-            pass
+    if executor is None:
+        return
+    for proc in list(getattr(executor, "_processes", {}).values()):   # loky's own kill wants psutil
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):          # already shut down, or broken: its processes are gone
+        executor.shutdown(wait=True)
 
 
 def count_jobs(overrides) -> int:
@@ -198,7 +207,9 @@ class SweepCallback(Callback):
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
-        warming = prewarm(config.hydra.launcher, gpu is not None) if multirun else None
+        info = sweep_info(config, multirun)
+        warming = (prewarm(config.hydra.launcher, gpu is not None,
+                           int(info["jobs"]) if info["jobs"].isdigit() else None) if multirun else None)
         if value(config.backend) == "gpu" and gpu is None:
             raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
@@ -207,7 +218,6 @@ class SweepCallback(Callback):
             tracker = get_tracker(uri, config.tracking.experiment)
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
-        info = sweep_info(config, multirun)
         self.uri, self.experiment = uri, config.tracking.experiment
         self.measured = gpu is not None
         self.key = info["key"]

@@ -30,6 +30,7 @@ __all__ = ["PROJECT_ROOT", "StoreError", "resolve_uri", "store_lock", "Tracker",
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
+START_MS = int(time.time() * 1000)      # about when this process started (runs newer than it are its)
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
 SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
              "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID"}
@@ -92,6 +93,32 @@ def store_lock(uri: str):
         from filelock import FileLock
         _LOCKS[uri] = FileLock(str(db) + ".lock", timeout=600)
     return _LOCKS[uri]
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+    """Ctrl-C and SIGTERM wait until the block is done (in the main thread; elsewhere nothing changes):
+    MLflow creating a store's tables, cut short, leaves a store that no later command can open. The
+    signal's own handler runs after the block (KeyboardInterrupt for Ctrl-C)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    old = {sig: signal.signal(sig, lambda num, frame: caught.append(num))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if caught:
+            handler = old[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), caught[0])
 
 
 def _schema_made(db: Path) -> bool:
@@ -189,7 +216,9 @@ class Tracker:
                 locked = exp is None            # a new experiment is created under the lock
             except Exception:  # noqa: BLE001 - opened again under the lock
                 pass
-        with store_lock(uri) if locked else contextlib.nullcontext():
+        new_store = db is not None and not _schema_made(db)
+        with store_lock(uri) if locked else contextlib.nullcontext(), \
+                _uninterrupted() if new_store else contextlib.nullcontext():
             if locked:
                 self.client = mlflow.MlflowClient(tracking_uri=uri)
                 exp = self.client.get_experiment_by_name(experiment)
@@ -208,18 +237,22 @@ class Tracker:
                     "tracking.experiment=NAME; the report and profile commands: --experiment NAME).")
             else:
                 self.experiment_id = exp.experiment_id
-                if db is not None:
+                if db is not None and create:         # a read-only command changes nothing
                     self._relocate(exp, db)
 
     def _relocate(self, exp, db: Path) -> None:
         """A SQLite store moved to another folder keeps its artifacts beside the database: point the
         experiment's and its runs' artifact URIs at ``<db folder>/artifacts`` (MLflow stores them
         absolute, so new artifacts would otherwise go to the old folder)."""
+        from urllib.parse import unquote, urlparse
         new = (db.parent / "artifacts").as_uri()
         old = exp.artifact_location
         if old == new or not old.startswith("file://") or not old.endswith("/artifacts") \
                 or not (db.parent / "artifacts").is_dir():
             return
+        if Path(unquote(urlparse(old).path)).resolve() == (db.parent / "artifacts").resolve():
+            return                          # the same folder, named through a link or with '..'
+
         import sqlite3
         with sqlite3.connect(db) as con:
             con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
@@ -361,6 +394,17 @@ def get_tracker(uri: str, experiment: str) -> Tracker:
     return _TRACKERS[(uri, experiment)]
 
 
+def close_runs_of_ended_processes() -> int:
+    """In every store this process opened, close (KILLED) the RUNNING runs whose process has ended
+    (the job processes of a parallel launcher, once ended on Ctrl-C); returns how many. Errors of an
+    unreachable store are ignored."""
+    n = 0
+    for tr in _TRACKERS.values():
+        with contextlib.suppress(Exception):
+            n += tr.close_stale()
+    return n
+
+
 def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
     """End every run this process started and has not ended (children first, then parents; a parent
     without children is deleted instead, so no empty parent stays).
@@ -371,8 +415,12 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
     """
     ended = sweeps = finished = 0
     for tr in _TRACKERS.values():
-        finished += tr.finished
         parents = set(tr.parents.values())
+        try:        # the runs of this command's sweeps, also those its job processes finished
+            finished += max(tr.finished, sum(r.info.status == "FINISHED" and r.info.start_time >= START_MS
+                                             for p in parents for r in tr.children(p)))
+        except Exception:  # noqa: BLE001 - an unreachable store
+            finished += tr.finished
         for rid in sorted(tr.open, key=lambda r: r in parents):
             try:
                 if rid in parents and not tr.children(rid):

@@ -199,7 +199,10 @@ def poison(c) -> None:
 
 def check(c, ops: Operands, is_float: bool, rtol: float) -> VerifyResult:
     """Compare C (M x N, float32, float16 or int32) with the float64 reference A_ref @ B_ref.T:
-    integers exactly, floats element-wise within ``rtol * (|A| |B|)_ij``."""
+    integers exactly, floats element-wise within ``rtol * (|A| |B|)_ij``. Raises ValueError for an
+    ``rtol`` that is negative or not finite (a NaN bound would pass every result)."""
+    if is_float and not (np.isfinite(rtol) and rtol >= 0):
+        raise ValueError(f"rtol={rtol} is not a finite tolerance >= 0")
     xp = _xp(c)
     ref = ops.a_ref @ ops.b_ref.T
     if is_float:

@@ -112,6 +112,8 @@ def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
     one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
     two = _store(tmp_path / "two.db", {("k64", 512): (5.0, 0.001)}, "GPU-b", 14.0, 9.7, 2)
     for argv, text in ((["--against", one], "--against names the same store as --uri"),
+                       (["--against", f"sqlite:///{tmp_path}/../{tmp_path.name}/one.db"],
+                        "--against names the same store as --uri"),
                        (["--against", two, "--by-family"], "--against compares two stores run by run"),
                        (["--against", " "], "--against needs the URI of the other store")):
         with pytest.raises(SystemExit) as exc:

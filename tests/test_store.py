@@ -355,9 +355,17 @@ def test_shapes_and_settings_are_checked():
             shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
     assert shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(["problem.shapes=[[512,1024,256]]"]))) == \
         [(512, 1024, 256)]
-    for dotlist, text in ((["timing.batches=0"], "timing.batches=0 is not valid; it must be >= 1"),
-                          (["verify.rtol=-1"], "verify.rtol=-1.0 is not valid; it must be > 0"),
-                          (["timing.min_batch_ms=0"], "timing.min_batch_ms=0.0 is not valid; it must be > 0")):
+    for dotlist, text in ((["timing.batches=0"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
+                          (["verify.rtol=-1"], "verify.rtol=-1.0 is not valid; it must be a finite number > 0"),
+                          (["timing.min_batch_ms=0"], "timing.min_batch_ms=0.0 is not valid; it must be a finite"),
+                          # NaN and inf: a NaN tolerance passed any result as verified
+                          (["verify.rtol=nan"], "verify.rtol=nan is not valid; it must be a finite number > 0"),
+                          (["verify.rtol=inf"], "verify.rtol=inf is not valid"),
+                          (["timing.min_batch_ms=nan"], "timing.min_batch_ms=nan is not valid"),
+                          (["timing.timeout_s=inf"], "timing.timeout_s=inf is not valid"),
+                          (["verify.seed=-1"], "verify.seed=-1 is not valid; it must be null (a fresh seed per "
+                                               "run) or an integer from 0 to 2**32 - 1"),
+                          (["verify.seed=4294967296"], "verify.seed=4294967296 is not valid")):
         with pytest.raises(SpecError, match=re.escape(text)):
             check_settings(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
     check_settings(base)

@@ -340,3 +340,46 @@ def test_schema_made_only_for_a_store_mlflow_has_set_up(tmp_path):
     assert _schema_made(db)
     second = Tracker(f"sqlite:///{db}", "e")           # opened without the lock, same experiment
     assert second.experiment_id == Tracker(f"sqlite:///{db}", "e").experiment_id
+
+
+def test_store_named_through_a_link_is_not_rewritten(tmp_path, capsys):
+    """A store reached through a symlink or with '..' is the same folder: nothing to relocate; and a
+    read-only open (the report) never rewrites a store, even one that did move."""
+    a = tmp_path / "a"
+    tr = Tracker(f"sqlite:///{a}/m.db", "linked")
+    rid = tr.start("r", {}, {})
+    tr.artifact_text(rid, "x", "note.txt")
+    tr.end(rid)
+    (tmp_path / "link").symlink_to(a)
+    for uri in (f"sqlite:///{tmp_path}/link/m.db", f"sqlite:///{a}/../a/m.db"):
+        for create in (True, False):
+            t = Tracker(uri, "linked", create=create)
+            assert t.client.get_experiment(t.experiment_id).artifact_location == (a / "artifacts").as_uri()
+    a.rename(tmp_path / "b")
+    t = Tracker(f"sqlite:///{tmp_path}/b/m.db", "linked", create=False)
+    assert t.client.get_experiment(t.experiment_id).artifact_location == (a / "artifacts").as_uri()
+    assert "moved" not in capsys.readouterr().out
+
+
+def test_a_new_store_is_made_whole_before_ctrl_c_takes_effect(tmp_path, monkeypatch):
+    """Ctrl-C while MLflow creates a new store's tables used to leave a store no command could open
+    again (its migration half done); the signal now waits until the tables exist."""
+    import os
+    import signal
+
+    import mlflow
+
+    from experiments import track
+    made = mlflow.MlflowClient
+
+    def interrupted_client(*a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)          # arrives while the store is being set up
+        client = made(*a, **kw)
+        client.search_experiments()                  # the tables are made here, by MLflow
+        return client
+    monkeypatch.setattr(mlflow, "MlflowClient", interrupted_client)
+    with pytest.raises(KeyboardInterrupt):
+        Tracker(f"sqlite:///{tmp_path}/new.db", "e")
+    monkeypatch.setattr(mlflow, "MlflowClient", made)
+    assert track._schema_made(tmp_path / "new.db")
+    assert Tracker(f"sqlite:///{tmp_path}/new.db", "e").experiment_id

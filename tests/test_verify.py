@@ -202,6 +202,16 @@ def test_check_f16_c():
     assert not res.ok and res.where == (3, 4) and res.max_error == pytest.approx(0.1, rel=0.01)
 
 
+@pytest.mark.parametrize("rtol", [float("nan"), float("inf"), -1e-3])
+def test_check_refuses_a_tolerance_that_passes_anything(rtol):
+    """A constant C is wrong within 1e-3; a NaN or infinite bound used to call it verified."""
+    ops = make_operands("fp16", 32, 16, 64, seed=4, xp=np)
+    c = np.full((32, 16), 12345.0, dtype=np.float32)
+    assert not check(c, ops, is_float=True, rtol=1e-3).ok
+    with pytest.raises(ValueError, match="is not a finite tolerance >= 0"):
+        check(c, ops, is_float=True, rtol=rtol)
+
+
 def test_poison_f16():
     c = np.zeros((2, 3), dtype=np.float16)
     poison(c)
