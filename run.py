@@ -108,6 +108,8 @@ def check_override_keys(argv: list) -> str | None:
         if key.startswith("hydra") or "/" in key:
             continue
         top, _, rest = key.partition(".")
+        if (problem := _setting_problem(key, value)) is not None:
+            return problem
         if top not in known:
             return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
                     "(python run.py --help shows them with their defaults).")
@@ -135,6 +137,24 @@ def check_override_keys(argv: list) -> str | None:
         members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
         if members and "(" not in value and "*" not in value and (bad := _outside(value, tuple(members))):
             return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
+    return None
+
+
+def _setting_problem(key: str, value: str) -> str | None:
+    """check_override_keys for the timing and verification settings (experiments.kernel.setting_problem):
+    each comma-separated number of ``value`` in range and finite, before any job (in a sweep each job
+    would otherwise be a skipped run)."""
+    from experiments.kernel import SETTING_BOUNDS, setting_problem
+    if key not in [name for name, _, _ in SETTING_BOUNDS] + ["verify.seed"] or "(" in value:
+        return None
+    for v in value.split(","):
+        try:
+            text = v.strip()
+            number = None if text == "null" else int(text) if text.lstrip("-").isdigit() else float(text)
+        except ValueError:
+            continue                  # not a number: the type check (or Hydra) says so
+        if problem := setting_problem(key, number):
+            return problem
     return None
 
 

@@ -110,21 +110,28 @@ SETTING_BOUNDS = (("timing.warmup", 0, True), ("timing.batches", 1, True), ("tim
                   ("timing.max_launches", 1, True), ("timing.timeout_s", 0, False), ("verify.rtol", 0, False))
 
 
-def check_settings(cfg) -> None:
-    """Raise SpecError for a timing or verification setting out of range (e.g. timing.batches=0), not
-    finite (verify.rtol=nan would pass any result) or a seed NumPy cannot take."""
+def setting_problem(key: str, v) -> str | None:
+    """Why ``v`` is not valid for the timing or verification setting ``key`` (SETTING_BOUNDS, and
+    verify.seed), or None (also for another key): out of range (timing.batches=0), not finite
+    (verify.rtol=nan would pass any result) or a seed NumPy cannot take."""
     import math
+    if key == "verify.seed":
+        if v is not None and not 0 <= v < 2 ** 32:
+            return (f"verify.seed={v} is not valid; it must be null (a fresh seed per run) or an integer "
+                    "from 0 to 2**32 - 1")
+        return None
+    for name, low, inclusive in SETTING_BOUNDS:
+        if name == key and (not math.isfinite(v) or v < low or (v == low and not inclusive)):
+            return f"{key}={v} is not valid; it must be a finite number {'>=' if inclusive else '>'} {low}"
+    return None
 
+
+def check_settings(cfg) -> None:
+    """Raise SpecError for a timing or verification setting that :func:`setting_problem` refuses."""
     from omegaconf import OmegaConf
-    for key, low, inclusive in SETTING_BOUNDS:
-        v = OmegaConf.select(cfg, key)
-        if not math.isfinite(v) or v < low or (v == low and not inclusive):
-            bound = ">=" if inclusive else ">"
-            raise SpecError(f"{key}={v} is not valid; it must be a finite number {bound} {low}")
-    seed = OmegaConf.select(cfg, "verify.seed")
-    if seed is not None and not 0 <= seed < 2 ** 32:
-        raise SpecError(f"verify.seed={seed} is not valid; it must be null (a fresh seed per run) or an "
-                        "integer from 0 to 2**32 - 1")
+    for key in [name for name, _, _ in SETTING_BOUNDS] + ["verify.seed"]:
+        if problem := setting_problem(key, OmegaConf.select(cfg, key)):
+            raise SpecError(problem)
 
 
 def _check_shapes(spec: KernelSpec, shapes) -> None:

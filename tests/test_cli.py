@@ -309,6 +309,13 @@ def test_integer_family_options_keep_params_and_kernel_names():
                                    "int4, fp8_e4m3, fp8_e5m2, copy"),
     (["-m", "cache.op=ca,cx"], "cache.op=cx is not valid ('cache.op=ca,cx'); valid: ca, cg"),
     (["-m", "precision=fp16,fp8_e5m2", "cache.l2_hint_b=evict_last", "b_layout=row"], None),
+    # timing and verification settings: in a sweep each job used to become a skipped run, exit 0
+    (["-m", "precision=int8,fp16", "timing.warmup=-1"], "timing.warmup=-1 is not valid; it must be a finite "
+                                                        "number >= 0"),
+    (["verify.rtol=1e-3,nan"], "verify.rtol=nan is not valid; it must be a finite number > 0"),
+    (["verify.seed=-1"], "verify.seed=-1 is not valid; it must be null (a fresh seed per run) or an integer "
+                         "from 0 to 2**32 - 1"),
+    (["verify.seed=null", "timing.batches=3", "timing.min_batch_ms=0.5", "verify.rtol=range(1,3)"], None),
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message
