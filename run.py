@@ -144,8 +144,8 @@ def _setting_problem(key: str, value: str) -> str | None:
     """check_override_keys for the timing and verification settings (experiments.kernel.setting_problem):
     each comma-separated number of ``value`` in range and finite, before any job (in a sweep each job
     would otherwise be a skipped run)."""
-    from experiments.kernel import SETTING_BOUNDS, setting_problem
-    if key not in [name for name, _, _ in SETTING_BOUNDS] + ["verify.seed"] or "(" in value:
+    from experiments.kernel import SETTING_KEYS, setting_problem
+    if key not in SETTING_KEYS or "(" in value:
         return None
     for v in value.split(","):
         try:

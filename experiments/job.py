@@ -9,6 +9,7 @@ that cannot run (no GPU for ``backend=gpu``, an unexpected error) a FAILED run w
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -33,7 +34,6 @@ __all__ = ["run_job", "JobError", "git_commit", "warm_process"]
 
 console = Console(highlight=False, soft_wrap=True)
 _WORKER = GpuWorker()         # one GPU process per sweep process, kept across its jobs
-_DEVICE: dict = {}            # what the worker reported of the GPU, asked once per process
 
 
 class JobError(RuntimeError):
@@ -123,10 +123,8 @@ def warm_process(gpu: bool) -> int:
         _WORKER.submit("warm_up", pci_bus_id=claimed.get("pci_bus_id"))
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401 - what the job's Tracker opens
     if claimed is not None:
-        try:
-            _DEVICE.update(_WORKER.wait("warm_up", timeout=120))
-        except WorkerError:
-            pass
+        with contextlib.suppress(WorkerError):
+            _WORKER.wait("warm_up", timeout=120)
     return os.getpid()
 
 
@@ -255,16 +253,16 @@ def _device(gpu: dict) -> dict:
     times on the GPU), so that every kernel is timed by a worker in the same state, in a sweep of one
     process as in a parallel one (whose job processes warm up before their first job), and after a
     worker was replaced following a fault."""
-    if not _DEVICE or not _WORKER.warmed:
+    if _WORKER.device is None:
         try:
             _WORKER.call("ready", timeout=120)           # started, CuPy imported: no GPU work yet
-            _DEVICE.update(_WORKER.call("warm_up", timeout=120, pci_bus_id=gpu.get("pci_bus_id")))
+            _WORKER.call("warm_up", timeout=120, pci_bus_id=gpu.get("pci_bus_id"))
         except WorkerError as exc:
             raise JobError(
                 f"{gpu['gpu']} was found, but CuPy could not use it. Install the CuPy build for your "
                 "CUDA major (pip install -e '.[cuda13]' or '.[cuda12]'), or run with backend=static.\n"
                 f"{exc}") from None
-    return _DEVICE
+    return _WORKER.device
 
 
 def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:

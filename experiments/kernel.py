@@ -110,6 +110,9 @@ SETTING_BOUNDS = (("timing.warmup", 0, True), ("timing.batches", 1, True), ("tim
                   ("timing.max_launches", 1, True), ("timing.timeout_s", 0, False), ("verify.rtol", 0, False))
 
 
+SETTING_KEYS = tuple(name for name, _, _ in SETTING_BOUNDS) + ("verify.seed",)   # setting_problem's keys
+
+
 def setting_problem(key: str, v) -> str | None:
     """Why ``v`` is not valid for the timing or verification setting ``key`` (SETTING_BOUNDS, and
     verify.seed), or None (also for another key): out of range (timing.batches=0), not finite
@@ -129,7 +132,7 @@ def setting_problem(key: str, v) -> str | None:
 def check_settings(cfg) -> None:
     """Raise SpecError for a timing or verification setting that :func:`setting_problem` refuses."""
     from omegaconf import OmegaConf
-    for key in [name for name, _, _ in SETTING_BOUNDS] + ["verify.seed"]:
+    for key in SETTING_KEYS:
         if problem := setting_problem(key, OmegaConf.select(cfg, key)):
             raise SpecError(problem)
 

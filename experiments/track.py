@@ -197,7 +197,8 @@ class Tracker:
         db = sqlite_path(uri)
         if not create and db is not None and not db.is_file():
             raise StoreError(f"no store at {db} (tracking URI {uri}); give the URI that run.py printed")
-        if not create and db is not None and not _schema_made(db):     # read-only: never set one up
+        made = db is not None and _schema_made(db)
+        if not create and db is not None and not made:     # read-only: never set one up
             raise StoreError(f"{db} is not an MLflow store (no MLflow tables in it; tracking URI {uri}); "
                              "give the URI that run.py printed")
         if uri.startswith(("http://", "https://")):
@@ -209,16 +210,15 @@ class Tracker:
         # opened without it (the job processes of a parallel sweep open it at once), and should that
         # fail (another process is still migrating it), under the lock after all
         exp, locked = None, True
-        if db is not None and _schema_made(db):
+        if made:
             try:
                 self.client = mlflow.MlflowClient(tracking_uri=uri)
                 exp = self.client.get_experiment_by_name(experiment)
                 locked = exp is None            # a new experiment is created under the lock
             except Exception:  # noqa: BLE001 - opened again under the lock
                 pass
-        new_store = db is not None and not _schema_made(db)
         with store_lock(uri) if locked else contextlib.nullcontext(), \
-                _uninterrupted() if new_store else contextlib.nullcontext():
+                _uninterrupted() if db is not None and not made else contextlib.nullcontext():
             if locked:
                 self.client = mlflow.MlflowClient(tracking_uri=uri)
                 exp = self.client.get_experiment_by_name(experiment)
@@ -252,7 +252,6 @@ class Tracker:
             return
         if Path(unquote(urlparse(old).path)).resolve() == (db.parent / "artifacts").resolve():
             return                          # the same folder, named through a link or with '..'
-
         import sqlite3
         with sqlite3.connect(db) as con:
             con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
@@ -418,7 +417,7 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
         parents = set(tr.parents.values())
         try:        # the runs of this command's sweeps, also those its job processes finished
             finished += max(tr.finished, sum(r.info.status == "FINISHED" and r.info.start_time >= START_MS
-                                             for p in parents for r in tr.children(p)))
+                                             for p in parents & tr.open for r in tr.children(p)))
         except Exception:  # noqa: BLE001 - an unreachable store
             finished += tr.finished
         for rid in sorted(tr.open, key=lambda r: r in parents):

@@ -239,7 +239,20 @@ def _lock_path(kind: str, pci_bus_id: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"tensorcore-ablations-{kind}-{name}.lock")
 
 
-_SLOT: list = []      # the GPU this process has claimed (its lock is held for the process's life)
+_SLOT: list = []      # the descriptor of this process's GPU slot lock, open for the process's life
+
+
+def _try_lock(path: str, shared: bool = False) -> int | None:
+    """``fcntl.flock`` the file ``path`` without waiting: the open descriptor that holds the lock
+    (closing it releases the lock), or None while another holder excludes it."""
+    import fcntl
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def claim_gpu(on_wait=None) -> dict | None:
@@ -256,7 +269,6 @@ def claim_gpu(on_wait=None) -> dict | None:
     if _SLOT or gpu_count() <= 1:
         return nvml_gpu()
     import pynvml
-    from filelock import FileLock, Timeout
     pynvml.nvmlInit()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = ([v.strip() for v in visible.split(",") if v.strip()] if visible is not None
@@ -268,13 +280,10 @@ def claim_gpu(on_wait=None) -> dict | None:
         for slot, h in ((s, h) for s in range(JOBS_PER_GPU) for h in handles):
             bus = pynvml.nvmlDeviceGetPciInfo(h).busId
             bus = bus.decode() if isinstance(bus, bytes) else bus
-            lock = FileLock(_lock_path("slot", f"{bus}-{slot}"))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
+            if (fd := _try_lock(_lock_path("slot", f"{bus}-{slot}"))) is None:
                 continue
             uuid = pynvml.nvmlDeviceGetUUID(h)
-            _SLOT.append(lock)
+            _SLOT.append(fd)
             os.environ["CUDA_VISIBLE_DEVICES"] = uuid.decode() if isinstance(uuid, bytes) else uuid
             return nvml_gpu()
         if on_wait and not waited:
@@ -301,24 +310,18 @@ def gpu_lock(pci_bus_id: str | None, on_wait=None, shared: bool = False):
     seconds (holder: 'pid N on HOST'); the jobs of one parallel sweep take turns in less.
     Raises OSError where the temporary folder cannot hold the lock file.
     """
-    import fcntl
     path = _lock_path("gpu", pci_bus_id or "default")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        noted, since = False, time.monotonic()
-        while True:
+    noted, since = False, time.monotonic()
+    while (fd := _try_lock(path, shared)) is None:
+        if on_wait and not noted and time.monotonic() - since > WAIT_NOTE_S:
             try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if on_wait and not noted and time.monotonic() - since > WAIT_NOTE_S:
-                    try:
-                        holder = open(path + ".owner").read().strip()
-                    except OSError:
-                        holder = "another process"
-                    on_wait(holder)
-                    noted = True
-                time.sleep(LOCK_POLL_S)
+                holder = open(path + ".owner").read().strip()
+            except OSError:
+                holder = "another process"
+            on_wait(holder)
+            noted = True
+        time.sleep(LOCK_POLL_S)
+    try:
         if not shared:
             with open(path + ".owner", "w") as f:
                 f.write(f"pid {os.getpid()} on {socket.gethostname()}")
@@ -333,7 +336,7 @@ class GpuWorker:
     def __init__(self):
         self._proc = None
         self._conn = None
-        self.warmed = False      # warm_up answered by the process now running
+        self.device: dict | None = None     # what warm_up answered (device_info) in the process now running
 
     def start(self) -> None:
         """Start the worker process now, without waiting for it (it imports CuPy while the caller
@@ -347,7 +350,7 @@ class GpuWorker:
             # inside a launcher's worker (joblib's loky): a spawned child must not inherit that method
             mp.set_start_method("spawn", force=True)
         ctx = mp.get_context("spawn")
-        self.warmed = False
+        self.device = None
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="gpu-worker")
         self._proc.start()
@@ -389,7 +392,8 @@ class GpuWorker:
             self.stop()
             raise WorkerError(f"the GPU worker died (exit code {code}) while running {name}") from None
         if reply[0] == "ok":
-            self.warmed = self.warmed or name == "warm_up"
+            if name == "warm_up":
+                self.device = reply[1]
             return reply[1]
         _, text, tb, fatal = reply
         if fatal:
