@@ -2,9 +2,21 @@
 
 Method: ``warmup`` launches (the first pays the driver JIT), a single timed launch to size the
 batch, then ``batches`` batches of ``L`` back-to-back launches between two CUDA events, where L is
-chosen so that one batch lasts at least ``min_batch_ms``. With ``cuda_graph`` the L launches are
-captured once into a CUDA graph and each batch is one graph launch, so Python's launch overhead
-does not enter small problems. Per-launch time = batch time / L.
+chosen so that one batch lasts at least ``min_batch_ms``. Per-launch time = batch time / L.
+
+With ``cuda_graph`` (the default) the L launches are captured once into a CUDA graph and each
+batch is one graph launch, so Python's launch overhead does not enter small problems, and
+everything the timing stream ever runs is a graph launch:
+
+- the warm-up and the sizing launch replay a graph of one launch. Launching the kernel directly on
+  the timing stream before its graph made every later graph replay in that process slower by about
+  0.17 us per launch on an H200 (4.83 -> 5.00 us for a 5 us kernel, from the second timed kernel
+  on), so small kernels timed differently depending on what the process had run before;
+- each batch waits behind a *gate* (:class:`_Gate`, the blocking-kernel method of NVIDIA's
+  nvbench): a one-thread kernel that spins on a flag in mapped host memory holds the stream while
+  the host enqueues the start event, the batch and the end event, then the host sets the flag. The
+  host's time to enqueue a batch (10-50 us on an H200 node, depending on how busy the CPU is)
+  thus never lies between the two events.
 
 Clock honesty: while the batches run, a background thread samples the SM clock of the timed GPU
 with NVML every few milliseconds (:class:`ClockSampler`); long GEMMs on an H200 run at a
@@ -98,55 +110,148 @@ class ClockSampler:
         return clock_summary(self.samples, self.max_possible)
 
 
+GATE_TIMEOUT_S = 2.0     # a gate not released by then opens itself; the batch is then refused
+
+_GATE_SOURCE = r"""
+extern "C" __global__ void timing_gate(volatile const int* release, int* timed_out,
+                                       unsigned long long timeout_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (*release == 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > timeout_ns) { *timed_out = 1; return; }
+    }
+}
+"""
+
+
+def _graph_of(stream, launch, n: int):
+    """A CUDA graph of ``n`` back-to-back ``launch()`` captured on ``stream``."""
+    stream.begin_capture()
+    try:
+        for _ in range(n):
+            launch()
+    except BaseException:
+        try:
+            stream.end_capture()
+        except Exception:  # noqa: BLE001 - the launch's own error is the one to report
+            pass
+        raise
+    return stream.end_capture()
+
+
+class _Gate:
+    """Holds a stream until the host releases it (one per process and device).
+
+    A one-thread kernel (``timing_gate``, NVRTC) spins on an int in mapped, pinned host memory and
+    ends when the host writes 1 there, or after ``GATE_TIMEOUT_S`` (then it sets ``timed_out``). It
+    is replayed from a one-node CUDA graph so that the timing stream sees graph launches only.
+    """
+    _by_device: dict = {}
+
+    def __init__(self):
+        import ctypes
+
+        import cupy
+        import numpy as np
+        rt = cupy.cuda.runtime
+        self._host = rt.hostAlloc(8, rt.hostAllocMapped)          # [release, timed_out]
+        self._release = ctypes.c_int.from_address(self._host)
+        self._timed_out = ctypes.c_int.from_address(self._host + 4)
+        dev = rt.pointerGetAttributes(self._host).devicePointer
+        kern = cupy.RawModule(code=_GATE_SOURCE).get_function("timing_gate")
+        args = (np.uint64(dev), np.uint64(dev + 4), np.uint64(int(GATE_TIMEOUT_S * 1e9)))
+        stream = cupy.cuda.Stream(non_blocking=True)
+        self._graph = _graph_of(stream, lambda: kern((1,), (1,), args), 1)
+        self._release.value = 1
+        self._graph.launch(stream)                  # loads the kernel; passes at once
+        stream.synchronize()
+
+    @classmethod
+    def get(cls) -> _Gate:
+        """The gate of the current device (made on first use)."""
+        import cupy
+        dev = cupy.cuda.Device().id
+        if dev not in cls._by_device:
+            cls._by_device[dev] = cls()
+        return cls._by_device[dev]
+
+    def hold(self, stream) -> None:
+        """Enqueue the gate, closed, on ``stream``: the stream waits until :meth:`release`."""
+        self._release.value = 0
+        self._timed_out.value = 0
+        self._graph.launch(stream)
+
+    def release(self) -> bool:
+        """Open the gate; True when it was still closed (it did not time out)."""
+        self._release.value = 1
+        return not self._timed_out.value
+
+
 def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: float = 20.0,
                   max_launches: int = 2000, cuda_graph: bool = True, l2_flush: bool = False,
                   pci_bus_id: str | None = None, clock_interval_s: float = 0.005) -> dict:
-    """Time ``launch()`` (enqueues one kernel on the current CuPy stream).
+    """Time ``launch()`` (enqueues one kernel on the current CuPy stream; it must be capturable in a
+    CUDA graph unless ``cuda_graph`` is False).
 
     Returns per-launch times in microseconds: median_us, min_us, max_us, spread (max-min)/median,
     and launches_per_batch, batches, method, batch_us (list); with NVML also the SM clock during the
     timed batches, sampled every ``clock_interval_s`` seconds on the GPU ``pci_bus_id`` (None: NVML
     device 0) from the first batch to the end of the last (:func:`clock_summary`: sm_clock_mhz_mean,
-    _min, _max in MHz, sm_clock_samples, sm_clock_mhz_max_possible). Raises what the launches raise
-    (a faulting kernel surfaces at the first synchronize).
+    _min, _max in MHz, sm_clock_samples, sm_clock_mhz_max_possible). With ``cuda_graph`` every
+    launch on the timing stream is a graph replay and each batch waits behind the gate (module
+    docstring); without it the launches are direct and the host's launch time is part of a batch.
+    Raises what the launches raise (a faulting kernel surfaces at the first synchronize), and
+    RuntimeError when the host took more than GATE_TIMEOUT_S to enqueue one batch.
     """
     import cupy
     stream = cupy.cuda.Stream(non_blocking=True)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     flush = None
-    if l2_flush:
-        l2 = cupy.cuda.Device().attributes["L2CacheSize"]
-        flush = cupy.empty(2 * l2, dtype=cupy.uint8)
     with stream:
+        if l2_flush:
+            buf = cupy.empty(2 * cupy.cuda.Device().attributes["L2CacheSize"], dtype=cupy.uint8)
+            flush = _graph_of(stream, lambda: buf.fill(1), 1) if cuda_graph else (lambda: buf.fill(1))
+        if cuda_graph:
+            gate = _Gate.get()
+            one = _graph_of(stream, launch, 1)
+            single = lambda: one.launch(stream)  # noqa: E731
+        else:
+            single = launch
         for _ in range(max(1, warmup)):
-            launch()
+            single()
         stream.synchronize()
         start.record(stream)
-        launch()
+        single()
         end.record(stream)
         end.synchronize()
         one_ms = max(cupy.cuda.get_elapsed_time(start, end), 1e-4)
         n = int(min(max_launches, max(1, math.ceil(min_batch_ms / one_ms))))
         if cuda_graph:
-            stream.begin_capture()
-            for _ in range(n):
-                launch()
-            graph = stream.end_capture()
-            run = lambda: graph.launch(stream)  # noqa: E731
-            run()  # upload the graph before timing
-        else:
-            def run():
-                for _ in range(n):
-                    launch()
+            graph = _graph_of(stream, launch, n)
+            graph.launch(stream)  # upload the graph before timing
         stream.synchronize()
         per_launch = []
         with ClockSampler(pci_bus_id, clock_interval_s) as clock:
             for _ in range(batches):
                 if flush is not None:
-                    flush.fill(1)
-                start.record(stream)
-                run()
-                end.record(stream)
+                    flush.launch(stream) if cuda_graph else flush()
+                if cuda_graph:
+                    gate.hold(stream)
+                    try:
+                        start.record(stream)
+                        graph.launch(stream)
+                        end.record(stream)
+                    finally:
+                        in_time = gate.release()
+                    if not in_time:
+                        raise RuntimeError(f"the host took more than {GATE_TIMEOUT_S} s to enqueue "
+                                           "one timed batch (a stalled or overloaded CPU); time again")
+                else:
+                    start.record(stream)
+                    for _ in range(n):
+                        launch()
+                    end.record(stream)
                 end.synchronize()
                 per_launch.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / n)
     med = statistics.median(per_launch)
