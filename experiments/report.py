@@ -2,11 +2,15 @@
 
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
     python -m experiments.report --by-family [--out results/h200/baselines.md]
-    python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE
+    python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN]
 
 ``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
 node): per kernel and size both medians, the GPU each ran on, the difference and whether it lies
-within the first store's spread; and each store's latest sweep wall time and GPU time.
+within the first store's spread; and each store's latest sweep wall time and GPU time. The spread
+of one run is that of its batches, taken within a fraction of a second; ``--repeat URI`` names a
+store that holds the first sweep run again the same way, and then a pair's spread is the larger
+of that and how far the repeat's median lies from the first (how much the first kind of sweep
+itself moves from one sweep to the next).
 
 Runs timed with NVML's SM clock samples add two columns: the mean SM clock during timing (MHz) and
 the throughput at the GPU's highest clock (``throughput_at_max_clock``); older runs show "-".
@@ -171,29 +175,38 @@ def _sweep_times(m: dict) -> str:
     return f"{m['sweep_wall_s']:.1f} s wall, GPU time {m['gpu_busy_s']:.1f} s on {m['gpus']:.0f} GPU(s)"
 
 
-def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations") -> str:
+def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations",
+                  repeat: str | None = None) -> str:
     """Markdown comparing the verified GPU runs of two stores that measured the same sweep (e.g. on one
     GPU, then over every GPU of the node with hydra/launcher=gpus): per (kernel, size) present in
     both, median us in each, the GPU (end of its UUID), the difference (other - uri) / uri and whether
-    it is within the first run's spread ((max - min) / median of its launches); then a summary (how many
-    are within, apart for pairs measured on the same GPU and on another) and
-    each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
+    it is within the first run's spread ((max - min) / median of its batches; with ``repeat``, a store
+    holding the first sweep run again, the larger of that and |repeat - first| / first where the
+    repeat has the pair); then a summary (how many are within, apart for pairs measured on the same
+    GPU and on another) and each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s,
+    gpus) and their ratio.
 
     Read-only: raises StoreError when a store or the experiment does not exist."""
     a, b = Tracker(uri, experiment, create=False), Tracker(other, experiment, create=False)
     ra, rb = _verified(a), _verified(b)
+    rr = _verified(Tracker(repeat, experiment, create=False)) if repeat else {}
     keys = sorted(set(ra) & set(rb), key=lambda k: (k[0], [int(d) for d in k[1].split("x")]))
     if not keys:
         return (f"{NOTHING_MEASURED}{uri} has a match in {other} (the same kernel at the same size, verified "
                 f"on a GPU): they hold {len(ra)} and {len(rb)} verified GPU run(s).\n")
-    out = [f"First: {uri}", f"Second: {other}", "",
-           "| kernel | M x N x K | first us | GPU | second us | GPU | difference | first spread | within |",
+    out = [f"First: {uri}", f"Second: {other}"]
+    if repeat:
+        out.append(f"Spread: of the first run's batches, or how far the first sweep's repeat ({repeat}) "
+                   "lies from it where that is larger.")
+    out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
     within = collections.Counter()      # (same GPU, within the spread) -> pairs
     for key in keys:
         x, y = ra[key], rb[key]
         mx, my = x.data.metrics["median_us"], y.data.metrics["median_us"]
         spread = x.data.metrics.get("spread", 0.0)
+        if key in rr:
+            spread = max(spread, abs(rr[key].data.metrics["median_us"] / mx - 1))
         diff = (my - mx) / mx
         ok = abs(diff) <= spread
         within[(x.data.tags.get("gpu_uuid") == y.data.tags.get("gpu_uuid"), ok)] += 1
@@ -207,7 +220,7 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     split = "; ".join(f"on {where}: {within[(same, True)]} of {within[(same, True)] + within[(same, False)]}"
                       for same, where in ((True, "the same GPU"), (False, "another GPU")))
     out += ["", f"{len(keys)} (kernel, size) pairs{alone}; {within[(True, True)] + within[(False, True)]} "
-                f"within the first run's spread ({split}); the largest difference {(wb - wa) / wa:+.2%} "
+                f"within the spread ({split}); the largest difference {(wb - wa) / wa:+.2%} "
                 f"({worst[0]} {worst[1]}).",
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
@@ -233,7 +246,12 @@ def main(argv=None) -> int:
                          "(results/h200/baselines.md)")
     ap.add_argument("--against", default=None, metavar="URI",
                     help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
+    ap.add_argument("--repeat", default=None, metavar="URI",
+                    help="with --against: a store holding the first sweep run again; its distance from "
+                         "the first widens each pair's spread")
     args = ap.parse_args(argv)
+    if args.repeat is not None and args.against is None:
+        ap.error("--repeat widens the spread of an --against comparison: give --against too")
     if args.against is not None and args.by_family:
         ap.error("--against compares two stores run by run; --by-family summarises one store: give one")
     if args.against is not None and not args.against.strip():
@@ -246,7 +264,13 @@ def main(argv=None) -> int:
             if other == uri or _same_file(other, uri):
                 ap.error(f"--against names the same store as --uri ({uri}): give the store of the other "
                          "measurement")
-            text = against_table(uri, other, args.experiment)
+            repeat = None
+            if args.repeat is not None:
+                repeat = resolve_uri(args.repeat, create=False) if args.repeat.strip() else ""
+                if repeat in ("", uri, other) or _same_file(repeat, uri) or _same_file(repeat, other):
+                    ap.error("--repeat needs a third store, apart from --uri and --against: the first "
+                             "sweep run once more")
+            text = against_table(uri, other, args.experiment, repeat)
         else:
             text = table(uri, args.experiment)
     except StoreError as exc:

@@ -87,12 +87,12 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
                                        ("other", 512): (1.0, 0.0)}, "GPU-bbbb2222", 14.0, 9.7, 2)
     lines = against_table(one, two, "e").splitlines()
     assert lines[3:7] == [
-        "| kernel | M x N x K | first us | GPU | second us | GPU | difference | first spread | within |",
+        "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
         "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |",
         "| k32 | 512x512x512 | 5.71 | aaaa1111 | 5.59 | bbbb2222 | -2.10% | 0.21% | no |",
         "| k32 | 8192x8192x8192 | 7598.90 | aaaa1111 | 7602.00 | bbbb2222 | +0.04% | 0.10% | yes |"]
     assert lines[-3:] == [
-        "2 (kernel, size) pairs (1 only in the first store, 1 only in the second); 1 within the first run's "
+        "2 (kernel, size) pairs (1 only in the first store, 1 only in the second); 1 within the "
         "spread (on the same GPU: 0 of 0; on another GPU: 1 of 2); the largest difference -2.10% "
         "(k32 512x512x512).",
         "First sweep: 19.4 s wall, GPU time 8.0 s on 1 GPU(s). Second sweep: 14.0 s wall, GPU time 9.7 s on "
@@ -101,6 +101,27 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
     out = tmp_path / "cmp.md"
     assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(out)]) == 0
     assert out.read_text().splitlines() == lines
+
+
+def test_repeat_widens_each_pairs_spread_by_the_first_sweeps_own_movement(tmp_path):
+    """With --repeat (the one-GPU sweep run again) a pair's spread is the larger of the first run's
+    batch spread and the repeat's distance from the first; pairs the repeat lacks keep the former."""
+    from experiments.report import against_table, main
+    one = _store(tmp_path / "one.db", {("k32", 512): (5.00, 0.001), ("k32", 8192): (7600.0, 0.001),
+                                       ("wmma", 1024): (20.0, 0.002)}, "GPU-aaaa1111", 20.0, 8.0, 1)
+    two = _store(tmp_path / "two.db", {("k32", 512): (5.04, 0.001), ("k32", 8192): (7660.0, 0.001),
+                                       ("wmma", 1024): (20.03, 0.001)}, "GPU-aaaa1111", 10.0, 8.0, 2)
+    again = _store(tmp_path / "again.db", {("k32", 512): (4.95, 0.001), ("k32", 8192): (7601.0, 0.001)},
+                   "GPU-aaaa1111", 20.0, 8.0, 1)
+    lines = against_table(one, two, "e", again).splitlines()
+    assert lines[2] == (f"Spread: of the first run's batches, or how far the first sweep's repeat ({again}) "
+                        "lies from it where that is larger.")
+    assert lines[6:9] == [
+        "| k32 | 512x512x512 | 5.00 | aaaa1111 | 5.04 | aaaa1111 | +0.80% | 1.00% | yes |",
+        "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 0.10% | no |",
+        "| wmma | 1024x1024x1024 | 20.00 | aaaa1111 | 20.03 | aaaa1111 | +0.15% | 0.20% | yes |"]
+    assert "; 2 within the spread (on the same GPU: 2 of 3; on another GPU: 0 of 0)" in lines[-3]
+    assert main(["--uri", one, "--against", two, "--repeat", again, "--experiment", "e"]) == 0
 
 
 def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
@@ -115,7 +136,12 @@ def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
                        (["--against", f"sqlite:///{tmp_path}/../{tmp_path.name}/one.db"],
                         "--against names the same store as --uri"),
                        (["--against", two, "--by-family"], "--against compares two stores run by run"),
-                       (["--against", " "], "--against needs the URI of the other store")):
+                       (["--against", " "], "--against needs the URI of the other store"),
+                       (["--repeat", two], "--repeat widens the spread of an --against comparison"),
+                       (["--against", two, "--repeat", one], "--repeat needs a third store"),
+                       (["--against", two, "--repeat", f"sqlite:///{tmp_path}/./two.db"],
+                        "--repeat needs a third store"),
+                       (["--against", two, "--repeat", ""], "--repeat needs a third store")):
         with pytest.raises(SystemExit) as exc:
             main(["--uri", one, "--experiment", "e", *argv])
         assert exc.value.code == 2 and text in capsys.readouterr().err
