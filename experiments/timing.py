@@ -113,31 +113,33 @@ class ClockSampler:
 GATE_TIMEOUT_S = 2.0     # a gate not released by then opens itself; the batch is then refused
 
 _GATE_SOURCE = r"""
-extern "C" __global__ void timing_gate(volatile const int* release, int* timed_out,
+extern "C" __global__ void timing_gate(volatile const int* release, volatile int* timed_out,
                                        unsigned long long timeout_ns) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     while (*release == 0) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > timeout_ns) { *timed_out = 1; return; }
+        if (t - t0 > timeout_ns) { *timed_out = 1; __threadfence_system(); return; }
     }
 }
 """
 
 
 def _graph_of(stream, launch, n: int):
-    """A CUDA graph of ``n`` back-to-back ``launch()`` captured on ``stream``."""
-    stream.begin_capture()
-    try:
-        for _ in range(n):
-            launch()
-    except BaseException:
+    """A CUDA graph of ``n`` back-to-back ``launch()`` captured on ``stream`` (made the current CuPy
+    stream meanwhile, as ``launch`` enqueues on the current stream)."""
+    with stream:
+        stream.begin_capture()
         try:
-            stream.end_capture()
-        except Exception:  # noqa: BLE001 - the launch's own error is the one to report
-            pass
-        raise
-    return stream.end_capture()
+            for _ in range(n):
+                launch()
+        except BaseException:
+            try:
+                stream.end_capture()
+            except Exception:  # noqa: BLE001 - the launch's own error is the one to report
+                pass
+            raise
+        return stream.end_capture()
 
 
 class _Gate:
@@ -182,10 +184,13 @@ class _Gate:
         self._timed_out.value = 0
         self._graph.launch(stream)
 
-    def release(self) -> bool:
-        """Open the gate; True when it was still closed (it did not time out)."""
+    def release(self) -> None:
+        """Open the gate."""
         self._release.value = 1
-        return not self._timed_out.value
+
+    def timed_out(self) -> bool:
+        """Whether the last gate opened itself (read it after the stream's work has finished)."""
+        return bool(self._timed_out.value)
 
 
 def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: float = 20.0,
@@ -243,8 +248,9 @@ def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: f
                         graph.launch(stream)
                         end.record(stream)
                     finally:
-                        in_time = gate.release()
-                    if not in_time:
+                        gate.release()
+                    end.synchronize()
+                    if gate.timed_out():
                         raise RuntimeError(f"the host took more than {GATE_TIMEOUT_S} s to enqueue "
                                            "one timed batch (a stalled or overloaded CPU); time again")
                 else:
@@ -252,7 +258,7 @@ def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: f
                     for _ in range(n):
                         launch()
                     end.record(stream)
-                end.synchronize()
+                    end.synchronize()
                 per_launch.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / n)
     med = statistics.median(per_launch)
     return dict(median_us=med, min_us=min(per_launch), max_us=max(per_launch),

@@ -236,14 +236,23 @@ def test_a_small_kernel_times_the_same_whatever_the_process_ran_before(arch, tmp
 
 def test_the_hosts_enqueue_time_is_not_timed_and_a_gate_that_timed_out_refuses_the_batch(arch,
                                                                                         monkeypatch):
-    """A host that takes 0.2 s to enqueue each batch (the gate released late) leaves the per-launch
-    median as it was (without the gate the 0.2 s would be part of the batch, +0.2 s / L per launch);
-    when the gate's timeout (here 0.05 s) passes first, the batch is refused with the reason."""
+    """The gate holds a stream until released. A host that takes 0.2 s to enqueue each batch (the
+    gate released late) leaves the per-launch median as it was (without the gate the 0.2 s would be
+    part of the batch, +0.2 s / L per launch); when the gate's timeout (here 0.05 s) passes first,
+    the batch is refused with the reason."""
     import time
 
     import cupy
 
     from experiments import timing
+    gate, stream, after = timing._Gate.get(), cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event()
+    gate.hold(stream)
+    after.record(stream)
+    time.sleep(0.1)
+    assert not after.done                       # the stream waits behind the closed gate
+    gate.release()
+    after.synchronize()
+    assert not gate.timed_out()
     out = cupy.zeros(1 << 20, dtype=cupy.float32)
     launch = lambda: out.fill(1)  # noqa: E731
     kw = dict(warmup=2, batches=3, min_batch_ms=2.0)
