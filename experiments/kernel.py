@@ -124,8 +124,12 @@ def setting_problem(key: str, v) -> str | None:
                     "from 0 to 2**32 - 1")
         return None
     for name, low, inclusive in SETTING_BOUNDS:
-        if name == key and (not math.isfinite(v) or v < low or (v == low and not inclusive)):
-            return f"{key}={v} is not valid; it must be a finite number {'>=' if inclusive else '>'} {low}"
+        if name != key:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low \
+                or (v == low and not inclusive):
+            shown, op = "null" if v is None else v, ">=" if inclusive else ">"
+            return f"{key}={shown} is not valid; it must be a finite number {op} {low}"
     return None
 
 

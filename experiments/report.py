@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
 from pathlib import Path
 
@@ -190,6 +191,11 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     a, b = Tracker(uri, experiment, create=False), Tracker(other, experiment, create=False)
     ra, rb = _verified(a), _verified(b)
     rr = _verified(Tracker(repeat, experiment, create=False)) if repeat else {}
+    ids = {r.info.run_id for r in ra.values()}
+    for name, runs in ((other, rb), (repeat, rr)):
+        if ids & {r.info.run_id for r in runs.values()}:
+            raise StoreError(f"{name} holds the same runs as {uri} (a copy of that store?): the "
+                             "comparison needs the sweep measured again, into another store")
     keys = sorted(set(ra) & set(rb), key=lambda k: (k[0], [int(d) for d in k[1].split("x")]))
     if not keys:
         return (f"{NOTHING_MEASURED}{uri} has a match in {other} (the same kernel at the same size, verified "
@@ -197,7 +203,8 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     out = [f"First: {uri}", f"Second: {other}"]
     if repeat:
         out.append(f"Spread: of the first run's batches, or how far the first sweep's repeat ({repeat}) "
-                   "lies from it where that is larger.")
+                   f"lies from it where that is larger; the repeat holds {len(set(keys) & set(rr))} of "
+                   f"the {len(keys)} pairs.")
     out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
     within = collections.Counter()      # (same GPU, within the spread) -> pairs
@@ -229,10 +236,18 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     return "\n".join(out) + "\n"
 
 
+def _is_database(path: Path) -> bool:
+    """Whether the file starts with SQLite's header (a store, not a table to overwrite)."""
+    with open(path, "rb") as f:
+        return f.read(16) == b"SQLite format 3\x00"
+
+
 def _same_file(a: str, b: str) -> bool:
     """Two SQLite URIs that name one file (through a link, or with '..')."""
     pa, pb = sqlite_path(a), sqlite_path(b)
-    return pa is not None and pb is not None and pa.resolve() == pb.resolve()
+    if pa is None or pb is None:
+        return False
+    return pa.resolve() == pb.resolve() or (pa.is_file() and pb.is_file() and os.path.samefile(pa, pb))
 
 
 def main(argv=None) -> int:
@@ -256,6 +271,14 @@ def main(argv=None) -> int:
         ap.error("--against compares two stores run by run; --by-family summarises one store: give one")
     if args.against is not None and not args.against.strip():
         ap.error("--against needs the URI of the other store, e.g. sqlite:///$PWD/all.db")
+    if args.out is not None:
+        out = Path(args.out)
+        if not args.out.strip() or out.is_dir():
+            ap.error(f"--out {args.out!r} is not a file name: give the Markdown file to write, e.g. "
+                     "results/h200/main_job.md")
+        if out.is_file() and _is_database(out):
+            ap.error(f"--out {args.out} is a database (an MLflow store?) and would be overwritten: give "
+                     "the Markdown file to write, e.g. results/h200/main_job.md")
     table = families_table if args.by_family else results_table
     try:
         uri = resolve_uri(args.uri, create=False)

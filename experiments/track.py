@@ -21,6 +21,7 @@ import hashlib
 import math
 import numbers
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -180,6 +181,28 @@ def _check_server(uri: str, timeout: float = 10.0) -> None:
                          "another tracking.uri") from None
 
 
+def _client(mlflow, uri: str, experiment: str):
+    """An MlflowClient of ``uri`` and the experiment named ``experiment`` (None when absent). Raises
+    StoreError when a database server's URI lacks its Python driver or no database answers there."""
+    if not uri.startswith(("postgresql", "mysql", "mssql")):
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        return client, client.get_experiment_by_name(experiment)
+    shown = re.sub(r"//[^@/]*@", "//", uri)            # without the user and password
+    try:
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        return client, client.get_experiment_by_name(experiment)
+    except ImportError as exc:
+        name = exc.name or str(exc)
+        package = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                   "pymysql": "pymysql", "pyodbc": "pyodbc"}.get(name, name)
+        raise StoreError(f"the tracking URI {shown} needs the database driver {name}, which is not "
+                         f"installed: pip install {package}, or name an installed driver in the URI "
+                         "(e.g. postgresql+psycopg2://, mysql+pymysql://)") from None
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors: the server did not answer
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"no database answers at {shown}: {first}") from None
+
+
 class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
@@ -209,19 +232,18 @@ class Tracker:
         # the first client of a new store makes its schema, under the lock; a store that has one is
         # opened without it (the job processes of a parallel sweep open it at once), and should that
         # fail (another process is still migrating it), under the lock after all
-        exp, locked = None, True
+        exp, locked, opened = None, create, False
         if made:
             try:
                 self.client = mlflow.MlflowClient(tracking_uri=uri)
                 exp = self.client.get_experiment_by_name(experiment)
-                locked = exp is None            # a new experiment is created under the lock
+                opened, locked = True, exp is None and create   # a new experiment: under the lock
             except Exception:  # noqa: BLE001 - opened again under the lock
                 pass
         with store_lock(uri) if locked else contextlib.nullcontext(), \
                 _uninterrupted() if db is not None and not made else contextlib.nullcontext():
-            if locked:
-                self.client = mlflow.MlflowClient(tracking_uri=uri)
-                exp = self.client.get_experiment_by_name(experiment)
+            if locked or not opened:
+                self.client, exp = _client(mlflow, uri, experiment)
             if exp is None and not create:
                 names = [e.name for e in self.client.search_experiments()]
                 raise StoreError(f"experiment {experiment!r} is not in {uri}; it holds: "

@@ -316,6 +316,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (["verify.seed=-1"], "verify.seed=-1 is not valid; it must be null (a fresh seed per run) or an integer "
                          "from 0 to 2**32 - 1"),
     (["verify.seed=null", "timing.batches=3", "timing.min_batch_ms=0.5", "verify.rtol=range(1,3)"], None),
+    # null for a number ended in a TypeError traceback
+    (["timing.batches=null"], "timing.batches=null is not valid; it must be a finite number >= 1"),
+    (["-m", "verify.rtol=1e-3,null"], "verify.rtol=null is not valid; it must be a finite number > 0"),
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message

@@ -115,13 +115,51 @@ def test_repeat_widens_each_pairs_spread_by_the_first_sweeps_own_movement(tmp_pa
                    "GPU-aaaa1111", 20.0, 8.0, 1)
     lines = against_table(one, two, "e", again).splitlines()
     assert lines[2] == (f"Spread: of the first run's batches, or how far the first sweep's repeat ({again}) "
-                        "lies from it where that is larger.")
+                        "lies from it where that is larger; the repeat holds 2 of the 3 pairs.")
     assert lines[6:9] == [
         "| k32 | 512x512x512 | 5.00 | aaaa1111 | 5.04 | aaaa1111 | +0.80% | 1.00% | yes |",
         "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 0.10% | no |",
         "| wmma | 1024x1024x1024 | 20.00 | aaaa1111 | 20.03 | aaaa1111 | +0.15% | 0.20% | yes |"]
     assert "; 2 within the spread (on the same GPU: 2 of 3; on another GPU: 0 of 0)" in lines[-3]
     assert main(["--uri", one, "--against", two, "--repeat", again, "--experiment", "e"]) == 0
+
+
+def test_a_copy_of_the_first_store_is_not_a_second_measurement(tmp_path, capsys):
+    """A copy (or hard link) of the first store as --against or --repeat gave +0.00 % everywhere."""
+    import os
+    import shutil
+
+    import pytest
+
+    from experiments.report import main
+    one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
+    two = _store(tmp_path / "two.db", {("k32", 512): (5.75, 0.001)}, "GPU-a", 10.0, 8.0, 2)
+    shutil.copy(tmp_path / "one.db", tmp_path / "copy.db")
+    os.link(tmp_path / "one.db", tmp_path / "hard.db")
+    for argv in (["--against", f"sqlite:///{tmp_path}/copy.db"],
+                 ["--against", two, "--repeat", f"sqlite:///{tmp_path}/copy.db"]):
+        with pytest.raises(SystemExit, match=f"sqlite:///{tmp_path}/copy.db holds the same runs as {one} "
+                                             r"\(a copy of that store\?\)"):
+            main(["--uri", one, "--experiment", "e", *argv])
+    with pytest.raises(SystemExit) as exc:
+        main(["--uri", one, "--experiment", "e", "--against", f"sqlite:///{tmp_path}/hard.db"])
+    assert exc.value.code == 2 and "--against names the same store as --uri" in capsys.readouterr().err
+
+
+def test_out_never_overwrites_a_store_or_names_a_folder(tmp_path, capsys):
+    """`--out` naming a store (here the one being read) replaced the database by the Markdown table."""
+    import pytest
+
+    from experiments.report import main
+    one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
+    two = _store(tmp_path / "two.db", {("k32", 512): (5.75, 0.001)}, "GPU-a", 10.0, 8.0, 2)
+    before = (tmp_path / "one.db").read_bytes()
+    for out, text in ((tmp_path / "one.db", "is a database (an MLflow store?) and would be overwritten"),
+                      (tmp_path, "is not a file name"), ("", "is not a file name")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(out)])
+        assert exc.value.code == 2 and text in capsys.readouterr().err
+    assert (tmp_path / "one.db").read_bytes() == before
 
 
 def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):

@@ -292,6 +292,32 @@ def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_read_only_open_of_a_missing_experiment_takes_no_lock(tmp_path):
+    """A report naming an experiment the store lacks made the store's lock file beside it."""
+    from experiments.track import StoreError, Tracker
+    uri = Tracker(f"sqlite:///{tmp_path}/m.db", "there").uri
+    for lock in tmp_path.glob("*.lock"):
+        lock.unlink()
+    with pytest.raises(StoreError, match="experiment 'nope' is not in .* it holds: there"):
+        Tracker(uri, "nope", create=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.db"]
+
+
+def test_a_database_server_uri_without_its_driver_is_a_store_error():
+    """postgresql:// or mysql:// without their Python driver ended in a 57-line ModuleNotFoundError; the
+    message names the driver and the package, never the password."""
+    import importlib.util
+
+    from experiments.track import StoreError, Tracker
+    if any(importlib.util.find_spec(m) for m in ("psycopg", "psycopg2")):
+        pytest.skip("a PostgreSQL driver is installed here: the URI would reach for a server")
+    with pytest.raises(StoreError) as exc:
+        Tracker("postgresql://user:secret@127.0.0.1:9/db", "e", create=False)
+    assert str(exc.value).startswith("the tracking URI postgresql://127.0.0.1:9/db needs the database driver "
+                                     "psycopg"), exc.value
+    assert "which is not installed: pip install " in str(exc.value) and "secret" not in str(exc.value)
+
+
 def test_read_only_open_of_a_missing_experiment(tracker):
     with pytest.raises(StoreError, match="experiment 'nope' is not in .* it holds: .*track-tests"):
         Tracker(tracker.uri, "nope", create=False)
