@@ -108,7 +108,7 @@ def check_override_keys(argv: list) -> str | None:
         if key.startswith("hydra") or "/" in key:
             continue
         top, _, rest = key.partition(".")
-        if (problem := _setting_problem(key, value)) is not None:
+        if (problem := _setting_problem(key, arg)) is not None:
             return problem
         if top not in known:
             return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
@@ -127,7 +127,7 @@ def check_override_keys(argv: list) -> str | None:
             continue
         else:
             kind = typing.get_type_hints(Config).get(top)
-        if kind in (int, typing.Optional[int]) and "(" not in value:
+        if kind in (int, typing.Optional[int]) and "(" not in value and "${" not in value:
             bad = [v for v in value.split(",") if not re.fullmatch(r"-?\d+|null", v.strip())]
             if bad:
                 valid = f"; valid: {', '.join(map(str, KTILES))}" if key == "ktile" else ""
@@ -140,20 +140,31 @@ def check_override_keys(argv: list) -> str | None:
     return None
 
 
-def _setting_problem(key: str, value: str) -> str | None:
+def _setting_problem(key: str, arg: str) -> str | None:
     """check_override_keys for the timing and verification settings (experiments.kernel.setting_problem):
-    each comma-separated number of ``value`` in range and finite, before any job (in a sweep each job
-    would otherwise be a skipped run)."""
+    every value of the override ``arg`` (as Hydra's override parser reads it: a list, ``range(...)``,
+    ``choice(...)``, a cast such as ``int(0)``, a quoted number) in range and finite, before any job
+    (in a sweep each job would otherwise be a skipped run). Values that are no number are left to the
+    type check and to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from experiments.kernel import SETTING_KEYS, setting_problem
-    if key not in SETTING_KEYS or "(" in value:
+    if key not in SETTING_KEYS:
         return None
-    for v in value.split(","):
-        try:
-            text = v.strip()
-            number = None if text == "null" else int(text) if text.lstrip("-").isdigit() else float(text)
-        except ValueError:
-            continue                  # not a number: the type check (or Hydra) says so
-        if problem := setting_problem(key, number):
+    try:
+        override = OverridesParser.create().parse_override(arg)
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    except Exception:  # noqa: BLE001 - Hydra reports what it cannot parse or iterate (interval(...))
+        return None
+    for v in values:
+        if isinstance(v, str):
+            if "${" in v:
+                continue                  # an interpolation: checked once the config is composed
+            try:
+                v = int(v.strip()) if v.strip().lstrip("-").isdigit() else float(v.strip())
+            except ValueError:
+                continue                  # not a number: the type check (or Hydra) says so
+        if problem := setting_problem(key, v):
             return problem
     return None
 

@@ -319,6 +319,13 @@ def test_integer_family_options_keep_params_and_kernel_names():
     # null for a number ended in a TypeError traceback
     (["timing.batches=null"], "timing.batches=null is not valid; it must be a finite number >= 1"),
     (["-m", "verify.rtol=1e-3,null"], "verify.rtol=null is not valid; it must be a finite number > 0"),
+    # Hydra's casts, sweep functions and quoted numbers: each job became a skipped run, exit 0
+    (["-m", "precision=int8,int4", "timing.batches=int(0)"], "timing.batches=0 is not valid; it must be a "
+                                                             "finite number >= 1"),
+    (["-m", "timing.batches=range(0,2)"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
+    (["-m", "timing.batches=choice(3,0)"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
+    (['timing.min_batch_ms=" -1"'], "timing.min_batch_ms=-1 is not valid; it must be a finite number > 0"),
+    (["timing.batches=${timing.warmup}"], None),        # an interpolation was refused as no integer
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message
