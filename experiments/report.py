@@ -191,10 +191,11 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     a, b = Tracker(uri, experiment, create=False), Tracker(other, experiment, create=False)
     ra, rb = _verified(a), _verified(b)
     rr = _verified(Tracker(repeat, experiment, create=False)) if repeat else {}
-    ids = {r.info.run_id for r in ra.values()}
-    for name, runs in ((other, rb), (repeat, rr)):
-        if ids & {r.info.run_id for r in runs.values()}:
-            raise StoreError(f"{name} holds the same runs as {uri} (a copy of that store?): the "
+    ids = {name: {r.info.run_id for r in runs.values()}
+           for name, runs in ((uri, ra), (other, rb), (repeat, rr))}
+    for first, second in ((uri, other), (uri, repeat), (other, repeat)):
+        if second and ids[first] & ids[second]:
+            raise StoreError(f"{second} holds the same runs as {first} (a copy of that store?): the "
                              "comparison needs the sweep measured again, into another store")
     keys = sorted(set(ra) & set(rb), key=lambda k: (k[0], [int(d) for d in k[1].split("x")]))
     if not keys:
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
         ap.error("--against needs the URI of the other store, e.g. sqlite:///$PWD/all.db")
     if args.out is not None:
         out = Path(args.out)
-        if not args.out.strip() or out.is_dir():
+        if not args.out.strip() or out.is_dir() or args.out.endswith(("/", os.sep)):
             ap.error(f"--out {args.out!r} is not a file name: give the Markdown file to write, e.g. "
                      "results/h200/main_job.md")
         if out.is_file() and _is_database(out):
@@ -303,8 +304,12 @@ def main(argv=None) -> int:
         return 2
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text)
+        except OSError as exc:
+            print(f"Could not write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -208,6 +208,10 @@ class SweepCallback(Callback):
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         info = sweep_info(config, multirun)
+        if multirun and info["jobs"] == "0":
+            raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
+                             "combination (a glob(...) that matches no value, or an empty range(...)?). "
+                             "Nothing was tracked.")
         warming = (prewarm(config.hydra.launcher, gpu is not None,
                            int(info["jobs"]) if info["jobs"].isdigit() else None) if multirun else None)
         if value(config.backend) == "gpu" and gpu is None:

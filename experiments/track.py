@@ -47,12 +47,17 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     A relative ``sqlite:///path`` is made absolute against ``base`` (default: the current directory)
     and, with ``create``, its folder is made. ``http(s)://`` and ``databricks`` URIs are kept.
     Raises StoreError for a file store (``file:...`` or a plain folder): MLflow 3 keeps runs in a
-    database; the message gives the SQLite URI to use instead.
+    database; the message gives the SQLite URI to use instead. Also for ``sqlite:`` spelled otherwise
+    than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``).
     """
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = (uri or os.environ.get("MLFLOW_TRACKING_URI") or "").strip()
     base = Path(base or os.getcwd())
     if not uri:
         path = PROJECT_ROOT / "outputs" / "mlflow.db"
+    elif uri.lower().startswith("sqlite:") and not uri.startswith("sqlite:///"):
+        raise StoreError(f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and the database "
+                         f"file's path, e.g. sqlite:///{base / 'mlflow.db'} (four slashes for an absolute "
+                         "path)")
     elif uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
         path = path if path.is_absolute() else (base / path).resolve()

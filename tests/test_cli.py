@@ -331,6 +331,16 @@ def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message
 
 
+def test_a_sweep_of_no_jobs_says_so_and_tracks_nothing(tmp_path):
+    """An empty range(...) made 0 jobs and the line "every run of this sweep is already in the store"."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "timing.batches=range(1,1)",
+                      *store_args(tmp_path, new_store=True))
+    assert rc == 1 and "Traceback" not in out, out
+    assert "The sweep has no jobs: its overrides (precision=int8 timing.batches=range(1,1) " in out
+    assert ") expand to no combination (a glob(...) that matches no value, or an empty range(...)?)" in out
+    assert "already in the store" not in out and not (tmp_path / "mlflow.db").exists()
+
+
 def test_option_below_a_family_option_is_not_an_option():
     """family.bn.x=1 passed the check on its first part, then ended in a KeyError traceback."""
     message = _run_module().check_override_keys(["family=wgmma", "family.bn.x=1"])

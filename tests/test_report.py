@@ -141,6 +141,9 @@ def test_a_copy_of_the_first_store_is_not_a_second_measurement(tmp_path, capsys)
         with pytest.raises(SystemExit, match=f"sqlite:///{tmp_path}/copy.db holds the same runs as {one} "
                                              r"\(a copy of that store\?\)"):
             main(["--uri", one, "--experiment", "e", *argv])
+    shutil.copy(tmp_path / "two.db", tmp_path / "two_copy.db")   # the repeat a copy of --against
+    with pytest.raises(SystemExit, match=f"sqlite:///{tmp_path}/two_copy.db holds the same runs as {two}"):
+        main(["--uri", one, "--experiment", "e", "--against", two, "--repeat", f"sqlite:///{tmp_path}/two_copy.db"])
     with pytest.raises(SystemExit) as exc:
         main(["--uri", one, "--experiment", "e", "--against", f"sqlite:///{tmp_path}/hard.db"])
     assert exc.value.code == 2 and "--against names the same store as --uri" in capsys.readouterr().err
@@ -155,11 +158,15 @@ def test_out_never_overwrites_a_store_or_names_a_folder(tmp_path, capsys):
     two = _store(tmp_path / "two.db", {("k32", 512): (5.75, 0.001)}, "GPU-a", 10.0, 8.0, 2)
     before = (tmp_path / "one.db").read_bytes()
     for out, text in ((tmp_path / "one.db", "is a database (an MLflow store?) and would be overwritten"),
-                      (tmp_path, "is not a file name"), ("", "is not a file name")):
+                      (tmp_path, "is not a file name"), ("", "is not a file name"),
+                      (f"{tmp_path}/fresh/", "is not a file name")):
         with pytest.raises(SystemExit) as exc:
             main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(out)])
         assert exc.value.code == 2 and text in capsys.readouterr().err
     assert (tmp_path / "one.db").read_bytes() == before
+    (tmp_path / "notes.md").write_text("a file, not a folder\n")     # a folder that is a file
+    assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", f"{tmp_path}/notes.md/x.md"]) == 1
+    assert f"Could not write --out {tmp_path}/notes.md/x.md: File exists" in capsys.readouterr().err
 
 
 def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):

@@ -292,6 +292,15 @@ def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sqlite_spelled_otherwise_is_refused_and_spaces_are_trimmed(tmp_path):
+    """sqlite:// and SQLITE:/// were read as folders ("e.g. sqlite:////.../sqlite:.db")."""
+    for uri in ("sqlite://", "SQLITE:///x.db", "sqlite:x.db"):
+        with pytest.raises(StoreError, match=f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and "
+                                             f"the database file's path, e.g. sqlite:///{tmp_path}/mlflow.db"):
+            resolve_uri(uri, base=tmp_path)
+    assert resolve_uri(f" sqlite:///{tmp_path}/m.db ") == f"sqlite:///{tmp_path}/m.db"
+
+
 def test_read_only_open_of_a_missing_experiment_takes_no_lock(tmp_path):
     """A report naming an experiment the store lacks made the store's lock file beside it."""
     from experiments.track import StoreError, Tracker
