@@ -88,7 +88,8 @@ def check_override_keys(argv: list) -> str | None:
     over several families, a value that is not an integer for an integer key (``ktile=32.5``), one
     other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true)
     and one that is not a member of an enum key (``precision=int5``, also with --help).
-    Sweep functions (``choice(...)``, ``range(...)``) are left to Hydra."""
+    Sweep functions (``choice(...)``, ``range(...)``) are left to Hydra, but for a sweep that cannot be
+    expanded (:func:`_sweep_problem`) and the values of the timing and verification settings."""
     import dataclasses
     import re
     import typing
@@ -108,6 +109,8 @@ def check_override_keys(argv: list) -> str | None:
         if key.startswith("hydra") or "/" in key:
             continue
         top, _, rest = key.partition(".")
+        if (problem := _sweep_problem(arg, argv)) is not None:
+            return problem
         if (problem := _setting_problem(key, arg)) is not None:
             return problem
         if top not in known:
@@ -137,6 +140,32 @@ def check_override_keys(argv: list) -> str | None:
         members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
         if members and "(" not in value and "*" not in value and (bad := _outside(value, tuple(members))):
             return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
+    return None
+
+
+def _sweep_problem(arg: str, argv: list) -> str | None:
+    """Why the sweep of the override ``arg`` cannot be expanded (``range(1,4,0)``; ``interval(...)``
+    with Hydra's basic sweeper, which only samplers take), or None; Hydra reports what it cannot
+    parse, and ``glob(...)`` is expanded by Hydra against the config's choices."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except Exception:  # noqa: BLE001 - Hydra's own parse error follows
+        return None
+    if not override.is_sweep_override() or not (override.is_interval_sweep() or override.is_range_sweep()
+                                                 or override.is_choice_sweep()):
+        return None
+    if override.is_interval_sweep():
+        if any(a.startswith(("hydra/sweeper=", "+hydra/sweeper=")) for a in argv):
+            return None
+        return (f"{arg!r}: interval(...) is for sweepers that sample (e.g. Optuna's); Hydra's basic sweeper "
+                "takes lists (a,b), range(...) and choice(...)")
+    try:
+        list(override.sweep_iterator())
+    except ValueError as exc:
+        return f"{arg!r} cannot be expanded: {exc}"
+    except Exception:  # noqa: BLE001 - left to Hydra
+        return None
     return None
 
 

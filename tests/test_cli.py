@@ -326,6 +326,13 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (["-m", "timing.batches=choice(3,0)"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
     (['timing.min_batch_ms=" -1"'], "timing.min_batch_ms=-1 is not valid; it must be a finite number > 0"),
     (["timing.batches=${timing.warmup}"], None),        # an interpolation was refused as no integer
+    # sweeps Hydra's basic sweeper cannot expand ended in Hydra's traceback
+    (["-m", "timing.batches=range(1,4,0)"], "'timing.batches=range(1,4,0)' cannot be expanded: range() arg 3 "
+                                            "must not be zero"),
+    (["-m", "timing.batches=interval(0,5)"], "'timing.batches=interval(0,5)': interval(...) is for sweepers "
+                                             "that sample (e.g. Optuna's); Hydra's basic sweeper takes lists "
+                                             "(a,b), range(...) and choice(...)"),
+    (["-m", "ktile=range(32,65,32)", "tile=glob(*)"], None),
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message
