@@ -143,17 +143,23 @@ def check_override_keys(argv: list) -> str | None:
     return None
 
 
-def _sweep_problem(arg: str, argv: list) -> str | None:
-    """Why the sweep of the override ``arg`` cannot be expanded (``range(1,4,0)``; ``interval(...)``
-    with Hydra's basic sweeper, which only samplers take), or None; Hydra reports what it cannot
-    parse, and ``glob(...)`` is expanded by Hydra against the config's choices."""
+def _parsed(arg: str):
+    """The override ``arg`` as Hydra's override parser reads it, or None when it cannot (Hydra's own
+    parse error follows)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     try:
-        override = OverridesParser.create().parse_override(arg)
-    except Exception:  # noqa: BLE001 - Hydra's own parse error follows
+        return OverridesParser.create().parse_override(arg)
+    except Exception:  # noqa: BLE001
         return None
-    if not override.is_sweep_override() or not (override.is_interval_sweep() or override.is_range_sweep()
-                                                 or override.is_choice_sweep()):
+
+
+def _sweep_problem(arg: str, argv: list) -> str | None:
+    """Why the sweep of the override ``arg`` cannot be expanded (``range(1,4,0)``; ``interval(...)``
+    with Hydra's basic sweeper, which only samplers take), or None; ``glob(...)`` is expanded by
+    Hydra against the config's choices."""
+    override = _parsed(arg)
+    if override is None or not (override.is_interval_sweep() or override.is_range_sweep()
+                                or override.is_choice_sweep()):
         return None
     if override.is_interval_sweep():
         if any(a.startswith(("hydra/sweeper=", "+hydra/sweeper=")) for a in argv):
@@ -175,15 +181,13 @@ def _setting_problem(key: str, arg: str) -> str | None:
     ``choice(...)``, a cast such as ``int(0)``, a quoted number) in range and finite, before any job
     (in a sweep each job would otherwise be a skipped run). Values that are no number are left to the
     type check and to Hydra."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from experiments.kernel import SETTING_KEYS, setting_problem
-    if key not in SETTING_KEYS:
+    override = _parsed(arg) if key in SETTING_KEYS else None
+    if override is None:
         return None
     try:
-        override = OverridesParser.create().parse_override(arg)
         values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-    except Exception:  # noqa: BLE001 - Hydra reports what it cannot parse or iterate (interval(...))
+    except Exception:  # noqa: BLE001 - Hydra reports what it cannot iterate (interval(...), glob(...))
         return None
     for v in values:
         if isinstance(v, str):
