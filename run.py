@@ -131,7 +131,8 @@ def check_override_keys(argv: list) -> str | None:
         else:
             kind = typing.get_type_hints(Config).get(top)
         if kind in (int, typing.Optional[int]) and "(" not in value and "${" not in value:
-            bad = [v for v in value.split(",") if not re.fullmatch(r"-?\d+|null", v.strip())]
+            bad = [v for v in value.split(",")          # Hydra also reads '5', +5 and 1_000 as integers
+                   if not re.fullmatch(r"""(['"]?)[+-]?\d+(_\d+)*\1|null""", v.strip())]
             if bad:
                 valid = f"; valid: {', '.join(map(str, KTILES))}" if key == "ktile" else ""
                 return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"

@@ -333,6 +333,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
                                              "that sample (e.g. Optuna's); Hydra's basic sweeper takes lists "
                                              "(a,b), range(...) and choice(...)"),
     (["-m", "ktile=range(32,65,32)", "tile=glob(*)"], None),
+    # integers as Hydra reads them (were refused as "not an integer")
+    (["timing.batches='5'", "ktile=\"64\"", "timing.warmup=+2", "timing.max_launches=1_000"], None),
+    (["ktile='64.5'"], "ktile='64.5' is not an integer (\"ktile='64.5'\"); valid: 16, 32, 64, 128"),
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message
