@@ -133,6 +133,18 @@ def setting_problem(key: str, v) -> str | None:
     return None
 
 
+def check_resolves(cfg) -> None:
+    """Raise SpecError, naming the key, when an interpolation of the config (Hydra's own node aside)
+    cannot be resolved or its value does not fit the key (``verify.seed=${verify.rtol}``)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    try:
+        OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise SpecError(f"{key + ': ' if key else ''}{str(exc).splitlines()[0]}") from None
+
+
 def check_settings(cfg) -> None:
     """Raise SpecError for a timing or verification setting that :func:`setting_problem` refuses."""
     from omegaconf import OmegaConf

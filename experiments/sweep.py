@@ -23,7 +23,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
-from .spec import value
+from .kernel import check_resolves
+from .spec import SpecError, value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
 __all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
@@ -207,6 +208,10 @@ class SweepCallback(Callback):
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
+        try:
+            check_resolves(config)
+        except SpecError as exc:
+            raise SystemExit(f"Invalid configuration: {exc}") from None
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
             raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "

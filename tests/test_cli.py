@@ -351,6 +351,18 @@ def test_a_sweep_of_no_jobs_says_so_and_tracks_nothing(tmp_path):
     assert "already in the store" not in out and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("sweep", [False, True])
+def test_an_interpolation_that_does_not_fit_its_key_stops_with_the_key(tmp_path, sweep):
+    """verify.seed=${verify.rtol} (a float into an integer key) ended in OmegaConf's traceback."""
+    args = ["-m", "precision=int8,int4"] if sweep else ["precision=int8"]
+    rc, out = run_cli(tmp_path, *args, "verify.seed=${verify.rtol}", *store_args(tmp_path, sweep, new_store=True))
+    assert rc == 1 and "Traceback" not in out, out
+    assert out.strip().endswith("Invalid configuration: verify.seed: While dereferencing interpolation "
+                                "'${verify.rtol}': Value '0.001' of type 'float' could not be converted to "
+                                "Integer"), out
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_option_below_a_family_option_is_not_an_option():
     """family.bn.x=1 passed the check on its first part, then ended in a KeyError traceback."""
     message = _run_module().check_override_keys(["family=wgmma", "family.bn.x=1"])
