@@ -172,7 +172,7 @@ def _sweep_problem(arg: str, argv: list) -> str | None:
     except ValueError as exc:
         return f"{arg!r} cannot be expanded: {exc}"
     except Exception:  # noqa: BLE001 - left to Hydra
-        return None
+        pass
     return None
 
 

@@ -23,8 +23,8 @@ from rich.console import Console
 from . import record, track
 from .compare import relate
 from .families.runner import MMA_SYNC, family_name
-from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_resolves, check_settings, git_commit,
-                     make_kernel, tile_is_auto)
+from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
+                     resolved, tile_is_auto)
 from .render import render
 from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
@@ -53,11 +53,11 @@ class _Job:
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
         try:
-            check_resolves(cfg)
+            data = resolved(cfg)
         except SpecError as exc:        # no run can be recorded without its params: stop here
             raise SystemExit(f"Invalid configuration: {exc}") from None
         self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment)
-        self.params = {**record.params_of(track.flatten(cfg), {}), "family": family_name(cfg)}
+        self.params = {**record.params_of(track.flatten(data), {}), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0
 

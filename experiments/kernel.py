@@ -133,13 +133,15 @@ def setting_problem(key: str, v) -> str | None:
     return None
 
 
-def check_resolves(cfg) -> None:
-    """Raise SpecError, naming the key, when an interpolation of the config (Hydra's own node aside)
-    cannot be resolved or its value does not fit the key (``verify.seed=${verify.rtol}``)."""
+def resolved(cfg) -> dict:
+    """The config as plain data (enums as their names), its interpolations resolved, Hydra's own node
+    aside. Raises SpecError, naming the key, when an interpolation cannot be resolved or its value does
+    not fit the key (``verify.seed=${verify.rtol}``)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
     try:
-        OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+        return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+                                      resolve=True, enum_to_str=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         raise SpecError(f"{key + ': ' if key else ''}{str(exc).splitlines()[0]}") from None

@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
-from .kernel import check_resolves
+from .kernel import resolved
 from .spec import SpecError, value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
@@ -209,7 +209,7 @@ class SweepCallback(Callback):
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         try:
-            check_resolves(config)
+            resolved(config)
         except SpecError as exc:
             raise SystemExit(f"Invalid configuration: {exc}") from None
         info = sweep_info(config, multirun)

@@ -189,23 +189,22 @@ def _check_server(uri: str, timeout: float = 10.0) -> None:
 def _client(mlflow, uri: str, experiment: str):
     """An MlflowClient of ``uri`` and the experiment named ``experiment`` (None when absent). Raises
     StoreError when a database server's URI lacks its Python driver or no database answers there."""
-    if not uri.startswith(("postgresql", "mysql", "mssql")):
-        client = mlflow.MlflowClient(tracking_uri=uri)
-        return client, client.get_experiment_by_name(experiment)
-    shown = re.sub(r"//[^@/]*@", "//", uri)            # without the user and password
     try:
         client = mlflow.MlflowClient(tracking_uri=uri)
         return client, client.get_experiment_by_name(experiment)
-    except ImportError as exc:
-        name = exc.name or str(exc)
-        package = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
-                   "pymysql": "pymysql", "pyodbc": "pyodbc"}.get(name, name)
-        raise StoreError(f"the tracking URI {shown} needs the database driver {name}, which is not "
-                         f"installed: pip install {package}, or name an installed driver in the URI "
-                         "(e.g. postgresql+psycopg2://, mysql+pymysql://)") from None
-    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors: the server did not answer
+    except Exception as exc:
+        if not uri.startswith(("postgresql", "mysql", "mssql")):
+            raise
+        shown = re.sub(r"//[^@/]*@", "//", uri)            # without the user and password
+        if isinstance(exc, ImportError):
+            name = exc.name or str(exc)
+            package = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary",
+                       "MySQLdb": "mysqlclient"}.get(name, name)
+            raise StoreError(f"the tracking URI {shown} needs the database driver {name}, which is not "
+                             f"installed: pip install {package}, or name an installed driver in the URI "
+                             "(e.g. postgresql+psycopg2://, mysql+pymysql://)") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StoreError(f"no database answers at {shown}: {first}") from None
+        raise StoreError(f"no database answers at {shown}: {first}") from None   # SQLAlchemy's errors
 
 
 class Tracker:
