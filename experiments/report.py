@@ -5,12 +5,13 @@
     python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN]
 
 ``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
-node): per kernel and size both medians, the GPU each ran on, the difference and whether it lies
-within the first store's spread; and each store's latest sweep wall time and GPU time. The spread
-of one run is that of its batches, taken within a fraction of a second; ``--repeat URI`` names a
-store that holds the first sweep run again the same way, and then a pair's spread is the larger
-of that and how far the repeat's median lies from the first (how much the first kind of sweep
-itself moves from one sweep to the next).
+node): per kernel and size both medians, the GPU each ran on (paired on the same GPU where the first
+store has it), the difference and whether it lies within the first store's spread; and each
+store's latest sweep wall time and GPU time. The spread of one run is that of its batches, taken
+within a fraction of a second; ``--repeat URI`` (once or more) names a store that holds the first
+sweep run again the same way, and the largest distance of its medians from the first store's, the
+single-GPU spread of the sweep, becomes the spread of every pair where it is larger
+(:func:`against_table` says why one number).
 
 Runs timed with NVML's SM clock samples add two columns: the mean SM clock during timing (MHz) and
 the throughput at the GPU's highest clock (``throughput_at_max_clock``); older runs show "-".
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -138,11 +140,22 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
 
 
 def _verified(tr: Tracker) -> dict:
-    """{(kernel, M x N x K): run} of the store's verified GPU runs (the latest of each)."""
+    """{(kernel, M x N x K, GPU UUID): run} of the store's verified GPU runs (the latest of each)."""
     runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu' and tags.outcome = 'verified'",
                                  max_results=50000, order_by=["attributes.start_time ASC"])
-    return {(r.data.tags.get("kernel", "?"), "x".join(r.data.params[f"problem.{d}"] for d in "mnk")): r
+    return {(r.data.tags.get("kernel", "?"), "x".join(r.data.params[f"problem.{d}"] for d in "mnk"),
+             r.data.tags.get("gpu_uuid", "")): r
             for r in runs if "median_us" in r.data.metrics and "problem.m" in r.data.params}
+
+
+def _us(run) -> float:
+    return run.data.metrics["median_us"]
+
+
+def repeat_distances(first: dict, repeats: list) -> list:
+    """|repeat - first| / first of each (kernel, size, GPU) that the first store (``_verified``) and a
+    repeat store hold: how far the first sweep's medians move when the same sweep simply runs again."""
+    return [abs(_us(r[key]) / _us(first[key]) - 1) for r in repeats for key in r.keys() & first.keys()]
 
 
 def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
@@ -176,60 +189,87 @@ def _sweep_times(m: dict) -> str:
     return f"{m['sweep_wall_s']:.1f} s wall, GPU time {m['gpu_busy_s']:.1f} s on {m['gpus']:.0f} GPU(s)"
 
 
-def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations",
-                  repeat: str | None = None) -> str:
-    """Markdown comparing the verified GPU runs of two stores that measured the same sweep (e.g. on one
-    GPU, then over every GPU of the node with hydra/launcher=gpus): per (kernel, size) present in
-    both, median us in each, the GPU (end of its UUID), the difference (other - uri) / uri and whether
-    it is within the first run's spread ((max - min) / median of its batches; with ``repeat``, a store
-    holding the first sweep run again, the larger of that and |repeat - first| / first where the
-    repeat has the pair); then a summary (how many are within, apart for pairs measured on the same
-    GPU and on another) and each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s,
-    gpus) and their ratio.
+def _larger_p(diffs: list, dist: list) -> float:
+    """p of a one-sided Mann-Whitney U test (scipy.stats.mannwhitneyu) that the |differences| of the
+    pairs are stochastically larger than the repeats' distances."""
+    from scipy.stats import mannwhitneyu
+    return float(mannwhitneyu([d for d, *_ in diffs], dist, alternative="greater").pvalue)
 
-    Read-only: raises StoreError when a store or the experiment does not exist."""
+
+def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations",
+                  repeats: tuple = ()) -> str:
+    """Markdown comparing the verified GPU runs of two stores that measured the same sweep (e.g. on one
+    GPU, then over every GPU of the node with hydra/launcher=gpus).
+
+    Each run of ``other`` is paired with the run of ``uri`` for the same kernel and size, on the same
+    GPU (UUID) where ``uri`` holds one (so a first store that holds the one-GPU sweep run on each GPU
+    of the node compares like with like), else on another. Per pair: both medians (us), both GPUs (end
+    of the UUID), the difference (other - uri) / uri and whether it lies within the spread: that of the
+    first run's batches ((max - min) / median), or, where larger, the single-GPU spread of the sweep:
+    the largest of :func:`repeat_distances` over the ``repeats`` (stores holding the first sweep run
+    again the same way). Then a summary: pairs within (on the same GPU, on another), the largest
+    difference, the median |difference| beside the repeats' median distance (and :func:`_larger_p`),
+    each store's latest sweep
+    (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
+
+    Why one number for the whole sweep: on an H200 some kernels' medians take one of two values about
+    0.8 % apart, a state of the GPU that lasts seconds at an unchanged SM clock, and kernels sensitive
+    to where their operands lie move by up to 4 % from one allocation to the next; a single repeat
+    catches either for some pairs only, so a pair's own repeat distance understates what any rerun
+    may show.
+
+    Read-only: raises StoreError when a store or the experiment does not exist, or when two of the
+    stores hold the same runs (a copy)."""
     a, b = Tracker(uri, experiment, create=False), Tracker(other, experiment, create=False)
-    ra, rb = _verified(a), _verified(b)
-    rr = _verified(Tracker(repeat, experiment, create=False)) if repeat else {}
-    ids = {name: {r.info.run_id for r in runs.values()}
-           for name, runs in ((uri, ra), (other, rb), (repeat, rr))}
-    for first, second in ((uri, other), (uri, repeat), (other, repeat)):
-        if second and ids[first] & ids[second]:
-            raise StoreError(f"{second} holds the same runs as {first} (a copy of that store?): the "
-                             "comparison needs the sweep measured again, into another store")
-    keys = sorted(set(ra) & set(rb), key=lambda k: (k[0], [int(d) for d in k[1].split("x")]))
-    if not keys:
+    named = [(uri, _verified(a)), (other, _verified(b))]
+    named += [(rep, _verified(Tracker(rep, experiment, create=False))) for rep in repeats]
+    ids = [(name, {r.info.run_id for r in runs.values()}) for name, runs in named]
+    for i, (first, fids) in enumerate(ids):
+        for second, sids in ids[i + 1:]:
+            if fids & sids:
+                raise StoreError(f"{second} holds the same runs as {first} (a copy of that store?): the "
+                                 "comparison needs the sweep measured again, into another store")
+    ra, rb, rr = named[0][1], named[1][1], [runs for _, runs in named[2:]]
+    firsts = collections.defaultdict(dict)             # (kernel, size) -> {GPU: run}
+    for (kern, size, gpu), run in ra.items():
+        firsts[(kern, size)][gpu] = run
+    pairs = [((kern, size), fs.get(gpu) or next(iter(fs.values())), y)
+             for (kern, size, gpu), y in rb.items() if (fs := firsts.get((kern, size)))]
+    pairs.sort(key=lambda p: (p[0][0], [int(d) for d in p[0][1].split("x")], p[2].data.tags.get("gpu_uuid", "")))
+    if not pairs:
         return (f"{NOTHING_MEASURED}{uri} has a match in {other} (the same kernel at the same size, verified "
                 f"on a GPU): they hold {len(ra)} and {len(rb)} verified GPU run(s).\n")
+    dist = repeat_distances(ra, rr)
+    single = max(dist, default=0.0)
     out = [f"First: {uri}", f"Second: {other}"]
-    if repeat:
-        out.append(f"Spread: of the first run's batches, or how far the first sweep's repeat ({repeat}) "
-                   f"lies from it where that is larger; the repeat holds {len(set(keys) & set(rr))} of "
-                   f"the {len(keys)} pairs.")
+    if repeats:
+        out.append(f"Spread: the first run's batch spread, or where larger the single-GPU spread {single:.2%}: "
+                   f"the largest distance between a median of the first store and the same kernel, size "
+                   f"and GPU in {', '.join(repeats)} ({len(dist)} pairs).")
     out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
-           "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
+            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
     within = collections.Counter()      # (same GPU, within the spread) -> pairs
-    for key in keys:
-        x, y = ra[key], rb[key]
-        mx, my = x.data.metrics["median_us"], y.data.metrics["median_us"]
-        spread = x.data.metrics.get("spread", 0.0)
-        if key in rr:
-            spread = max(spread, abs(rr[key].data.metrics["median_us"] / mx - 1))
-        diff = (my - mx) / mx
-        ok = abs(diff) <= spread
-        within[(x.data.tags.get("gpu_uuid") == y.data.tags.get("gpu_uuid"), ok)] += 1
-        out.append(f"| {key[0]} | {key[1]} | {mx:.2f} | {x.data.tags.get('gpu_uuid', '')[-8:]} | {my:.2f} | "
-                   f"{y.data.tags.get('gpu_uuid', '')[-8:]} | {diff:+.2%} | {spread:.2%} | "
-                   f"{'yes' if ok else 'no'} |")
-    med = {k: (ra[k].data.metrics["median_us"], rb[k].data.metrics["median_us"]) for k in keys}
-    worst = max(keys, key=lambda k: abs(med[k][1] / med[k][0] - 1))
-    wa, wb = med[worst]
-    alone = f" ({len(ra) - len(keys)} only in the first store, {len(rb) - len(keys)} only in the second)"
+    diffs = []
+    for (kern, size), x, y in pairs:
+        diff, spread = _us(y) / _us(x) - 1, max(x.data.metrics.get("spread", 0.0), single)
+        diffs.append((abs(diff), diff, kern, size))
+        gx, gy = x.data.tags.get("gpu_uuid", ""), y.data.tags.get("gpu_uuid", "")
+        within[(gx == gy, abs(diff) <= spread)] += 1
+        out.append(f"| {kern} | {size} | {_us(x):.2f} | {gx[-8:]} | {_us(y):.2f} | {gy[-8:]} | {diff:+.2%} | "
+                   f"{spread:.2%} | {'yes' if abs(diff) <= spread else 'no'} |")
+    _, worst, wkern, wsize = max(diffs)
+    matched = {(kern, size) for (kern, size), _, _ in pairs}
+    alone = (f" ({len(firsts.keys() - matched)} only in the first store, "
+             f"{sum(1 for kern, size, _ in rb if (kern, size) not in firsts)} only in the second)")
     split = "; ".join(f"on {where}: {within[(same, True)]} of {within[(same, True)] + within[(same, False)]}"
                       for same, where in ((True, "the same GPU"), (False, "another GPU")))
-    out += ["", f"{len(keys)} (kernel, size) pairs{alone}; {within[(True, True)] + within[(False, True)]} "
-                f"within the spread ({split}); the largest difference {(wb - wa) / wa:+.2%} "
-                f"({worst[0]} {worst[1]}).",
+    typical = statistics.median(d for d, *_ in diffs)
+    out += ["", f"{len(pairs)} (kernel, size) pairs{alone}; {within[(True, True)] + within[(False, True)]} "
+                f"within the spread ({split}); the largest difference {worst:+.2%} ({wkern} {wsize}); "
+                f"median |difference| {typical:.2%}"
+                + (f", the repeats' median distance from the first {statistics.median(dist):.2%} (one-sided "
+                   f"Mann-Whitney U, differences larger than those distances: p = {_larger_p(diffs, dist):.2f})."
+                   if dist else "."),
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
     if "sweep_wall_s" in sa and "sweep_wall_s" in sb:
@@ -262,9 +302,10 @@ def main(argv=None) -> int:
                          "(results/h200/baselines.md)")
     ap.add_argument("--against", default=None, metavar="URI",
                     help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
-    ap.add_argument("--repeat", default=None, metavar="URI",
-                    help="with --against: a store holding the first sweep run again; its distance from "
-                         "the first widens each pair's spread")
+    ap.add_argument("--repeat", action="append", default=None, metavar="URI",
+                    help="with --against: a store holding the first sweep run again (may be given more "
+                         "than once); the largest distance of its medians from the first store's is the "
+                         "single-GPU spread")
     args = ap.parse_args(argv)
     if args.repeat is not None and args.against is None:
         ap.error("--repeat widens the spread of an --against comparison: give --against too")
@@ -288,13 +329,14 @@ def main(argv=None) -> int:
             if other == uri or _same_file(other, uri):
                 ap.error(f"--against names the same store as --uri ({uri}): give the store of the other "
                          "measurement")
-            repeat = None
-            if args.repeat is not None:
-                repeat = resolve_uri(args.repeat, create=False) if args.repeat.strip() else ""
-                if repeat in ("", uri, other) or _same_file(repeat, uri) or _same_file(repeat, other):
-                    ap.error("--repeat needs a third store, apart from --uri and --against: the first "
-                             "sweep run once more")
-            text = against_table(uri, other, args.experiment, repeat)
+            repeats = []
+            for given in args.repeat or ():
+                rep = resolve_uri(given, create=False) if given.strip() else ""
+                if rep in ("", uri, other, *repeats) or any(_same_file(rep, u) for u in (uri, other, *repeats)):
+                    ap.error("--repeat needs a store of its own, apart from --uri, --against and any other "
+                             "--repeat: the first sweep run once more")
+                repeats.append(rep)
+            text = against_table(uri, other, args.experiment, tuple(repeats))
         else:
             text = table(uri, args.experiment)
     except StoreError as exc:

@@ -94,7 +94,7 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
     assert lines[-3:] == [
         "2 (kernel, size) pairs (1 only in the first store, 1 only in the second); 1 within the "
         "spread (on the same GPU: 0 of 0; on another GPU: 1 of 2); the largest difference -2.10% "
-        "(k32 512x512x512).",
+        "(k32 512x512x512); median |difference| 1.07%.",
         "First sweep: 19.4 s wall, GPU time 8.0 s on 1 GPU(s). Second sweep: 14.0 s wall, GPU time 9.7 s on "
         "2 GPU(s).",
         "Wall time ratio, second / first: 0.72."]
@@ -103,25 +103,40 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
     assert out.read_text().splitlines() == lines
 
 
-def test_repeat_widens_each_pairs_spread_by_the_first_sweeps_own_movement(tmp_path):
-    """With --repeat (the one-GPU sweep run again) a pair's spread is the larger of the first run's
-    batch spread and the repeat's distance from the first; pairs the repeat lacks keep the former."""
+def test_repeats_give_the_single_gpu_spread_and_pairs_are_matched_on_their_gpu(tmp_path):
+    """The first store holds the one-GPU sweep on each of two GPUs (a then b), and so does each repeat.
+    The single-GPU spread is the largest |repeat - first| / first over (kernel, size, GPU): here 1.00 %
+    (k32 512 on GPU a, 5.00 -> 4.95 us); each pair's spread is the larger of it and its batch spread.
+    Each run of the second store is paired with the first store's run on its own GPU: on GPU b k32 512
+    ran 5.30 us in the first store, so 5.31 there is +0.19 %, not +6.2 % against GPU a's 5.00."""
     from experiments.report import against_table, main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.00, 0.001), ("k32", 8192): (7600.0, 0.001),
                                        ("wmma", 1024): (20.0, 0.002)}, "GPU-aaaa1111", 20.0, 8.0, 1)
-    two = _store(tmp_path / "two.db", {("k32", 512): (5.04, 0.001), ("k32", 8192): (7660.0, 0.001),
-                                       ("wmma", 1024): (20.03, 0.001)}, "GPU-aaaa1111", 10.0, 8.0, 2)
+    _store(tmp_path / "one.db", {("k32", 512): (5.30, 0.001)}, "GPU-bbbb2222", 21.0, 8.0, 1)
+    two = _store(tmp_path / "two.db", {("k32", 8192): (7660.0, 0.001), ("wmma", 1024): (20.03, 0.015)},
+                 "GPU-aaaa1111", 10.0, 8.0, 2)
+    _store(tmp_path / "two.db", {("k32", 512): (5.31, 0.001)}, "GPU-bbbb2222", 10.5, 8.0, 2)
     again = _store(tmp_path / "again.db", {("k32", 512): (4.95, 0.001), ("k32", 8192): (7601.0, 0.001)},
                    "GPU-aaaa1111", 20.0, 8.0, 1)
-    lines = against_table(one, two, "e", again).splitlines()
-    assert lines[2] == (f"Spread: of the first run's batches, or how far the first sweep's repeat ({again}) "
-                        "lies from it where that is larger; the repeat holds 2 of the 3 pairs.")
+    again2 = _store(tmp_path / "again2.db", {("k32", 512): (5.32, 0.001)}, "GPU-bbbb2222", 20.0, 8.0, 1)
+    lines = against_table(one, two, "e", (again, again2)).splitlines()
+    assert lines[2] == ("Spread: the first run's batch spread, or where larger the single-GPU spread 1.00%: "
+                        "the largest distance between a median of the first store and the same kernel, size "
+                        f"and GPU in {again}, {again2} (3 pairs).")
     assert lines[6:9] == [
-        "| k32 | 512x512x512 | 5.00 | aaaa1111 | 5.04 | aaaa1111 | +0.80% | 1.00% | yes |",
-        "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 0.10% | no |",
-        "| wmma | 1024x1024x1024 | 20.00 | aaaa1111 | 20.03 | aaaa1111 | +0.15% | 0.20% | yes |"]
-    assert "; 2 within the spread (on the same GPU: 2 of 3; on another GPU: 0 of 0)" in lines[-3]
-    assert main(["--uri", one, "--against", two, "--repeat", again, "--experiment", "e"]) == 0
+        "| k32 | 512x512x512 | 5.30 | bbbb2222 | 5.31 | bbbb2222 | +0.19% | 1.00% | yes |",
+        "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 1.00% | yes |",
+        "| wmma | 1024x1024x1024 | 20.00 | aaaa1111 | 20.03 | aaaa1111 | +0.15% | 1.00% | yes |"]
+    assert lines[-3].startswith(
+        "3 (kernel, size) pairs (0 only in the first store, 0 only in the second); 3 within the spread (on the "
+        "same GPU: 3 of 3; on another GPU: 0 of 0); the largest difference +0.79% (k32 8192x8192x8192); "
+        "median |difference| 0.19%, the repeats' median distance from the first 0.38% (one-sided "
+        "Mann-Whitney U, differences larger than those distances: p = ")
+    assert main(["--uri", one, "--against", two, "--repeat", again, "--repeat", again2, "--experiment", "e"]) == 0
+    # without repeats a pair's spread is its batch spread: k32 8192 (+0.79 % against 0.10 %) is outside
+    lines = against_table(one, two, "e").splitlines()
+    assert lines[6] == "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 0.10% | no |"
+    assert lines[-3].endswith("; median |difference| 0.19%.")
 
 
 def test_a_copy_of_the_first_store_is_not_a_second_measurement(tmp_path, capsys):
@@ -177,16 +192,19 @@ def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
     from experiments.report import main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
     two = _store(tmp_path / "two.db", {("k64", 512): (5.0, 0.001)}, "GPU-b", 14.0, 9.7, 2)
+    three = _store(tmp_path / "three.db", {("k64", 512): (5.0, 0.001)}, "GPU-b", 14.0, 9.7, 2)
     for argv, text in ((["--against", one], "--against names the same store as --uri"),
                        (["--against", f"sqlite:///{tmp_path}/../{tmp_path.name}/one.db"],
                         "--against names the same store as --uri"),
                        (["--against", two, "--by-family"], "--against compares two stores run by run"),
                        (["--against", " "], "--against needs the URI of the other store"),
                        (["--repeat", two], "--repeat widens the spread of an --against comparison"),
-                       (["--against", two, "--repeat", one], "--repeat needs a third store"),
+                       (["--against", two, "--repeat", one], "--repeat needs a store of its own"),
                        (["--against", two, "--repeat", f"sqlite:///{tmp_path}/./two.db"],
-                        "--repeat needs a third store"),
-                       (["--against", two, "--repeat", ""], "--repeat needs a third store")):
+                        "--repeat needs a store of its own"),
+                       (["--against", two, "--repeat", ""], "--repeat needs a store of its own"),
+                       (["--against", two, "--repeat", three, "--repeat", f"sqlite:///{tmp_path}/three.db"],
+                        "--repeat needs a store of its own")):
         with pytest.raises(SystemExit) as exc:
             main(["--uri", one, "--experiment", "e", *argv])
         assert exc.value.code == 2 and text in capsys.readouterr().err
