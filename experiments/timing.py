@@ -18,6 +18,13 @@ everything the timing stream ever runs is a graph launch:
   host's time to enqueue a batch (10-50 us on an H200 node, depending on how busy the CPU is)
   thus never lies between the two events.
 
+What the method cannot remove: on an H200 some kernels time at one of two speeds about 0.8 % apart,
+a state of the GPU that lasts seconds at the same SM clock (traced batch by batch, it switched after
+0.3 s, after 1.5 s, or not at all; untimed warm-up batches of up to 1 s did not settle it), and
+kernels sensitive to where their operands lie (fp16 with B stored K x N, 2048^3) moved by up to 5 %
+from one allocation to the next. Rerunning a sweep shows both; ``experiments.report --repeat``
+turns the reruns into the sweep's single-GPU spread.
+
 Clock honesty: while the batches run, a background thread samples the SM clock of the timed GPU
 with NVML every few milliseconds (:class:`ClockSampler`); long GEMMs on an H200 run at a
 power-capped clock (NVML clock-event reason sw_power_cap, about 1785 instead of 1980 MHz), and the
