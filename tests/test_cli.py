@@ -389,6 +389,11 @@ CFG_WITH_M = ("--cfg shows one job's config and Hydra does not take it with -m: 
     (["--multirun", "ktile=32,64", "--cfg=all", "tile.block=[128,128]", "problem.sizes='512,1024'"],
      "--cfg=all ktile=32 tile.block=[128,128] problem.sizes='512,1024'", "experiment=NAME"),
     (["-c", "hydra", "-m", "experiment=generations"], "-c hydra experiment=generations", "experiment=generations"),
+    # choice(...) and range(...) cut to their first value (the hint gave them whole, which Hydra refuses
+    # without -m); glob(...), interval(...) and an empty range have none and are left out
+    (["-m", "--cfg", "job", "ktile=choice(32,64)", "timing.batches=range(3,5)", "precision=glob(*)",
+      "verify.rtol=interval(0,1)", "timing.warmup=range(1,1)"], "--cfg job ktile=32 timing.batches=3",
+     "experiment=NAME"),
 ])
 def test_cfg_with_multirun_says_what_to_do(argv, one, preset):
     assert _run_module().check_modes(argv) == CFG_WITH_M.format(one=one, preset=preset)
