@@ -2,7 +2,7 @@
 
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
     python -m experiments.report --by-family [--out results/h200/baselines.md]
-    python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN]
+    python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN ...]
 
 ``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
 node): per kernel and size both medians, the GPU each ran on (paired on the same GPU where the first
@@ -209,12 +209,11 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     the largest of :func:`repeat_distances` over the ``repeats`` (stores holding the first sweep run
     again the same way). Then a summary: pairs within (on the same GPU, on another), the largest
     difference, the median |difference| beside the repeats' median distance (and :func:`_larger_p`),
-    each store's latest sweep
-    (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
+    each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
 
     Why one number for the whole sweep: on an H200 some kernels' medians take one of two values about
     0.8 % apart, a state of the GPU that lasts seconds at an unchanged SM clock, and kernels sensitive
-    to where their operands lie move by up to 4 % from one allocation to the next; a single repeat
+    to where their operands lie move by up to 5 % from one allocation to the next; a single repeat
     catches either for some pairs only, so a pair's own repeat distance understates what any rerun
     may show.
 
