@@ -94,8 +94,9 @@ def check_override_keys(argv: list) -> str | None:
     over several families, a value that is not an integer for an integer key (``ktile=32.5``), one
     other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true)
     and one that is not a member of an enum key (``precision=int5``, also with --help).
-    Sweep functions (``choice(...)``, ``range(...)``) are left to Hydra, but for a sweep that cannot be
-    expanded (:func:`_sweep_problem`) and the values of the timing and verification settings."""
+    The values of a sweep are checked one by one as Hydra's parser expands them (a,b; ``choice(...)``;
+    ``range(...)``: :func:`_values`); ``glob(...)`` and ``interval(...)`` are left to Hydra, but for a
+    sweep that cannot be expanded (:func:`_sweep_problem`)."""
     import dataclasses
     import re
     import typing
@@ -130,22 +131,23 @@ def check_override_keys(argv: list) -> str | None:
                 return f"{top} has no key {rest!r} ({arg!r}); valid: {valid}"
             kind = typing.get_type_hints(node)[rest]
         elif top == "family" and rest:
-            problem = _check_family_option(family, rest, value, arg)
+            problem = _check_family_option(family, rest, arg)
             if problem:
                 return problem
             continue
         else:
             kind = typing.get_type_hints(Config).get(top)
-        if kind in (int, typing.Optional[int]) and "(" not in value and "${" not in value:
-            bad = [v for v in value.split(",")          # Hydra also reads '5', +5 and 1_000 as integers
+        values = _values(arg) if "${" not in value else None     # None: Hydra decides (glob, interpolation)
+        if kind in (int, typing.Optional[int]) and values is not None:
+            bad = [v for v in values                    # Hydra also reads '5', +5 and 1_000 as integers
                    if not re.fullmatch(r"""(['"]?)[+-]?\d+(_\d+)*\1|null""", v.strip())]
             if bad:
                 valid = f"; valid: {', '.join(map(str, KTILES))}" if key == "ktile" else ""
                 return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"
-        if kind is bool and "(" not in value and (bad := _outside(value, ("true", "false"))):
+        if kind is bool and values is not None and (bad := _outside(values, ("true", "false"))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: true, false"
         members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
-        if members and "(" not in value and "*" not in value and (bad := _outside(value, tuple(members))):
+        if members and values is not None and (bad := _outside(values, tuple(members))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
     return None
 
@@ -209,10 +211,25 @@ def _setting_problem(key: str, arg: str) -> str | None:
     return None
 
 
-def _outside(value: str, valid: tuple) -> str | None:
-    """The first of the comma-separated ``value``s that is none of ``valid`` (an axis' declared values:
+def _values(arg: str) -> list | None:
+    """The values of the override ``arg`` as Hydra's override parser reads them: one for a plain value,
+    each of a sweep (a,b; choice(...); range(...)); None where Hydra expands the sweep against the
+    config or a sampler (glob(...), interval(...)) or cannot parse it (its own message follows)."""
+    override = _parsed(arg)
+    if override is None:
+        return None
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    try:
+        return list(override.sweep_string_iterator())
+    except Exception:  # noqa: BLE001 - glob(...) needs the config, interval(...) has no values
+        return None
+
+
+def _outside(values: list, valid: tuple) -> str | None:
+    """The first of ``values`` (:func:`_values`) that is none of ``valid`` (an axis' declared values:
     integers compare as numbers, so 0128 is 128; true/false in any case, as Hydra reads them), or None."""
-    for v in value.split(","):
+    for v in values:
         text = v.strip().strip("'\"")
         if isinstance(valid[0], int) and not isinstance(valid[0], bool):
             try:
@@ -228,7 +245,7 @@ def _outside(value: str, valid: tuple) -> str | None:
     return None
 
 
-def _check_family_option(family: str, option: str, value: str, arg: str) -> str | None:
+def _check_family_option(family: str, option: str, arg: str) -> str | None:
     """check_override_keys for ``family.<option>=<value>`` with the chosen ``family``: the option must
     be one of the family's axes and each value one of the axis' declared values."""
     from experiments.config import MMA_SYNC, family_schema
@@ -247,7 +264,7 @@ def _check_family_option(family: str, option: str, value: str, arg: str) -> str 
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"
     valid = get(family).axes[option]
-    if "(" not in value and (bad := _outside(value, valid)):
+    if (values := _values(arg)) is not None and (bad := _outside(values, valid)) is not None:
         return f"family={family} {option}={bad} is not valid ({arg!r}); valid: {', '.join(map(str, valid))}"
     return None
 

@@ -303,7 +303,21 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (["family=wgmma", "family.persistent=true", "family.producer=False", "family.bn=0128", "timing.l2_flush=TRUE"],
      None),
     (["-m", "family=wgmma", "family.persistent=false,true", "family.stages=2,8", "tile.auto=true"], None),
-    (["-m", "family=wgmma", "family.bn=choice(128,256)"], None),     # sweep functions: left to Hydra
+    (["-m", "family=wgmma", "family.bn=choice(128,256)"], None),
+    # the values of choice(...) and range(...) one by one: Hydra's error came after the sweep was
+    # tracked, and left a KILLED parent
+    (["-m", "family=wgmma", "family.bn=choice(128,100)"], "family=wgmma bn=100 is not valid "
+                                                          "('family.bn=choice(128,100)'); valid: 256, 192, 128, 64"),
+    (["-m", "timing.cuda_graph=choice(true,maybe)"], "timing.cuda_graph=maybe is not valid "
+                                                     "('timing.cuda_graph=choice(true,maybe)'); valid: true, false"),
+    (["-m", "timing.cuda_graph=choice(true,1)"], "timing.cuda_graph=1 is not valid "
+                                                 "('timing.cuda_graph=choice(true,1)'); valid: true, false"),
+    (["-m", "precision=choice(int8,foo)"], "precision=foo is not valid ('precision=choice(int8,foo)'); valid: "
+                                           "fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2, copy"),
+    (["-m", "timing.batches=choice(3,x)"], "timing.batches=x is not an integer ('timing.batches=choice(3,x)')"),
+    (["precision="], "precision= is not valid ('precision='); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+                     "fp8_e5m2, copy"),
+    (["-m", "precision=glob(int*)", "verify.rtol='1e-3'", "problem.sizes='512,1024'"], None),
     # an enum key's value (with --help it ended in Hydra's composition traceback)
     (["--help", "precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, "
                                    "int4, fp8_e4m3, fp8_e5m2, copy"),
