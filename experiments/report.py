@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import statistics
 import sys
@@ -152,6 +153,16 @@ def _us(run) -> float:
     return run.data.metrics["median_us"]
 
 
+def _timed(runs: dict, uri: str) -> dict:
+    """``runs`` (:func:`_verified`), after checking that every median is a time: raises StoreError
+    naming the first run whose median_us is not a finite number > 0 (a differences' divisor)."""
+    for (kern, size, _), run in runs.items():
+        if not (math.isfinite(_us(run)) and _us(run) > 0):
+            raise StoreError(f"run {run.info.run_id} in {uri} ({kern} {size}) has median_us={_us(run)}, which "
+                             "is not a time: it cannot be compared (delete the run, or measure it again)")
+    return runs
+
+
 def repeat_distances(first: dict, repeats: list) -> list:
     """|repeat - first| / first of each (kernel, size, GPU) that the first store (``_verified``) and a
     repeat store hold: how far the first sweep's medians move when the same sweep simply runs again."""
@@ -220,8 +231,8 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     Read-only: raises StoreError when a store or the experiment does not exist, or when two of the
     stores hold the same runs (a copy)."""
     a, b = Tracker(uri, experiment, create=False), Tracker(other, experiment, create=False)
-    named = [(uri, _verified(a)), (other, _verified(b))]
-    named += [(rep, _verified(Tracker(rep, experiment, create=False))) for rep in repeats]
+    named = [(uri, _timed(_verified(a), uri)), (other, _timed(_verified(b), other))]
+    named += [(rep, _timed(_verified(Tracker(rep, experiment, create=False)), rep)) for rep in repeats]
     ids = [(name, {r.info.run_id for r in runs.values()}) for name, runs in named]
     for i, (first, fids) in enumerate(ids):
         for second, sids in ids[i + 1:]:
@@ -238,6 +249,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     if not pairs:
         return (f"{NOTHING_MEASURED}{uri} has a match in {other} (the same kernel at the same size, verified "
                 f"on a GPU): they hold {len(ra)} and {len(rb)} verified GPU run(s).\n")
+    for rep, runs in zip(repeats, rr):
+        if not runs.keys() & ra.keys():
+            raise StoreError(f"--repeat {rep} holds none of the runs of {uri} (the same kernel, size and "
+                             "GPU): a repeat is the first sweep run again, on the same GPU(s)")
     dist = repeat_distances(ra, rr)
     single = max(dist, default=0.0)
     out = [f"First: {uri}", f"Second: {other}"]
@@ -250,12 +265,14 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     within = collections.Counter()      # (same GPU, within the spread) -> pairs
     diffs = []
     for (kern, size), x, y in pairs:
-        diff, spread = _us(y) / _us(x) - 1, max(x.data.metrics.get("spread", 0.0), single)
+        batch, diff = x.data.metrics.get("spread"), _us(y) / _us(x) - 1
+        spread = single if batch is None and repeats else None if batch is None else max(batch, single)
+        ok = spread is not None and abs(diff) <= spread
         diffs.append((abs(diff), diff, kern, size))
         gx, gy = x.data.tags.get("gpu_uuid", ""), y.data.tags.get("gpu_uuid", "")
-        within[(gx == gy, abs(diff) <= spread)] += 1
+        within[(gx == gy, ok)] += 1
         out.append(f"| {kern} | {size} | {_us(x):.2f} | {gx[-8:]} | {_us(y):.2f} | {gy[-8:]} | {diff:+.2%} | "
-                   f"{spread:.2%} | {'yes' if abs(diff) <= spread else 'no'} |")
+                   + (f"{spread:.2%} | {'yes' if ok else 'no'} |" if spread is not None else "- | - |"))
     _, worst, wkern, wsize = max(diffs)
     matched = {(kern, size) for (kern, size), _, _ in pairs}
     alone = (f" ({len(firsts.keys() - matched)} only in the first store, "
@@ -271,7 +288,7 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
                    if dist else "."),
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
-    if "sweep_wall_s" in sa and "sweep_wall_s" in sb:
+    if sa.get("sweep_wall_s", 0) > 0 and "sweep_wall_s" in sb:
         out.append(f"Wall time ratio, second / first: {sb['sweep_wall_s'] / sa['sweep_wall_s']:.2f}.")
     return "\n".join(out) + "\n"
 
@@ -320,6 +337,9 @@ def main(argv=None) -> int:
         if out.is_file() and _is_database(out):
             ap.error(f"--out {args.out} is a database (an MLflow store?) and would be overwritten: give "
                      "the Markdown file to write, e.g. results/h200/main_job.md")
+        if out.suffix.lower() != ".md":         # never a store's side file (-journal, .lock) or a script
+            ap.error(f"--out {args.out} is not a Markdown file name: give one that ends in .md, e.g. "
+                     "results/h200/main_job.md")
     table = families_table if args.by_family else results_table
     try:
         uri = resolve_uri(args.uri, create=False)
@@ -349,7 +369,9 @@ def main(argv=None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(text)
         except OSError as exc:
-            print(f"Could not write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            folder = next((p for p in Path(args.out).parents if p.is_file()), None)
+            why = f"{folder} is a file, not a folder" if folder else exc.strerror or exc
+            print(f"Could not write --out {args.out}: {why}", file=sys.stderr)
             return 1
     return 0
 

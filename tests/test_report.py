@@ -139,6 +139,32 @@ def test_repeats_give_the_single_gpu_spread_and_pairs_are_matched_on_their_gpu(t
     assert lines[-3].endswith("; median |difference| 0.19%.")
 
 
+def test_medians_that_are_not_times_and_a_repeat_of_another_sweep_are_refused(tmp_path, capsys):
+    """A median of 0 ended in ZeroDivisionError; one of 0 or -5 in a --repeat made the single-GPU spread
+    100.5 % and every pair "within"; a --repeat sharing no (kernel, size, GPU) with the first store gave
+    a spread of 0.00 % from 0 pairs; a first sweep of 0 s wall ended in ZeroDivisionError."""
+    import pytest
+
+    from experiments.report import against_table, main
+    one = _store(tmp_path / "one.db", {("k32", 512): (10.0, 0.002)}, "GPU-a", 20.0, 9.0, 1)
+    two = _store(tmp_path / "two.db", {("k32", 512): (10.1, 0.002)}, "GPU-a", 11.0, 9.0, 2)
+    for i, bad in enumerate((0.0, -5.0)):
+        weird = _store(tmp_path / f"weird{i}.db", {("k32", 512): (bad, 0.0)}, "GPU-a", 20.0, 9.0, 1)
+        for argv in (["--uri", weird, "--against", two], ["--uri", one, "--against", weird],
+                     ["--uri", one, "--against", two, "--repeat", weird]):
+            with pytest.raises(SystemExit, match=f"Store error: run .* in {weird} \\(k32 512x512x512\\) has "
+                                                 f"median_us={bad}, which is not a time"):
+                main([*argv, "--experiment", "e"])
+    other = _store(tmp_path / "other.db", {("k32", 512): (10.0, 0.002)}, "GPU-b", 20.0, 9.0, 1)
+    with pytest.raises(SystemExit, match=f"--repeat {other} holds none of the runs of {one} \\(the same kernel, "
+                                         "size and GPU\\): a repeat is the first sweep run again"):
+        main(["--uri", one, "--against", two, "--repeat", other, "--experiment", "e"])
+    still = _store(tmp_path / "still.db", {("k32", 512): (10.0, 0.002)}, "GPU-a", 0.0, 0.0, 1)
+    lines = against_table(still, two, "e").splitlines()
+    assert lines[-1] == ("First sweep: 0.0 s wall, GPU time 0.0 s on 1 GPU(s). Second sweep: 11.0 s wall, GPU "
+                         "time 9.0 s on 2 GPU(s).")
+
+
 def test_a_copy_of_the_first_store_is_not_a_second_measurement(tmp_path, capsys):
     """A copy (or hard link) of the first store as --against or --repeat gave +0.00 % everywhere."""
     import os
@@ -174,14 +200,19 @@ def test_out_never_overwrites_a_store_or_names_a_folder(tmp_path, capsys):
     before = (tmp_path / "one.db").read_bytes()
     for out, text in ((tmp_path / "one.db", "is a database (an MLflow store?) and would be overwritten"),
                       (tmp_path, "is not a file name"), ("", "is not a file name"),
-                      (f"{tmp_path}/fresh/", "is not a file name")):
+                      (f"{tmp_path}/fresh/", "is not a file name"),
+                      # a store's side file: the store then read as "not an MLflow store"
+                      (tmp_path / "one.db-journal", "is not a Markdown file name: give one that ends in .md"),
+                      (tmp_path / "one.db.lock", "is not a Markdown file name")):
         with pytest.raises(SystemExit) as exc:
             main(["--uri", one, "--against", two, "--experiment", "e", "--out", str(out)])
         assert exc.value.code == 2 and text in capsys.readouterr().err
     assert (tmp_path / "one.db").read_bytes() == before
     (tmp_path / "notes.md").write_text("a file, not a folder\n")     # a folder that is a file
     assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", f"{tmp_path}/notes.md/x.md"]) == 1
-    assert f"Could not write --out {tmp_path}/notes.md/x.md: File exists" in capsys.readouterr().err
+    assert (f"Could not write --out {tmp_path}/notes.md/x.md: {tmp_path}/notes.md is a file, not a folder"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "one.db-journal").exists()
 
 
 def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
