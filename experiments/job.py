@@ -99,7 +99,11 @@ def run_job(cfg) -> dict:
     except SpecError as exc:
         if not job.multirun:
             raise
-        job.start(f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
+        key = track.run_key("skipped", sorted(job.params.items()))     # the combination, once per store
+        state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
+        if state != "new":
+            console.print(f"{job.label} skipped {job.overrides}: already recorded (run {rid})")
+            return {"done_before": 1}
         job.tr.log(job.rid, tags={"skip_reason": str(exc)})
         job.end("skipped", f"Skipped, not a failure: this combination cannot exist. {exc}")
         console.print(f"{job.label} [yellow]skipped[/] {job.overrides}: {exc}")
