@@ -223,7 +223,12 @@ class Tracker:
             logging.getLogger(name).setLevel(logging.WARNING)
         db = sqlite_path(uri)
         if not create and db is not None and not db.is_file():
-            raise StoreError(f"no store at {db} (tracking URI {uri}); give the URI that run.py printed")
+            hint = "give the URI that run.py printed"
+            with contextlib.suppress(ValueError):      # sqlite:///tmp/x.db is tmp/x.db under this folder
+                absolute = Path("/") / db.relative_to(Path.cwd())
+                if absolute.is_file():
+                    hint = f"an absolute path takes four slashes: sqlite:///{absolute}"
+            raise StoreError(f"no store at {db} (tracking URI {uri}); {hint}")
         made = db is not None and _schema_made(db)
         if not create and db is not None and not made:     # read-only: never set one up
             raise StoreError(f"{db} is not an MLflow store (no MLflow tables in it; tracking URI {uri}); "

@@ -292,6 +292,18 @@ def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_absolute_path_given_with_three_slashes_gets_the_four_slash_uri(tmp_path, monkeypatch):
+    """sqlite:///tmp/x.db is tmp/x.db under the current folder: "no store at /cwd/tmp/x.db" gave no hint."""
+    Tracker(f"sqlite:///{tmp_path}/one.db", "x")
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    relative = str(tmp_path / "one.db").lstrip("/")
+    with pytest.raises(StoreError, match=f"no store at {here}/{relative} .*; an absolute path takes four "
+                                         f"slashes: sqlite:///{tmp_path}/one.db$"):
+        Tracker(resolve_uri(f"sqlite:///{relative}", create=False), "x", create=False)
+
+
 def test_sqlite_spelled_otherwise_is_refused_and_spaces_are_trimmed(tmp_path):
     """sqlite:// and SQLITE:/// were read as folders ("e.g. sqlite:////.../sqlite:.db")."""
     for uri in ("sqlite://", "SQLITE:///x.db", "sqlite:x.db"):
