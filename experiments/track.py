@@ -48,7 +48,7 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     and, with ``create``, its folder is made. ``http(s)://`` and ``databricks`` URIs are kept.
     Raises StoreError for a file store (``file:...`` or a plain folder): MLflow 3 keeps runs in a
     database; the message gives the SQLite URI to use instead. Also for ``sqlite:`` spelled otherwise
-    than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``).
+    than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), and for another scheme (``ftp://``, ``s3://``).
     """
     uri = (uri or os.environ.get("MLFLOW_TRACKING_URI") or "").strip()
     base = Path(base or os.getcwd())
@@ -63,6 +63,10 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
         path = path if path.is_absolute() else (base / path).resolve()
     elif uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
         return uri
+    elif re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", uri) and not uri.startswith("file:"):
+        raise StoreError(f"the tracking URI {uri} has a scheme MLflow cannot track to: give sqlite:///PATH "
+                         "(a file), http://HOST:PORT (a tracking server) or a database server's URI "
+                         "(postgresql://, mysql://)")
     else:
         folder = Path(uri[len("file:"):] if uri.startswith("file:") else uri).expanduser()
         folder = folder if folder.is_absolute() else (base / folder).resolve()

@@ -311,6 +311,9 @@ def test_sqlite_spelled_otherwise_is_refused_and_spaces_are_trimmed(tmp_path):
                                              f"the database file's path, e.g. sqlite:///{tmp_path}/mlflow.db"):
             resolve_uri(uri, base=tmp_path)
     assert resolve_uri(f" sqlite:///{tmp_path}/m.db ") == f"sqlite:///{tmp_path}/m.db"
+    for uri in ("ftp://x/y.db", "s3://bucket/m.db"):     # was "a file store ... e.g. sqlite:////cwd/ftp:/x/y.db"
+        with pytest.raises(StoreError, match=f"the tracking URI {uri} has a scheme MLflow cannot track to"):
+            resolve_uri(uri, base=tmp_path)
 
 
 def test_read_only_open_of_a_missing_experiment_takes_no_lock(tmp_path):
