@@ -58,9 +58,8 @@ def check_modes(argv: list) -> str | None:
     traceback (it takes one of --run, --multirun, --cfg, --info, --shell-completion); None otherwise.
     ``--cfg`` shows the config of one job: the message gives the command without ``-m`` (flags first,
     as Hydra's parser wants them; each sweep, a list, choice(...) or range(...), cut to its first
-    value as Hydra's override parser reads it; one without a first value, e.g. interval(...) or
-    glob(...), left out), and where a preset's
-    sweep is shown (``--cfg hydra``)."""
+    value (:func:`_values`); one without a first value, e.g. interval(...) or glob(...), left out),
+    and where a preset's sweep is shown (``--cfg hydra``)."""
     multirun = any(a in ("-m", "--multirun") for a in argv)
     if not (multirun and any(a in ("-c", "--cfg") or a.startswith("--cfg=") for a in argv)):
         return None
@@ -72,12 +71,10 @@ def check_modes(argv: list) -> str | None:
         if not eq or a.startswith("-"):
             flags.append(a)
             continue
-        override = _parsed(a)
-        if override is not None and override.is_sweep_override():
-            try:            # interval(...), glob(...) (Hydra expands it against the config) and empty: left out
-                a = f"{key}={next(iter(override.sweep_string_iterator()))}"
-            except Exception:  # noqa: BLE001 - StopIteration, HydraException, AssertionError
+        if (override := _parsed(a)) is not None and override.is_sweep_override():
+            if not (values := _values(a)):      # interval(...), glob(...), an empty range: left out
                 continue
+            a = f"{key}={values[0]}"
         overrides.append(a)
     preset = next((a for a in argv if a.startswith("experiment=")), "experiment=NAME")
     return ("--cfg shows one job's config and Hydra does not take it with -m: drop -m to see one job's "
