@@ -259,7 +259,7 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     if repeats:
         out.append(f"Spread: the first run's batch spread, or where larger the single-GPU spread {single:.2%}: "
                    f"the largest distance between a median of the first store and the same kernel, size "
-                   f"and GPU in {', '.join(repeats)} ({len(dist)} pairs).")
+                   f"and GPU in {', '.join(repeats)} ({len(dist)} pair{'' if len(dist) == 1 else 's'}).")
     out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
             "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
     within = collections.Counter()      # (same GPU, within the spread) -> pairs

@@ -48,16 +48,23 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     and, with ``create``, its folder is made. ``http(s)://`` and ``databricks`` URIs are kept.
     Raises StoreError for a file store (``file:...`` or a plain folder): MLflow 3 keeps runs in a
     database; the message gives the SQLite URI to use instead. Also for ``sqlite:`` spelled otherwise
-    than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), and for another scheme (``ftp://``, ``s3://``).
+    than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), for another scheme (``ftp://``, ``s3://``),
+    for an empty ``uri`` (None is the default) and for a path that cannot hold a store.
     """
+    if uri is not None and not uri.strip():
+        raise StoreError("the tracking URI is empty: give one (sqlite:///PATH, http://HOST:PORT), or leave "
+                         "it out for the default store (tracking.uri=null; $MLFLOW_TRACKING_URI, else "
+                         "outputs/mlflow.db)")
     uri = (uri or os.environ.get("MLFLOW_TRACKING_URI") or "").strip()
     base = Path(base or os.getcwd())
     if not uri:
         path = PROJECT_ROOT / "outputs" / "mlflow.db"
     elif uri.lower().startswith("sqlite:") and not uri.startswith("sqlite:///"):
+        rest = uri[len("sqlite:"):]
+        given = rest[3:] if rest.startswith("///") else rest[2:] if rest.startswith("//") else rest
+        example = base / (given or "mlflow.db")         # sqlite:/abs/x.db keeps its absolute path
         raise StoreError(f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and the database "
-                         f"file's path, e.g. sqlite:///{base / 'mlflow.db'} (four slashes for an absolute "
-                         "path)")
+                         f"file's path, e.g. sqlite:///{example} (four slashes for an absolute path)")
     elif uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
         path = path if path.is_absolute() else (base / path).resolve()
@@ -80,7 +87,10 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
             f"file instead, e.g. sqlite:///{folder.with_name(folder.name + '.db')}, or a tracking server "
             "(http://host:port).")
     if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(f"the tracking URI {uri}: {_store_problem(path)}") from None
     return f"sqlite:///{path}"
 
 
@@ -142,6 +152,28 @@ def _schema_made(db: Path) -> bool:
             return con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
     except sqlite3.Error:
         return False
+
+
+def _store_problem(db: Path) -> str | None:
+    """Why the SQLite path ``db`` cannot be a store, or None: a folder (MLflow retried it for minutes),
+    a file among its folders, a file that is not a SQLite database, or a database of another
+    application's tables (MLflow would add its own to it). A half-made store has MLflow's tables."""
+    import sqlite3
+    if db.is_dir():
+        return f"{db} is a folder, not a database file: give the file, e.g. sqlite:///{db / 'mlflow.db'}"
+    if (file := next((p for p in db.parents if p.exists() and not p.is_dir()), None)) is not None:
+        return f"{file} is a file, not a folder"
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return f"{db} is not a SQLite database"
+    if tables and not tables & {"alembic_version", "experiments", "runs"}:
+        return (f"{db} holds {len(tables)} table(s) of another application and none of MLflow's; give a new "
+                "file for the store")
+    return None
 
 
 def flatten(cfg, prefix: str = "") -> dict:
@@ -226,6 +258,8 @@ class Tracker:
         for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # a new store's set-up notes
             logging.getLogger(name).setLevel(logging.WARNING)
         db = sqlite_path(uri)
+        if db is not None and (why := _store_problem(db)) is not None:
+            raise StoreError(f"{why} (tracking URI {uri})")
         if not create and db is not None and not db.is_file():
             hint = "give the URI that run.py printed"
             with contextlib.suppress(ValueError):      # sqlite:///tmp/x.db is tmp/x.db under this folder

@@ -243,8 +243,9 @@ def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
     assert (f"No run in {one} has a match in {two} (the same kernel at the same size, verified on a GPU): "
             "they hold 1 and 1 verified GPU run(s).") in capsys.readouterr().err
     assert not (tmp_path / "x.md").exists()
-    for name, content in (("empty.db", b""), ("text.db", b"hello\n")):
+    for name, content, why in (("empty.db", b"", "is not an MLflow store"),
+                               ("text.db", b"hello\n", "is not a SQLite database")):
         (tmp_path / name).write_bytes(content)
-        with pytest.raises(SystemExit, match="is not an MLflow store"):
+        with pytest.raises(SystemExit, match=why):
             main(["--uri", f"sqlite:///{tmp_path / name}"])
         assert (tmp_path / name).read_bytes() == content

@@ -304,12 +304,42 @@ def test_an_absolute_path_given_with_three_slashes_gets_the_four_slash_uri(tmp_p
         Tracker(resolve_uri(f"sqlite:///{relative}", create=False), "x", create=False)
 
 
+def test_a_path_that_cannot_hold_a_store_is_refused_at_once(tmp_path):
+    """A folder as the store made MLflow retry for about 100 s; a file among its folders ended in
+    FileExistsError; a file that is not SQLite in a SQLAlchemy traceback; and another application's
+    SQLite file got MLflow's tables added to it."""
+    import sqlite3
+    import time
+    (tmp_path / "dir.db").mkdir()
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "text.db").write_text("not a database\n")
+    with sqlite3.connect(tmp_path / "other.db") as con:
+        con.execute("CREATE TABLE notes (x)")
+    t0 = time.time()
+    for name, why in (("dir.db", f"{tmp_path}/dir.db is a folder, not a database file: give the file, e.g. "
+                                 f"sqlite:///{tmp_path}/dir.db/mlflow.db"),
+                      ("text.db", f"{tmp_path}/text.db is not a SQLite database"),
+                      ("other.db", f"{tmp_path}/other.db holds 1 table\\(s\\) of another application and none "
+                                   "of MLflow's")):
+        for create in (True, False):
+            with pytest.raises(StoreError, match=why):
+                Tracker(f"sqlite:///{tmp_path}/{name}", "x", create=create)
+    with pytest.raises(StoreError, match=f"{tmp_path}/afile is a file, not a folder"):
+        resolve_uri(f"sqlite:///{tmp_path}/afile/x.db")
+    assert time.time() - t0 < 10
+    with sqlite3.connect(tmp_path / "other.db") as con:
+        assert con.execute("SELECT count(*) FROM sqlite_master").fetchone() == (1,)
+
+
 def test_sqlite_spelled_otherwise_is_refused_and_spaces_are_trimmed(tmp_path):
     """sqlite:// and SQLITE:/// were read as folders ("e.g. sqlite:////.../sqlite:.db")."""
-    for uri in ("sqlite://", "SQLITE:///x.db", "sqlite:x.db"):
+    for uri, path in (("sqlite://", f"{tmp_path}/mlflow.db"), ("SQLITE:///x.db", f"{tmp_path}/x.db"),
+                      ("sqlite:x.db", f"{tmp_path}/x.db"), ("sqlite:/abs/one.db", "/abs/one.db")):
         with pytest.raises(StoreError, match=f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and "
-                                             f"the database file's path, e.g. sqlite:///{tmp_path}/mlflow.db"):
+                                             f"the database file's path, e.g. sqlite:///{path} "):
             resolve_uri(uri, base=tmp_path)
+    with pytest.raises(StoreError, match="the tracking URI is empty: give one"):   # was the default store
+        resolve_uri(" ", base=tmp_path)
     assert resolve_uri(f" sqlite:///{tmp_path}/m.db ") == f"sqlite:///{tmp_path}/m.db"
     for uri in ("ftp://x/y.db", "s3://bucket/m.db"):     # was "a file store ... e.g. sqlite:////cwd/ftp:/x/y.db"
         with pytest.raises(StoreError, match=f"the tracking URI {uri} has a scheme MLflow cannot track to"):
