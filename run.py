@@ -143,6 +143,13 @@ def check_override_keys(argv: list) -> str | None:
                 return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"
         if kind is bool and values is not None and (bad := _outside(values, ("true", "false"))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: true, false"
+        if typing.get_origin(kind) is list and values is not None \
+                and (bad := next((v for v in values if not v.strip().startswith("[")), None)) is not None:
+            from omegaconf import OmegaConf
+            default = OmegaConf.to_container(OmegaConf.select(OmegaConf.structured(Config), key))
+            example = (f"the default {key}={str(default).replace(' ', '')}" if default
+                       else f"{key}=[[4096,4096,1024]]")
+            return f"{key}={bad} is not a list ({arg!r}); give one in brackets, e.g. {example}"
         members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
         if members and values is not None and (bad := _outside(values, tuple(members))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
@@ -274,7 +281,7 @@ if __name__ == "__main__":
     from experiments.sweep import release_job_processes
     from experiments.track import abort_open_runs, close_runs_of_ended_processes
     signal.signal(signal.SIGTERM, _terminate)
-    if problem := check_modes(sys.argv[1:]) or check_override_keys(sys.argv[1:]):
+    if problem := check_override_keys(sys.argv[1:]) or check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)
     try:

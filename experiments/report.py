@@ -158,8 +158,9 @@ def _timed(runs: dict, uri: str) -> dict:
     naming the first run whose median_us is not a finite number > 0 (a differences' divisor)."""
     for (kern, size, _), run in runs.items():
         if not (math.isfinite(_us(run)) and _us(run) > 0):
-            raise StoreError(f"run {run.info.run_id} in {uri} ({kern} {size}) has median_us={_us(run)}, which "
-                             "is not a time: it cannot be compared (delete the run, or measure it again)")
+            raise StoreError(f"run {run.info.run_id} in {uri} ({kern} {size}) has median_us={_us(run)}, "
+                             "which is not a time: it cannot be compared (delete the run, or measure it "
+                             "again)")
     return runs
 
 
@@ -245,11 +246,12 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
         firsts[(kern, size)][gpu] = run
     pairs = [((kern, size), fs.get(gpu) or next(iter(fs.values())), y)
              for (kern, size, gpu), y in rb.items() if (fs := firsts.get((kern, size)))]
-    pairs.sort(key=lambda p: (p[0][0], [int(d) for d in p[0][1].split("x")], p[2].data.tags.get("gpu_uuid", "")))
+    pairs.sort(key=lambda p: (p[0][0], [int(d) for d in p[0][1].split("x")],
+                              p[2].data.tags.get("gpu_uuid", "")))
     if not pairs:
         return (f"{NOTHING_MEASURED}{uri} has a match in {other} (the same kernel at the same size, verified "
                 f"on a GPU): they hold {len(ra)} and {len(rb)} verified GPU run(s).\n")
-    for rep, runs in zip(repeats, rr):
+    for rep, runs in zip(repeats, rr, strict=True):
         if not runs.keys() & ra.keys():
             raise StoreError(f"--repeat {rep} holds none of the runs of {uri} (the same kernel, size and "
                              "GPU): a repeat is the first sweep run again, on the same GPU(s)")
@@ -257,9 +259,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     single = max(dist, default=0.0)
     out = [f"First: {uri}", f"Second: {other}"]
     if repeats:
-        out.append(f"Spread: the first run's batch spread, or where larger the single-GPU spread {single:.2%}: "
-                   f"the largest distance between a median of the first store and the same kernel, size "
-                   f"and GPU in {', '.join(repeats)} ({len(dist)} pair{'' if len(dist) == 1 else 's'}).")
+        out.append(f"Spread: the first run's batch spread, or where larger the single-GPU spread "
+                   f"{single:.2%}: the largest distance between a median of the first store and the same "
+                   f"kernel, size and GPU in {', '.join(repeats)} "
+                   f"({len(dist)} pair{'' if len(dist) == 1 else 's'}).")
     out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
             "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
     within = collections.Counter()      # (same GPU, within the spread) -> pairs
@@ -284,8 +287,8 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
                 f"within the spread ({split}); the largest difference {worst:+.2%} ({wkern} {wsize}); "
                 f"median |difference| {typical:.2%}"
                 + (f", the repeats' median distance from the first {statistics.median(dist):.2%} (one-sided "
-                   f"Mann-Whitney U, differences larger than those distances: p = {_larger_p(diffs, dist):.2f})."
-                   if dist else "."),
+                   "Mann-Whitney U, differences larger than those distances: "
+                   f"p = {_larger_p(diffs, dist):.2f})." if dist else "."),
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
     if sa.get("sweep_wall_s", 0) > 0 and "sweep_wall_s" in sb:
@@ -351,7 +354,8 @@ def main(argv=None) -> int:
             repeats = []
             for given in args.repeat or ():
                 rep = resolve_uri(given, create=False) if given.strip() else ""
-                if rep in ("", uri, other, *repeats) or any(_same_file(rep, u) for u in (uri, other, *repeats)):
+                earlier = (uri, other, *repeats)
+                if rep in ("", *earlier) or any(_same_file(rep, u) for u in earlier):
                     ap.error("--repeat needs a store of its own, apart from --uri, --against and any other "
                              "--repeat: the first sweep run once more")
                 repeats.append(rep)

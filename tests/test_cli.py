@@ -317,7 +317,15 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (["-m", "timing.batches=choice(3,x)"], "timing.batches=x is not an integer ('timing.batches=choice(3,x)')"),
     (["precision="], "precision= is not valid ('precision='); valid: fp16, bf16, int8, int4, fp8_e4m3, "
                      "fp8_e5m2, copy"),
-    (["-m", "precision=glob(int*)", "verify.rtol='1e-3'", "problem.sizes='512,1024'"], None),
+    (["-m", "precision=glob(int*)", "verify.rtol='1e-3'"], None),
+    # a scalar for a list key ended in Hydra's five-line merge error, exit 1
+    (["tile.block=128"], "tile.block=128 is not a list ('tile.block=128'); give one in brackets, e.g. "
+                         "the default tile.block=[256,128]"),
+    (["-m", "tile.block=[64,64],128"], "tile.block=128 is not a list ('tile.block=[64,64],128'); give one in "
+                                       "brackets, e.g. the default tile.block=[256,128]"),
+    (["problem.shapes=1"], "problem.shapes=1 is not a list ('problem.shapes=1'); give one in brackets, e.g. "
+                           "problem.shapes=[[4096,4096,1024]]"),
+    (["-m", "tile.block=[64,64],[128,128]", "problem.sizes=[512]", "problem.shapes=[[512,512,1024]]"], None),
     # an enum key's value (with --help it ended in Hydra's composition traceback)
     (["--help", "precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, "
                                    "int4, fp8_e4m3, fp8_e5m2, copy"),
