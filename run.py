@@ -195,22 +195,15 @@ def _setting_problem(key: str, arg: str) -> str | None:
     (in a sweep each job would otherwise be a skipped run). Values that are no number are left to the
     type check and to Hydra."""
     from experiments.kernel import SETTING_KEYS, setting_problem
-    override = _parsed(arg) if key in SETTING_KEYS else None
-    if override is None:
-        return None
-    try:
-        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-    except Exception:  # noqa: BLE001 - Hydra reports what it cannot iterate (interval(...), glob(...))
-        return None
-    for v in values:
-        if isinstance(v, str):
-            if "${" in v:
-                continue                  # an interpolation: checked once the config is composed
-            try:
-                v = int(v.strip()) if v.strip().lstrip("-").isdigit() else float(v.strip())
-            except ValueError:
-                continue                  # not a number: the type check (or Hydra) says so
-        if problem := setting_problem(key, v):
+    # an interpolation is checked once the config is composed (experiments.kernel.check_settings)
+    for v in (_values(arg) or ()) if key in SETTING_KEYS and "${" not in arg else ():
+        text = v.strip().strip("'\"").strip()
+        try:
+            number = (None if text == "null" else text.lower() == "true" if text.lower() in ("true", "false")
+                      else int(text) if text.lstrip("+-").isdigit() else float(text))
+        except ValueError:
+            continue                      # not a number: the type check (or Hydra) says so
+        if problem := setting_problem(key, number):
             return problem
     return None
 

@@ -52,10 +52,7 @@ class _Job:
         self.overrides = " ".join(o for o in (hc.overrides.task if hc else [])
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
-        try:
-            data = resolved(cfg)
-        except SpecError as exc:        # no run can be recorded without its params: stop here
-            raise SystemExit(f"Invalid configuration: {exc}") from None
+        data = resolved(cfg)
         self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment)
         self.params = {**record.params_of(track.flatten(data), {}), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress

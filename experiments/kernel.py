@@ -135,8 +135,9 @@ def setting_problem(key: str, v) -> str | None:
 
 def resolved(cfg) -> dict:
     """The config as plain data (enums as their names), its interpolations resolved, Hydra's own node
-    aside. Raises SpecError, naming the key, when an interpolation cannot be resolved or its value does
-    not fit the key (``verify.seed=${verify.rtol}``)."""
+    aside. Raises SystemExit ("Invalid configuration: KEY: ...") when an interpolation cannot be
+    resolved or its value does not fit the key (``verify.seed=${verify.rtol}``): no run can be
+    recorded without its params, so the run or sweep stops before anything is tracked."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
     try:
@@ -144,7 +145,8 @@ def resolved(cfg) -> dict:
                                       resolve=True, enum_to_str=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
-        raise SpecError(f"{key + ': ' if key else ''}{str(exc).splitlines()[0]}") from None
+        raise SystemExit(f"Invalid configuration: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") \
+            from None
 
 
 def check_settings(cfg) -> None:

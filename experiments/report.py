@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import math
 import os
 import statistics
@@ -235,11 +236,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     named = [(uri, _timed(_verified(a), uri)), (other, _timed(_verified(b), other))]
     named += [(rep, _timed(_verified(Tracker(rep, experiment, create=False)), rep)) for rep in repeats]
     ids = [(name, {r.info.run_id for r in runs.values()}) for name, runs in named]
-    for i, (first, fids) in enumerate(ids):
-        for second, sids in ids[i + 1:]:
-            if fids & sids:
-                raise StoreError(f"{second} holds the same runs as {first} (a copy of that store?): the "
-                                 "comparison needs the sweep measured again, into another store")
+    for (first, fids), (second, sids) in itertools.combinations(ids, 2):
+        if fids & sids:
+            raise StoreError(f"{second} holds the same runs as {first} (a copy of that store?): the "
+                             "comparison needs the sweep measured again, into another store")
     ra, rb, rr = named[0][1], named[1][1], [runs for _, runs in named[2:]]
     firsts = collections.defaultdict(dict)             # (kernel, size) -> {GPU: run}
     for (kern, size, gpu), run in ra.items():
@@ -269,7 +269,7 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     diffs = []
     for (kern, size), x, y in pairs:
         batch, diff = x.data.metrics.get("spread"), _us(y) / _us(x) - 1
-        spread = single if batch is None and repeats else None if batch is None else max(batch, single)
+        spread = None if batch is None and not repeats else max(batch or 0.0, single)
         ok = spread is not None and abs(diff) <= spread
         diffs.append((abs(diff), diff, kern, size))
         gx, gy = x.data.tags.get("gpu_uuid", ""), y.data.tags.get("gpu_uuid", "")

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
 from .kernel import resolved
-from .spec import SpecError, value
+from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
 __all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
@@ -208,10 +208,7 @@ class SweepCallback(Callback):
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
-        try:
-            resolved(config)
-        except SpecError as exc:
-            raise SystemExit(f"Invalid configuration: {exc}") from None
+        resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
             raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "

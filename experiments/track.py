@@ -141,6 +141,12 @@ def _uninterrupted():
                 os.kill(os.getpid(), caught[0])
 
 
+def _read_only(db: Path):
+    """A read-only sqlite3 connection to ``db`` (closed by ``with``); raises sqlite3.Error."""
+    import sqlite3
+    return contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30))
+
+
 def _schema_made(db: Path) -> bool:
     """Whether the SQLite store ``db`` has MLflow's schema (an ``alembic_version`` row): then clients
     may open it without the store lock, in parallel; a new or half-made store is opened under it."""
@@ -148,7 +154,7 @@ def _schema_made(db: Path) -> bool:
     if not db.is_file():
         return False
     try:
-        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)) as con:
+        with _read_only(db) as con:
             return con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
     except sqlite3.Error:
         return False
@@ -166,7 +172,7 @@ def _store_problem(db: Path) -> str | None:
     if not db.is_file() or db.stat().st_size == 0:
         return None
     try:
-        with contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30)) as con:
+        with _read_only(db) as con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error:
         return f"{db} is not a SQLite database"
