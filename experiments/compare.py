@@ -14,7 +14,8 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   sweep (parent run) when the sweep measured one, else the latest in the store; of its shapes, the one
   the run itself issues (param ``spec.mma``) when measured, else the highest (the precision's
   ceiling). A peak run that arrives later updates the GEMM runs of its own sweep that divide by its
-  generation.
+  generation. Peak runs fed from shared memory (param ``spec.feed=ldmatrix``) are the ceiling of a
+  main loop, not of the instruction: they divide nothing.
 Runs tracked before the family param existed count as mma_sync.
 """
 from __future__ import annotations
@@ -86,7 +87,8 @@ def peak_of(tr, run, instruction: str | None = None):
     want = instruction or peak_instruction(run)
     where = (f"params.family = 'peak' and tags.gpu = {_q(t.get('gpu', ''))} and "
              f"tags.driver = {_q(t.get('driver', ''))} and params.precision = {_q(p.get('precision'))}")
-    peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0 and instruction_of_peak(r) == want]
+    peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0 and instruction_of_peak(r) == want
+             and r.data.params.get("spec.feed", "registers") == "registers"]
     parent = t.get("mlflow.parentRunId")
     same = [r for r in peaks if parent and r.data.tags.get("mlflow.parentRunId") == parent]
     peaks = same or peaks
@@ -127,6 +129,8 @@ def relate(tr, rid: str) -> dict:
                  f"and tags.driver = {_q(run.data.tags.get('driver', ''))} and "
                  f"params.precision = {_q(run.data.params.get('precision'))}")
         measured = instruction_of_peak(run)
+        if run.data.params.get("spec.feed", "registers") != "registers":
+            return logged               # a main loop's ceiling (feed=ldmatrix) divides nothing
         for r in verified_runs(tr, where):
             if family_of(r) != PEAK and peak_instruction(r) == measured and (got := _log_peak(tr, r)):
                 logged[r.info.run_id] = got

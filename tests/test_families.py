@@ -21,8 +21,8 @@ import pytest
 from experiments import families
 from experiments.assemble import parse_ptxas_report
 from experiments.families.base import FamilySpec
-from experiments.families.peak import (INSTRUCTIONS, WGMMA_WORK, expected_accumulators, expected_wgmma,
-                                       operand_words, wgmma_smem_bytes)
+from experiments.families.peak import (INSTRUCTIONS, WGMMA_WORK, expected_accumulators, expected_fed,
+                                       expected_wgmma, operand_words, wgmma_smem_bytes)
 from experiments.families.wgmma import TYPES as WGMMA_TYPES
 from experiments.families.wmma import f16_accumulation_rtol
 from experiments.spec import SpecError
@@ -31,6 +31,7 @@ ARCHS = ("sm_80", "sm_89", "sm_90")
 COUNTS = {"wmma": 20, "dp4a": 2, "cublas": 3}      # per arch; mma.sync peak: 12, 10 without fp8 (sm_80:
 NO_FP8_PEAK = ("sm_80", "sm_90")                    # no fp8 mma.sync; sm_90: emulated, folded into FADDs)
 WGMMA_PEAKS = {"sm_90": 5}                          # instruction=wgmma: one per wgmma type, built for sm_90a
+FED_PEAKS = {"sm_80": 4, "sm_89": 6, "sm_90": 3}    # feed=ldmatrix: one per native mma.sync type
 
 
 def _spec(family, precision, arch="sm_90", **opts):
@@ -63,14 +64,15 @@ def test_space_sizes_and_unique_entries(arch):
     for name in (n for n in families.names() if n != "wgmma"):    # sm_90a only: tests/test_wgmma.py
         specs = list(families.get(name).space(arch))
         wg = WGMMA_PEAKS.get(arch, 0) if name == "peak" else 0
-        want = COUNTS.get(name, (10 if arch in NO_FP8_PEAK else 12) + wg)
+        want = COUNTS.get(name, (10 if arch in NO_FP8_PEAK else 12) + wg + FED_PEAKS[arch])
         assert len(specs) == want, name
         # a wgmma peak asked for sm_90 is built for sm_90a, as family=wgmma is
         assert all(s.family == name and s.arch == ("sm_90a" if s.p.get("instruction") == "wgmma" else arch)
                    for s in specs)
         assert sum(s.p.get("instruction") == "wgmma" for s in specs) == wg
         entries += [s.entry for s in specs]
-    assert len(entries) == len(set(entries)) == 35 + 2 * (arch not in NO_FP8_PEAK) + WGMMA_PEAKS.get(arch, 0)
+    assert len(entries) == len(set(entries)) == 35 + 2 * (arch not in NO_FP8_PEAK) + WGMMA_PEAKS.get(arch, 0) \
+        + FED_PEAKS[arch]
     assert all(re.fullmatch(r"[A-Za-z_][0-9A-Za-z_]*", e) for e in entries)
 
 
@@ -86,7 +88,11 @@ def test_every_spec_validates_again_from_its_own_values(name, arch):
 def test_space_contents():
     wmma = {(s.precision, s.p["acc"]) for s in families.get("wmma").space("sm_90")}
     assert wmma == {("fp16", "f32"), ("fp16", "f16"), ("bf16", "f32"), ("int8", "s32"), ("int4", "s32")}
-    peak = [(s.precision, s.p.get("mma", s.p.get("copy"))) for s in families.get("peak").space("sm_89")]
+    space = list(families.get("peak").space("sm_89"))
+    fed = [(s.precision, s.p["mma"]) for s in space if s.p.get("feed")]
+    assert fed == [("fp16", "m16n8k16"), ("bf16", "m16n8k16"), ("int8", "m16n8k32"), ("int4", "m16n8k64"),
+                   ("fp8_e4m3", "m16n8k32"), ("fp8_e5m2", "m16n8k32")]
+    peak = [(s.precision, s.p.get("mma", s.p.get("copy"))) for s in space if not s.p.get("feed")]
     assert peak == [("fp16", "m16n8k16"), ("fp16", "m16n8k8"), ("bf16", "m16n8k16"), ("bf16", "m16n8k8"),
                     ("int8", "m16n8k32"), ("int8", "m16n8k16"), ("int4", "m16n8k64"), ("int4", "m16n8k32"),
                     ("fp8_e4m3", "m16n8k32"), ("fp8_e5m2", "m16n8k32"), ("copy", "kernel"), ("copy", "memcpy")]
@@ -116,6 +122,13 @@ def test_defaults_resolve():
     peak = families.get("peak")
     assert peak.threads(wg) == 256 and peak.dyn_smem(wg) == wgmma_smem_bytes(wg) == 1024 + (128 + 256) * 128
     assert peak.dyn_smem(_spec("peak", "fp16")) == 0 and INSTRUCTIONS == ("mma_sync", "wgmma")
+    # feed=registers (the default) adds nothing either; feed=ldmatrix: the largest K, its own work size
+    assert _spec("peak", "int8", feed="registers") == _spec("peak", "int8")
+    fed = _spec("peak", "int8", feed="ldmatrix")
+    assert fed.p == {"mma": "m16n8k32", "feed": "ldmatrix", "iters": 32, "units": 2 ** 17}
+    assert fed.entry == "peak_int8_feedldmatrix_iters32_mmam16n8k32_units131072"
+    assert peak.threads(fed) == 256 and peak.dyn_smem(fed) == 0
+    assert peak.flops(fed) == 2 ** 17 * 32 * 32 * 2 * 16 * 8 * 32
     assert _spec("cublas", "bf16").entry == "cublas_bf16"
 
 
@@ -162,6 +175,15 @@ def test_family_spec_entry_is_derived_and_flat():
     (lambda: _spec("peak", "fp16", instruction="wgmma", copy="kernel"), "copy=kernel applies to precision=copy"),
     (lambda: _spec("peak", "fp16", instruction="tcgen05"), "instruction='tcgen05' is not valid; "
                                                            "valid: mma_sync, wgmma"),
+    (lambda: _spec("peak", "fp16", mma="m16n8k8", feed="ldmatrix"),
+     "family=peak precision=fp16 sm_90: feed=ldmatrix uses the shape of the largest K, as the mma_sync GEMMs do: "
+     "mma=m16n8k16 (or auto), not m16n8k8"),
+    (lambda: _spec("peak", "int4", feed="ldmatrix"), "sm_90 emulates s4 mma.sync with integer code"),
+    (lambda: _spec("peak", "fp16", instruction="wgmma", feed="ldmatrix"),
+     "family=peak feed=ldmatrix applies to instruction=mma_sync only (wgmma reads shared memory itself, copy "
+     "has no operands); valid here: registers"),
+    (lambda: _spec("peak", "copy", feed="ldmatrix"), "feed=ldmatrix applies to instruction=mma_sync only"),
+    (lambda: _spec("peak", "fp16", feed="lds"), "family=peak feed='lds' is not valid; valid: registers, ldmatrix"),
 ])
 def test_validation_messages(call, message):
     with pytest.raises(SpecError) as err:
@@ -268,6 +290,19 @@ def test_peak_expected_accumulators_exact():
     assert i8.dtype == np.int32 and i8[0, 0] == (2 ** 20 // 5 + 1) * 16 * 32 and i8[32 * 4, 8] == 2 ** 20 // 5 * 512 + 2
 
 
+def test_fed_peak_expected_accumulators_exact():
+    """feed=ldmatrix: 2^17 units of 32 K steps over 1056 warps (132 SMs x 8): 124 units each, the first
+    128 one more; tile i (4 registers) starts at i; every K step adds 1.0 (fp16) or 32 (int8) to each."""
+    assert 2 ** 17 == 1056 * 124 + 128
+    out = expected_fed(_spec("peak", "fp16", feed="ldmatrix"), 1056)
+    assert out.shape == (1056 * 32, 128) and out.dtype == np.float32
+    assert out[0, 0] == 125 * 32 and out[31, 127] == 125 * 32 + 31 and out[0, 4] == 125 * 32 + 1
+    assert out[127 * 32, 8] == 125 * 32 + 2 and out[128 * 32, 8] == 124 * 32 + 2 and out[-1, 0] == 124 * 32
+    assert (out[::32, 0] // 32).sum() == 2 ** 17
+    i8 = expected_fed(_spec("peak", "int8", feed="ldmatrix"), 1056)
+    assert i8.dtype == np.int32 and i8[0, 0] == 125 * 32 * 32 and i8[-1, 127] == 124 * 32 * 32 + 31
+
+
 def test_wgmma_peak_expected_accumulators_exact():
     """2^16 units of 32 wgmma over 264 warpgroups (132 SMs x 2): 248 units each, the first 64 one more;
     register i starts at i; every wgmma adds 1.0 (floats) or 32 (int8); fp8 restarts every unit."""
@@ -356,7 +391,7 @@ def test_peak_ptx_assembles(tmp_path, need_ptxas):
             path = tmp_path / f"{b.entry}_{arch}.ptx"
             path.write_text(b.source)
             jobs.append((arch, b, path))
-    assert len(jobs) == 9 + 11 + 9       # sm_80, sm_89, sm_90 (see NO_FP8_PEAK)
+    assert len(jobs) == 9 + 11 + 9 + sum(FED_PEAKS.values())      # sm_80, sm_89, sm_90 (see NO_FP8_PEAK)
 
     def assemble(job):
         arch, b, path = job
@@ -366,6 +401,14 @@ def test_peak_ptx_assembles(tmp_path, need_ptxas):
         for (arch, b, _), r in pool.map(assemble, jobs):
             assert r.returncode == 0, f"{b.entry} {arch}:\n{r.stderr[-2000:]}"
             rep = parse_ptxas_report(r.stderr, b.entry)
+            if "feedldmatrix" in b.entry:
+                # one block of 8 warps per SM, 4 KB of shared memory each; 128 accumulators and two sets of
+                # 24 fragment registers per thread, as the GEMM's 64 x 64 warp tile
+                assert rep["spill_stores"] == 0 and rep["static_smem"] == 8 * 4096
+                assert 192 <= rep["registers"] <= 255, (b.entry, arch, rep)
+                assert len(re.findall(r"^ +mma\.sync\.aligned", b.source, re.M)) == 2 * 32
+                assert len(re.findall(r"^ +ldmatrix\.sync\.aligned\.m8n8\.x4", b.source, re.M)) == 3 * 8
+                continue
             assert rep["spill_stores"] == 0 and rep["static_smem"] == 0
             # 4 blocks of 256 threads per SM fit the 64 Ki registers: at most 64 per thread
             assert rep["registers"] <= 64, (b.entry, arch, rep)

@@ -140,6 +140,26 @@ def _peak_rate(spec):
     return fam.rate(spec, 0, 0, 0, t["median_us"]), t, prep.note
 
 
+def test_fed_peak_is_below_the_register_only_peak():
+    """feed=ldmatrix (mma.sync fed from shared memory at the GEMM's 64 x 64 warp tile) verifies exactly
+    and is no faster than the register-only loop of its precision, timed in the same test, beyond their
+    spreads: the shared-memory path can only cost. The ratio is the ceiling of an mma_sync GEMM with
+    that warp tile, as a share of the peak. Rates are compared per SM clock (NVML's mean during the
+    batches) and against the faster of two register-only timings, one before and one after: in the
+    whole GPU suite the register-only fp16 loop once timed 567.6 TFLOP/s against 643.4 alone."""
+    print(f"\nldmatrix-fed against register-only mma.sync on {_arch()}:")
+    for precision in ("fp16", "bf16", "int8"):
+        reg_spec = families.get("peak").spec(precision, {}, _arch())
+        first = _peak_rate(reg_spec)
+        fed, t_fed, note = _peak_rate(families.get("peak").spec(precision, {"feed": "ldmatrix"}, _arch()))
+        reg, t_reg, _ = max(first, _peak_rate(reg_spec), key=lambda r: r[0] / r[1].get("sm_clock_mhz_mean", 1))
+        per = lambda rate, t: rate / t.get("sm_clock_mhz_mean", 1)   # noqa: E731 - per MHz where NVML reads it
+        print(f"  {precision:<5} register-only {reg:8.1f}  ldmatrix-fed {fed:8.1f}  ratio {fed / reg:.3f}  "
+              f"per clock {per(fed, t_fed) / per(reg, t_reg):.3f}  ({note})")
+        assert 0.3 * reg < fed, (precision, fed, reg)
+        assert per(fed, t_fed) <= per(reg, t_reg) * (1 + t_reg["spread"] + t_fed["spread"]), (precision, fed, reg)
+
+
 def test_wgmma_peaks_verify_and_beat_mma_sync():
     """Every wgmma peak verifies exactly (every accumulator of every thread) and runs faster than the
     mma.sync peak of its precision timed in the same test; fp8 has no mma.sync peak on sm_90 (no

@@ -97,12 +97,13 @@ def test_set_full_row_into_canonical_metrics():
     assert got["ncu.inst_executed"] == 154632192.0 and got["ncu.ipc"] == 1.48
     assert got["ncu.occupancy_limit_registers"] == 8.0 and got["ncu.occupancy_limit_warps"] == 8.0
     assert got["ncu.smem_wavefronts"] == 65536.0 and got["ncu.smem_bank_conflicts"] == 0.0
+    assert got["ncu.smem_pipe_pct"] == 0.06
     assert got["ncu.stall_long_scoreboard"] == 13.92 and got["ncu.stall_lg_throttle"] == 14.37
     assert got["ncu.warp_cycles_per_issued_inst"] == 39.63
     # what the run did not request is missing, never 0
     assert missing == {k: f"{TABLE.metrics[k[4:]].ncu_name('sm_90')}: not returned" for k in (
         "ncu.dram_bytes", "ncu.global_load_sectors_per_request", "ncu.global_store_sectors_per_request",
-        "ncu.tensor_pipe_active_pct", "ncu.tensor_hmma_active_pct")}
+        "ncu.tensor_pipe_active_pct", "ncu.tensor_hmma_active_pct", "ncu.l2_throughput_pct")}
     assert not set(missing) & set(got)
     assert len(got) + len(missing) == len(DEFAULT.metrics)
 
@@ -127,7 +128,7 @@ def test_details_page():
     got, _ = ncu.canonical(la, DEFAULT.metrics, "sm_90")
     assert got == {"ncu.duration_us": 81.248, "ncu.elapsed_cycles": 160788.0, "ncu.dram_clock_hz": 3198109491.93,
                    "ncu.sm_throughput_pct": 27.87, "ncu.memory_throughput_pct": 29.65,
-                   "ncu.dram_throughput_pct": 29.65}
+                   "ncu.dram_throughput_pct": 29.65, "ncu.l2_throughput_pct": 40.53}
 
 
 @pytest.mark.skipif(not (SHARED / "h200").is_dir(), reason="shared/reference/h200 not present")

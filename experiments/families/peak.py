@@ -12,6 +12,16 @@ units w, w + W, ...), so :meth:`PeakFamily.flops` does not depend on the GPU's S
 chosen so one launch lasts about 1 ms on an H200. A holds 1 and B 1/K (floats) or 1 (integers), so
 every mma adds exactly 1 (floats) or K (integers) to each accumulator and the host knows each result.
 
+``feed=ldmatrix`` (mma.sync, the shape of the largest K): the same instruction fed from shared memory the
+way the mma_sync GEMM family's main loop feeds it at its 64 x 64 warp tile: per K step a warp issues 8
+``ldmatrix.x4`` (PTX ISA 9.7.9.26; 4 for A, 4 for B) and 32 mma.sync, fragments double-buffered in
+registers, 8 warps per block and one block per SM (the GEMM's 128 x 256 tile holds 8 such warps), no
+global memory and no barrier in the loop. It is the ceiling of that main loop: what a GEMM of this
+family can reach at most with 64 x 64 warp tiles, below the register-only peak by what the
+shared-memory path costs. Shared memory holds one value for A's elements and another for B's, so the
+results are known exactly as for the register-only loop. It is reported beside the peak and never
+divides pct_of_peak (:func:`experiments.compare.peak_of` takes register-fed runs only).
+
 ``instruction=wgmma`` (sm_90a only): Hopper's warpgroup MMA, the instruction the ``wgmma`` GEMM family
 issues (``kernels_ptx/peak_wgmma.ptx.j2``; PTX ISA 9.0, 9.7.15). Each warpgroup issues
 ``wgmma.mma_async.m64n256kK`` with both operands read from shared memory through matrix descriptors
@@ -42,7 +52,8 @@ from .wgmma import SWIZZLES
 from .wgmma import TYPES as WGMMA_TYPES
 
 __all__ = ["PeakFamily", "MMA_TYPES", "operand_words", "expected_accumulators", "expected_wgmma",
-           "wgmma_smem_bytes", "wgmma_restarts", "THREADS", "CHAINS", "INSTRUCTIONS", "WGMMA_N"]
+           "expected_fed", "FEEDS", "wgmma_smem_bytes", "wgmma_restarts", "THREADS", "CHAINS", "INSTRUCTIONS",
+           "WGMMA_N"]
 
 # precision -> (PTX type, bits, accumulator, K of the m16n8kK shapes, lowest sm, lowest PTX ISA)
 MMA_TYPES = {
@@ -54,6 +65,10 @@ MMA_TYPES = {
     "fp8_e5m2": ("e5m2", 8, "f32", (32,), 89, (8, 4)),
 }
 INSTRUCTIONS = ("mma_sync", "wgmma")
+FEEDS = ("registers", "ldmatrix")
+# feed=ldmatrix: (iters = K steps per unit, units): 2**17 x 32 x 32 mma = 1.3e8 mma per launch as the
+# register-only loop; one block of THREADS per SM, 32 accumulator tiles (64 x 64) per warp
+FED_WORK, FED_TILES = (32, 1 << 17), 32
 THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # (iters, units): ~1.3e8 mma per launch where the type is native. s4 on sm_90 (and, assumed, later
 # archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
@@ -88,6 +103,18 @@ def _mma_rule(precision, p, arch):
         return (f"{arch} has no tensor-core instruction for mma.sync on fp8 (ptxas converts to f16 for "
                 "HMMA), and with the loop's constant operands it computes the product once and adds it in "
                 "a loop of FADDs: no ceiling to measure; the fp16 peak bounds these kernels")
+    return None
+
+
+def _feed_rule(precision, p, arch):
+    if p.get("feed", "registers") == "registers":
+        return None
+    largest = f"m16n8k{MMA_TYPES[precision][3][-1]}"
+    if p["mma"] != largest:
+        return (f"feed=ldmatrix uses the shape of the largest K, as the mma_sync GEMMs do: mma={largest} "
+                f"(or auto), not {p['mma']}")
+    if precision == "int4" and sm_of(arch) >= 90:
+        return f"{arch} emulates s4 mma.sync with integer code: no shared-memory feed to measure"
     return None
 
 
@@ -146,6 +173,17 @@ def expected_accumulators(spec: FamilySpec, warps: int, xp=np):
     return out.astype(_acc_dtype(spec.precision))
 
 
+def expected_fed(spec: FamilySpec, warps: int, xp=np):
+    """Exact result of one feed=ldmatrix launch with ``warps`` warps: array (32 * warps, 4 * 32) of the
+    accumulator dtype; thread t's tile i (4 registers) holds i + (units warp t // 32 did) * iters *
+    increment (one mma per tile per K step)."""
+    p = spec.p
+    _, _, inc = operand_words(spec.precision, _k(spec))
+    per_warp = _units_done(p, warps, xp) * p["iters"] * int(inc)
+    tile = xp.repeat(xp.arange(FED_TILES, dtype=np.int64), 4)
+    return (xp.repeat(per_warp, 32)[:, None] + tile[None, :]).astype(_acc_dtype(spec.precision))
+
+
 def wgmma_restarts(precision: str) -> bool:
     """Whether the wgmma peak restarts its accumulators every unit: fp8 (narrow accumulation)."""
     return precision.startswith("fp8")
@@ -183,9 +221,11 @@ class PeakFamily(Family):
     axes = {"precision": tuple(MMA_TYPES) + ("copy",),
             "mma": ("auto", "m16n8k8", "m16n8k16", "m16n8k32", "m16n8k64", "m64n256k16", "m64n256k32"),
             "copy": ("auto", "kernel", "memcpy"),
-            "instruction": INSTRUCTIONS}
-    defaults = {"mma": "auto", "copy": "auto", "instruction": "mma_sync"}
+            "instruction": INSTRUCTIONS,
+            "feed": FEEDS}
+    defaults = {"mma": "auto", "copy": "auto", "instruction": "mma_sync", "feed": "registers"}
     rules = (Rule("mma", "the shapes mma.sync offers per type; fp8 from sm_89", _mma_rule),
+             Rule("feed", "feed=ldmatrix: mma.sync at the largest K, where the type is native", _feed_rule),
              Rule("wgmma", "wgmma.mma_async exists only on sm_90a (auto and sm_90 resolve to it)",
                   _wgmma_rule))
     sized = False
@@ -211,9 +251,13 @@ class PeakFamily(Family):
 
     def resolve(self, precision, params, arch):
         """Drop the axis that does not apply (mma for copy, copy for mma types; only "auto" is
-        accepted there, and instruction for mma_sync, so those specs are as before the option existed),
-        resolve "auto" and add the work size (and, for wgmma, the loop's structure)."""
+        accepted there, and instruction for mma_sync and feed for registers, so those specs are as
+        before the options existed), resolve "auto" and add the work size (and, for wgmma, the loop's
+        structure)."""
         wgmma = params.pop("instruction") == "wgmma"
+        if (feed := params.pop("feed")) != "registers" and (wgmma or precision == "copy"):
+            raise SpecError(f"family=peak feed={feed} applies to instruction=mma_sync only (wgmma reads "
+                            "shared memory itself, copy has no operands); valid here: registers")
         if wgmma and precision not in WGMMA_TYPES:
             raise SpecError(f"family=peak instruction=wgmma has no precision={precision}; "
                             f"valid: {', '.join(WGMMA_TYPES)}")
@@ -234,18 +278,23 @@ class PeakFamily(Family):
                     "group": WGMMA_GROUP, "wait": WGMMA_WAIT, "iters": iters, "units": units}
         if params["mma"] == "auto":
             params["mma"] = f"m16n8k{MMA_TYPES[precision][3][-1]}"
+        if feed == "ldmatrix":
+            return {"mma": params["mma"], "feed": feed, "iters": FED_WORK[0], "units": FED_WORK[1]}
         emulated = precision == "int4" and sm_of(arch) >= 90
         iters, units = EMULATED_WORK if emulated else NATIVE_WORK
         return {**params, "chains": CHAINS, "iters": iters, "units": units}
 
     def flops(self, spec: FamilySpec, m: int = 0, n: int = 0, k: int = 0) -> int:
         """Work of one launch, whatever M, N, K: bytes read + written for copy, units * iters * 2 * 64
-        * N * K for wgmma, else units * iters * chains * 2 * 16 * 8 * K operations."""
+        * N * K for wgmma, units * iters * 32 tiles * 2 * 16 * 8 * K for feed=ldmatrix, else units * iters
+        * chains * 2 * 16 * 8 * K operations."""
         p = spec.p
         if spec.precision == "copy":
             return 2 * p["bytes"]
         if p.get("instruction") == "wgmma":
             return p["units"] * p["iters"] * 2 * 64 * WGMMA_N * _k(spec)
+        if p.get("feed") == "ldmatrix":
+            return p["units"] * p["iters"] * FED_TILES * 2 * 16 * 8 * _k(spec)
         return p["units"] * p["iters"] * p["chains"] * 2 * 16 * 8 * _k(spec)
 
     def unit(self, spec: FamilySpec) -> str:
@@ -268,10 +317,17 @@ class PeakFamily(Family):
         ptype, bits, acc, _, _, min_ptx = MMA_TYPES[spec.precision]
         k = _k(spec)
         a_regs, b_regs = 16 * k * bits // 1024, 8 * k * bits // 1024
+        mma_op = f"mma.sync.aligned.{p['mma']}.row.col.{acc}.{ptype}.{ptype}.{acc}"
+        version = "%d.%d" % max(min_ptx, ARCHS[spec.arch].min_ptx)
+        if p.get("feed") == "ldmatrix":
+            src = render_template("peak_mma.ptx.j2", kind="mma_ldmatrix", entry=spec.entry, T=THREADS,
+                                  arch=spec.arch, version=version, mma_op=mma_op, acc_reg=acc,
+                                  iters=p["iters"], units=p["units"],
+                                  init=[_literal(t, acc) for t in range(FED_TILES)])
+            return Build("ptx", src, spec.entry)
         src = render_template(
-            "peak_mma.ptx.j2", kind="mma", entry=spec.entry, T=THREADS, arch=spec.arch,
-            version="%d.%d" % max(min_ptx, ARCHS[spec.arch].min_ptx),
-            mma_op=f"mma.sync.aligned.{p['mma']}.row.col.{acc}.{ptype}.{ptype}.{acc}", acc_reg=acc,
+            "peak_mma.ptx.j2", kind="mma", entry=spec.entry, T=THREADS, arch=spec.arch, version=version,
+            mma_op=mma_op, acc_reg=acc,
             a_regs=a_regs, b_regs=b_regs, chains=p["chains"],
             init=[_literal(c, acc) for c in range(p["chains"])], iters=p["iters"],
             unroll=math.gcd(p["iters"], UNROLL),
@@ -302,7 +358,8 @@ class PeakFamily(Family):
             restart=wgmma_restarts(spec.precision), units=p["units"])
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int) -> Prepared:
-        """Ignores M, N, K. mma.sync: grid = 4 blocks per SM x SM count, 256 threads; wgmma: one block
+        """Ignores M, N, K. mma.sync: grid = 4 blocks per SM x SM count, 256 threads (feed=ldmatrix: one
+        block per SM, verified against :func:`expected_fed`); wgmma: one block
         of 128 x warpgroups threads per SM. Outputs poisoned, verified exactly against
         :func:`expected_accumulators` / :func:`expected_wgmma` (every accumulator of every thread);
         copy: dst = ~src (every element wrong until copied), src[i] = i * 2654435761 + seed mod 2**32
@@ -327,6 +384,15 @@ class PeakFamily(Family):
                          f"{spec.p['iters']} wgmma (verified: one unit's sum)")
             return Prepared(lambda: kern((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem),
                             lambda: gpu.exact_check(out, expected_wgmma(spec, groups, cupy)), note=note)
+        if spec.p.get("feed") == "ldmatrix":
+            grid, kern = gpu.sm_count(), gpu.load_ptx(build)
+            warps = grid * THREADS // 32
+            out = gpu.poisoned((warps * 32, 4 * FED_TILES), _acc_dtype(spec.precision))
+            args = (out, *args_tail)
+            return Prepared(lambda: kern((grid, 1, 1), (THREADS, 1, 1), args),
+                            lambda: gpu.exact_check(out, expected_fed(spec, warps, cupy)),
+                            note="mma.sync fed by ldmatrix.x4 from shared memory at a 64 x 64 warp tile, one "
+                                 "block of 8 warps per SM; M, N, K ignored")
         grid = BLOCKS_PER_SM * gpu.sm_count()
         kern = gpu.load_ptx(build)
         warps = grid * THREADS // 32

@@ -27,6 +27,7 @@ EXTRA = {  # mapped sm_90 names that the fixture's run did not request
     "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active": ("%", "0"),
     "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio": ("sector", "n/a"),
     "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_st.ratio": ("sector", "4"),
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("%", "40.53"),
 }
 
 
