@@ -129,10 +129,18 @@ def load_set(name: str, table: Table | None = None) -> MetricSet:
         sets = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem != "metrics")
         raise NcuConfigError(f"metric set {name!r} not found ({path}); valid: {', '.join(sets)}, "
                              "or a path to a .yaml file")
-    data = OmegaConf.to_container(OmegaConf.load(path))
-    entries = data.get("metrics", "all")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as exc:  # noqa: BLE001 - YAML syntax errors of several kinds
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NcuConfigError(f"{path}: not a readable YAML metric set ({first})") from None
+    entries = data.get("metrics") if isinstance(data, dict) else None
     if entries == "all":
         entries = list(table.metrics)
+    if not isinstance(entries, list) or not entries or path.resolve() == Path(table.path).resolve():
+        raise NcuConfigError(f"{path}: a metric set needs `metrics:` with `all` or a list of names from "
+                             f"{table.path.name} (e.g. `metrics: [duration_us, stalls]`), as "
+                             "conf/ncu/default.yaml")
     out = {}
     for e in entries:
         if isinstance(e, dict):

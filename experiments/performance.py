@@ -212,9 +212,10 @@ def _auto_lines(groups: dict, res: Check) -> list[str]:
                          f"timed {_thr(auto, False)} and {_thr(preset)}): ok")
             continue
         ok = a >= b * (1 - tol)
+        two = ", the faster of its two timings" if twin is not None else ""
         lines.append(f"- tile=auto {prec} at {size[0]}: {a:.1f} {auto.data.tags.get('throughput_unit', '')} "
-                     f"({tile(auto)}{', the faster of its two timings' if twin is not None else ''}) vs the best "
-                     f"preset {_thr(preset, False)} ({tile(preset)}), tolerance {tol:.1%}: {'ok' if ok else 'FAIL'}")
+                     f"({tile(auto)}{two}) vs the best preset {_thr(preset, False)} ({tile(preset)}), "
+                     f"tolerance {tol:.1%}: {'ok' if ok else 'FAIL'}")
         if not ok:
             res.failures.append(f"tile=auto {prec} {size[0]}: {a:.1f} < {b:.1f} of the best preset")
     return lines or ["- no tile=auto run beside a tile preset run at "
@@ -308,6 +309,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not 0 < args.goal <= 1:
         ap.error(f"--goal {args.goal} is a share of the peak: a number in (0, 1], e.g. 0.8")
+    if args.out is not None and (not args.out.endswith(".md") or Path(args.out).is_dir()):
+        ap.error(f"--out {args.out!r} must name a markdown file (.md), e.g. results/h200/performance.md")
     try:
         uri = resolve_uri(args.uri, create=False)
         res = (Check(generations(uri, args.experiment, args.sweep)) if args.generations
@@ -316,13 +319,17 @@ def main(argv=None) -> int:
         print(f"Store error: {exc}", file=sys.stderr)
         return 2
     except NothingMeasured as exc:
-        print(f"Nothing to compare{f', {args.out} left as it is' if args.out else ''}: {exc}",
-              file=sys.stderr)
+        kept = f", {args.out} left as it is" if args.out and Path(args.out).exists() else ""
+        print(f"Nothing to compare{kept}: {exc}", file=sys.stderr)
         return 2
     print(res.markdown)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(res.markdown)
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(res.markdown)
+        except OSError as exc:
+            print(f"Could not write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     if args.generations:
         return 0
     print("Performance check: " + ("passed" if res.ok else "FAILED: " + "; ".join(res.failures)))

@@ -234,6 +234,8 @@ def _main(a) -> int:
             mset, arch, settings)))
         for why in failed.values():
             print("  " + why)
+        if ncu is None:
+            print("  (not runnable here: " + missing + ")")
         return 0
     version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout
     tags = {"ncu.version": (re.findall(r"Version (\S+)", version) or ["unknown"])[0], "ncu.set": mset.name,

@@ -180,9 +180,13 @@ def test_family_spec_entry_is_derived_and_flat():
      "mma=m16n8k16 (or auto), not m16n8k8"),
     (lambda: _spec("peak", "int4", feed="ldmatrix"), "sm_90 emulates s4 mma.sync with integer code"),
     (lambda: _spec("peak", "fp16", instruction="wgmma", feed="ldmatrix"),
-     "family=peak feed=ldmatrix applies to instruction=mma_sync only (wgmma reads shared memory itself, copy "
-     "has no operands); valid here: registers"),
-    (lambda: _spec("peak", "copy", feed="ldmatrix"), "feed=ldmatrix applies to instruction=mma_sync only"),
+     "family=peak feed=ldmatrix applies to the mma.sync loop only: instruction=wgmma reads shared memory "
+     "itself; valid here: registers"),
+    (lambda: _spec("peak", "copy", feed="ldmatrix"), "family=peak feed=ldmatrix applies to the mma.sync loop only: "
+                                                     "precision=copy has no operands to feed; valid here: registers"),
+    (lambda: _spec("peak", "fp8_e4m3", feed="ldmatrix"),
+     "family=peak precision=fp8_e4m3 sm_90: sm_90 has no tensor-core instruction for mma.sync on fp8 (ptxas "
+     "converts to f16 for HMMA): no ceiling to measure; the fp16 peak bounds these kernels"),
     (lambda: _spec("peak", "fp16", feed="lds"), "family=peak feed='lds' is not valid; valid: registers, ldmatrix"),
 ])
 def test_validation_messages(call, message):

@@ -43,7 +43,7 @@ def test_family_group_selects_typed_options():
     fam, spec = family_spec(cfg, None)
     assert spec.entry == "wmma_int8_accs32_bk64_block64x64_warps2x4" and spec.arch == "sm_90"
     cfg = _compose("family=peak", "precision=int8")
-    assert family_options(cfg) == {"mma": "auto", "copy": "auto", "instruction": "mma_sync"}
+    assert family_options(cfg) == {"mma": "auto", "copy": "auto", "instruction": "mma_sync", "feed": "registers"}
     assert family_spec(cfg, 89)[1].arch == "sm_89"          # target.arch=auto: the GPU's own
     # the wgmma peak: auto on an sm_90 GPU (or without one) is sm_90a, as for family=wgmma
     cfg = _compose("family=peak", "precision=fp8_e5m2", "family.instruction=wgmma")
@@ -139,7 +139,8 @@ def test_help_lists_the_families(tmp_path):
     assert "family: cublas, dp4a, mma_sync, peak, wgmma, wmma" in out.splitlines()
     rc, out = _run_cli(tmp_path, "--cfg", "job", "family=peak", "precision=int8")
     assert rc == 0, out
-    assert "family:\n  name: peak\n  mma: auto\n  copy: auto\n  instruction: mma_sync\nprecision: int8\n" in out
+    assert ("family:\n  name: peak\n  mma: auto\n  copy: auto\n  instruction: mma_sync\n  feed: registers\n"
+            "precision: int8\n") in out
     assert list(tmp_path.iterdir()) == []
 
 

@@ -254,6 +254,16 @@ def test_metric_sets(tmp_path):
     inline.write_text("metrics:\n  - x: {ncu: sm__cycles_active.avg}\n")
     with pytest.raises(ncu.NcuConfigError, match="metric 'x' needs `unit`"):
         ncu.load_set(str(inline), TABLE)
+    # YAML that does not parse, a name where a list belongs (it was read letter by letter), an empty
+    # set and the metric table itself (both were taken as every metric): one line each
+    for text, why in [("metrics: [\n", "not a readable YAML metric set"),
+                      ("metrics: smem_pipe_pct\n", "a metric set needs `metrics:` with `all` or a list"),
+                      ("", "a metric set needs `metrics:`")]:
+        bad.write_text(text)
+        with pytest.raises(ncu.NcuConfigError, match=re.escape(why)):
+            ncu.load_set(str(bad), TABLE)
+    with pytest.raises(ncu.NcuConfigError, match="a metric set needs `metrics:`"):
+        ncu.load_set(str(TABLE.path), TABLE)
 
 
 def test_profile_output_errors():

@@ -218,6 +218,26 @@ def test_tile_auto_tolerance_includes_the_two_timings_of_its_kernel(tmp_path, tw
     assert ("tile=auto fp16 1024: 110.5 < 120.0 of the best preset" in res.failures) == verdict.endswith("FAIL")
 
 
+def test_performance_out_is_checked_before_the_report(tmp_path, capsys):
+    """--out names a markdown file: a folder, or a name without .md, stops before anything is read
+    (a folder ended in IsADirectoryError after the report); a file among the parent folders cannot be
+    written: one line, exit 2; a missing --out is not said to be "left as it is"."""
+    tr = perf_store(tmp_path)
+    for out in (str(tmp_path), str(tmp_path / "perf.txt")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--uri", tr.uri, "--experiment", "e", "--out", out])
+        assert exit_.value.code == 2 and "must name a markdown file (.md)" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["--uri", tr.uri, "--experiment", "e", "--out", str(tmp_path / "file" / "perf.md")]) == 2
+    assert "Could not write --out" in capsys.readouterr().err
+    empty = Tracker(f"sqlite:///{tmp_path}/empty.db", "e")
+    parent = empty.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
+    empty.end(parent)
+    assert main(["--uri", empty.uri, "--experiment", "e", "--out", str(tmp_path / "new.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Nothing to compare: ") and "left as it is" not in err
+
+
 def test_performance_check_divides_by_the_mma_sync_peak(tmp_path):
     """A wgmma peak measured in the same sweep (faster than the mma.sync peak) and the ldmatrix-fed
     ceiling (slower) leave ours' shares as they are: mma_sync runs relate to the register-only mma.sync

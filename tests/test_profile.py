@@ -329,6 +329,10 @@ def test_dry_run_and_missing_gpu(store, fake_ncu, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "--set full --metrics gpu__time_duration.sum," in out and "--replay-mode application" in out
     assert calls(fake_ncu) == [] and all("ncu" not in tags_of(store, key).tags for key in store["runs"])
+    assert "not runnable here" not in out
+    # without ncu the plan is still printed, and says that it cannot run here
+    assert run(store, "--dry-run", "--ncu", str(store["tmp"] / "no-ncu")) == 0
+    assert "(not runnable here: --ncu " in capsys.readouterr().out
     monkeypatch.setattr("experiments.worker.nvml_gpu", lambda: None)
     assert run(store) == 2
     assert "no NVIDIA GPU found (NVML)" in capsys.readouterr().err

@@ -100,9 +100,10 @@ def _mma_rule(precision, p, arch):
     if sm_of(arch) < MMA_TYPES[precision][4]:
         return f"mma.sync with {precision} needs sm_{MMA_TYPES[precision][4]} or later, not {arch}"
     if precision.startswith("fp8") and sm_of(arch) in NO_FP8_MMA_SYNC:
+        folded = ("" if p.get("feed") == "ldmatrix" else ", and with the loop's constant operands it "
+                  "computes the product once and adds it in a loop of FADDs")
         return (f"{arch} has no tensor-core instruction for mma.sync on fp8 (ptxas converts to f16 for "
-                "HMMA), and with the loop's constant operands it computes the product once and adds it in "
-                "a loop of FADDs: no ceiling to measure; the fp16 peak bounds these kernels")
+                f"HMMA){folded}: no ceiling to measure; the fp16 peak bounds these kernels")
     return None
 
 
@@ -256,8 +257,10 @@ class PeakFamily(Family):
         structure)."""
         wgmma = params.pop("instruction") == "wgmma"
         if (feed := params.pop("feed")) != "registers" and (wgmma or precision == "copy"):
-            raise SpecError(f"family=peak feed={feed} applies to instruction=mma_sync only (wgmma reads "
-                            "shared memory itself, copy has no operands); valid here: registers")
+            why = ("precision=copy has no operands to feed" if precision == "copy" else
+                   "instruction=wgmma reads shared memory itself")
+            raise SpecError(f"family=peak feed={feed} applies to the mma.sync loop only: {why}; valid here: "
+                            "registers")
         if wgmma and precision not in WGMMA_TYPES:
             raise SpecError(f"family=peak instruction=wgmma has no precision={precision}; "
                             f"valid: {', '.join(WGMMA_TYPES)}")
