@@ -179,7 +179,8 @@ def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
         try:
             tr.client.get_run(sweep)
         except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
-            raise StoreError(f"--sweep {sweep} is not a run id in {tr.uri}") from exc
+            raise StoreError(f"--sweep {sweep!r} is not a run id in {tr.uri}; give a sweep's parent run id, "
+                             "or latest") from exc
         return sweep
     found = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
                                   order_by=["attributes.start_time DESC"])

@@ -163,7 +163,11 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
             jobs = "?"
     key = hashlib.sha256("|".join([config.tracking.experiment, str(multirun), *sorted(kept)])
                          .encode()).hexdigest()[:24]
-    name = ("sweep " if multirun else "run ") + (" ".join(kept) or "(defaults)")
+    # the name shows what runs: a preset's sweep value that the command line overrides is left out
+    # (`experiment=h200_performance precision=fp16` sweeps fp16 only); the key keeps both as before
+    overridden = {o.lstrip("+~").split("=", 1)[0] for o in task}
+    shown = [o for o in kept if o in task or o.split("=", 1)[0] not in overridden]
+    name = ("sweep " if multirun else "run ") + (" ".join(shown) or "(defaults)")
     return {"key": key, "name": name, "jobs": jobs, "overrides": " ".join(task)}
 
 

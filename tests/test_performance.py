@@ -230,6 +230,8 @@ def test_performance_out_is_checked_before_the_report(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     assert main(["--uri", tr.uri, "--experiment", "e", "--out", str(tmp_path / "file" / "perf.md")]) == 2
     assert "Could not write --out" in capsys.readouterr().err
+    assert main(["--uri", tr.uri, "--experiment", "e", "--sweep", ""]) == 2
+    assert "--sweep '' is not a run id in" in capsys.readouterr().err
     empty = Tracker(f"sqlite:///{tmp_path}/empty.db", "e")
     parent = empty.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
     empty.end(parent)

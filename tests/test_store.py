@@ -155,6 +155,15 @@ def test_sweep_defined_in_a_preset_is_counted(tmp_path):
     assert "[4/4] " in out and "Tracking 4 job(s)" in out
     parents, children = assert_store_is_true(tmp_path)
     assert len(children) == 4 and parents[0].data.tags["jobs"] == "4"
+    assert parents[0].info.run_name == "sweep precision=int4,int8 ktile=32,64 experiment=tiny"
+    # the command line narrows the preset's sweep: the name shows what runs (it listed both before)
+    other = tmp_path / "narrow"
+    other.mkdir()
+    rc, out = run_cli(other, "-m", f"--config-dir={tmp_path / 'extra'}", "experiment=tiny", "precision=int8",
+                      *store_args(other))
+    assert rc == 0 and "Tracking 2 job(s)" in out, out
+    parents, _ = assert_store_is_true(other)
+    assert [p.info.run_name for p in parents] == ["sweep ktile=32,64 experiment=tiny precision=int8"]
 
 
 def test_two_sweeps_at_once_on_a_new_then_an_existing_store(tmp_path):
