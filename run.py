@@ -6,6 +6,7 @@ re-running the same command resumes: finished runs are skipped, new ones join th
 import os
 import signal
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import OmegaConf
@@ -106,7 +107,8 @@ def check_override_keys(argv: list) -> str | None:
     nodes = {f.name: f.type for f in dataclasses.fields(Config)}
     known = set(nodes) | groups
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), MMA_SYNC)
+    family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), None)
+    family = family or _preset_family(overrides) or MMA_SYNC
     for arg in overrides:
         key, value = arg.split("=", 1)
         key = key.lstrip("+~")
@@ -240,6 +242,33 @@ def _outside(values: list, valid: tuple) -> str | None:
         if not ok:
             return v
     return None
+
+
+def _preset_family(overrides: list) -> str | None:
+    """The family the presets named on the command line choose: a ``variant=`` wins over an
+    ``experiment=``, each by ``override /family: X`` in its defaults (conf/<group>/<name>.yaml), else
+    the default family; "a,b" when the jobs of a sweep over presets get different ones. None when no
+    preset is named, or one is not a file of conf/ (Hydra then has the last word)."""
+    import yaml
+    chosen: dict = {}
+    for arg in overrides:
+        group = arg.partition("=")[0]
+        if group not in ("variant", "experiment") or (values := _values(arg)) is None:
+            continue
+        chosen[group] = []
+        for name in values:
+            path = Path(__file__).parent / "conf" / group / f"{name.strip()}.yaml"
+            try:
+                defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+            except (OSError, yaml.YAMLError, AttributeError):
+                return None
+            chosen[group].append(next((d["override /family"] for d in defaults
+                                       if isinstance(d, dict) and "override /family" in d), None))
+    if not chosen:
+        return None
+    from experiments.config import MMA_SYNC
+    return ",".join(sorted({v or e or MMA_SYNC for v in chosen.get("variant", [None])
+                            for e in chosen.get("experiment", [None])}))
 
 
 def _check_family_option(family: str, option: str, arg: str) -> str | None:

@@ -93,6 +93,9 @@ def _metric(name: str, d, where: str) -> Metric:
         raise NcuConfigError(f"{where}: metric {name!r} needs `unit` (a string) and `ncu` (a name, or "
                              f"one per architecture), got {d!r}")
     ncu = d["ncu"] if isinstance(d["ncu"], dict) else {"*": d["ncu"]}
+    if not ncu or not all(isinstance(v, str) and v for v in ncu.values()):
+        raise NcuConfigError(f"{where}: {name}.ncu must be a metric name, or a name per architecture "
+                             f"(e.g. {{sm_90: sm__cycles_active.avg}}), got {d['ncu']!r}")
     text = d.get("text")
     if text is not None and (not isinstance(text, list) or len(text) != 2):
         raise NcuConfigError(f"{where}: {name}.text must be [section, label], got {text!r}")
@@ -125,6 +128,8 @@ def load_set(name: str, table: Table | None = None) -> MetricSet:
     inline definitions ``{name: {unit, ncu, ...}}``. Raises NcuConfigError naming valid values."""
     table = table or load_table()
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / f"{name}.yaml"
+    if Path(name).is_dir():
+        raise NcuConfigError(f"--set {name} is a folder: give a set's name (default, full) or a .yaml file")
     if not path.is_file():
         sets = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem != "metrics")
         raise NcuConfigError(f"metric set {name!r} not found ({path}); valid: {', '.join(sets)}, "
@@ -141,8 +146,14 @@ def load_set(name: str, table: Table | None = None) -> MetricSet:
         raise NcuConfigError(f"{path}: a metric set needs `metrics:` with `all` or a list of names from "
                              f"{table.path.name} (e.g. `metrics: [duration_us, stalls]`), as "
                              "conf/ncu/default.yaml")
+    if not isinstance(data.get("section_set"), (str, type(None))):
+        raise NcuConfigError(f"{path}: section_set must be an ncu section set's name (e.g. full) or null, "
+                             f"got {data['section_set']!r}")
     out = {}
     for e in entries:
+        if not isinstance(e, (str, dict)):
+            raise NcuConfigError(f"{path}: metric {e!r} is neither a name from {table.path.name} nor an "
+                                 "inline definition {name: {unit, ncu}}")
         if isinstance(e, dict):
             out.update({n: _metric(n, d, str(path)) for n, d in e.items()})
         elif e == "stalls":

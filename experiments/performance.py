@@ -295,6 +295,20 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     return "\n".join(out) + "\n"
 
 
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except OSError:         # e.g. a name too long for the file system: the write says so
+        return False
+
+
+def _exists(path: str) -> bool:
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
 def main(argv=None) -> int:
     """The command line (module docstring); returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m experiments.performance",
@@ -303,13 +317,13 @@ def main(argv=None) -> int:
     ap.add_argument("--experiment", default="tensor-core-ablations")
     ap.add_argument("--sweep", default="latest", help="the sweep's parent run id, or latest")
     ap.add_argument("--goal", type=float, default=0.8, help="share of peak each precision must reach at 8192")
-    ap.add_argument("--out", default=None, help="also write the report to this file")
+    ap.add_argument("--out", default=None, help="also write the report to this markdown file (.md)")
     ap.add_argument("--generations", action="store_true",
                     help="the mma.sync / wgmma table (experiment=generations) instead of the check")
     args = ap.parse_args(argv)
     if not 0 < args.goal <= 1:
         ap.error(f"--goal {args.goal} is a share of the peak: a number in (0, 1], e.g. 0.8")
-    if args.out is not None and (not args.out.endswith(".md") or Path(args.out).is_dir()):
+    if args.out is not None and (not args.out.endswith(".md") or _is_dir(args.out)):
         ap.error(f"--out {args.out!r} must name a markdown file (.md), e.g. results/h200/performance.md")
     try:
         uri = resolve_uri(args.uri, create=False)
@@ -319,7 +333,7 @@ def main(argv=None) -> int:
         print(f"Store error: {exc}", file=sys.stderr)
         return 2
     except NothingMeasured as exc:
-        kept = f", {args.out} left as it is" if args.out and Path(args.out).exists() else ""
+        kept = f", {args.out} left as it is" if args.out and _exists(args.out) else ""
         print(f"Nothing to compare{kept}: {exc}", file=sys.stderr)
         return 2
     print(res.markdown)
@@ -328,7 +342,9 @@ def main(argv=None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(res.markdown)
         except OSError as exc:
-            print(f"Could not write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            why = ("a folder on its path is a file" if isinstance(exc, (FileExistsError, NotADirectoryError))
+                   else exc.strerror or str(exc))
+            print(f"Could not write --out {args.out}: {why}", file=sys.stderr)
             return 2
     if args.generations:
         return 0

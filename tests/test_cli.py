@@ -219,6 +219,7 @@ def test_help(tmp_path):
     for name in presets:
         assert name in tile_line.split(": ", 1)[1].split(", "), tile_line
     assert "python run.py -m precision=int4,int8 ktile=32,64" in out
+    assert "Another family's options (family.*) and their values: python run.py family=peak --help" in out
     # only groups a command line can select (not the ncu metric sets, not the family schemas)
     groups = out.split("== Config groups (presets) ==", 1)[1].split("== Config ", 1)[0]
     assert [line.split(":")[0] for line in groups.strip().splitlines()] == [
@@ -358,6 +359,19 @@ def test_integer_family_options_keep_params_and_kernel_names():
     # integers as Hydra reads them (were refused as "not an integer")
     (["timing.batches='5'", "ktile=\"64\"", "timing.warmup=+2", "timing.max_launches=1_000"], None),
     (["ktile='64.5'"], "ktile='64.5' is not an integer (\"ktile='64.5'\"); valid: 16, 32, 64, 128"),
+    # a variant or experiment that chooses the family: its options were refused as mma_sync's
+    (["variant=h200_perf_peak", "family.feed=ldmatrix"], None),
+    (["variant=gen_wgmma", "family.bn=128"], None),
+    (["experiment=h200_performance", "variant=h200_perf_peak", "family.mma=m16n8k8"], None),
+    (["variant=h200_perf_peak", "family.feed=lds"], "family=peak feed=lds is not valid ('family.feed=lds'); valid: "
+                                                    "registers, ldmatrix"),
+    (["-m", "variant=h200_perf_best,h200_perf_peak", "family.feed=ldmatrix"],
+     "'family.feed=ldmatrix' sets an option of peak in a sweep over several families (mma_sync,peak): each job's "
+     "family takes only its own options; sweep the families separately (or put the option in a variant per "
+     "family)"),
+    (["variant=h200_perf_best", "family.feed=ldmatrix"], "family=mma_sync has no option 'feed' "
+     "('family.feed=ldmatrix'); valid options: none, family=mma_sync is set by the root keys; feed is an option "
+     "of family=peak"),
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message

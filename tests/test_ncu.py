@@ -264,6 +264,18 @@ def test_metric_sets(tmp_path):
             ncu.load_set(str(bad), TABLE)
     with pytest.raises(ncu.NcuConfigError, match="a metric set needs `metrics:`"):
         ncu.load_set(str(TABLE.path), TABLE)
+    # a nested list and a list as section_set were tracebacks, a list as ncu name went to ncu as Python text
+    for text, why in [("metrics: [smem_pipe_pct, [l2_throughput_pct]]\n", "metric ['l2_throughput_pct'] is "
+                       "neither a name from metrics.yaml nor an inline definition"),
+                      ("metrics: [smem_pipe_pct]\nsection_set: [1, 2]\n", "section_set must be an ncu section "
+                       "set's name (e.g. full) or null, got [1, 2]"),
+                      ("metrics: [{my: {unit: cycle, ncu: [a, b]}}]\n", "my.ncu must be a metric name, or a name "
+                       "per architecture")]:
+        bad.write_text(text)
+        with pytest.raises(ncu.NcuConfigError, match=re.escape(why)):
+            ncu.load_set(str(bad), TABLE)
+    with pytest.raises(ncu.NcuConfigError, match=re.escape(f"--set {tmp_path} is a folder")):
+        ncu.load_set(str(tmp_path), TABLE)
 
 
 def test_profile_output_errors():

@@ -228,7 +228,11 @@ def test_performance_out_is_checked_before_the_report(tmp_path, capsys):
             main(["--uri", tr.uri, "--experiment", "e", "--out", out])
         assert exit_.value.code == 2 and "must name a markdown file (.md)" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
-    assert main(["--uri", tr.uri, "--experiment", "e", "--out", str(tmp_path / "file" / "perf.md")]) == 2
+    for out in (tmp_path / "file" / "perf.md", tmp_path / "file" / "sub" / "perf.md"):   # said "File exists"
+        assert main(["--uri", tr.uri, "--experiment", "e", "--out", str(out)]) == 2
+        assert f"Could not write --out {out}: a folder on its path is a file" in capsys.readouterr().err
+    long = str(tmp_path / ("a" * 300 + ".md"))          # is_dir() raised OSError (name too long)
+    assert main(["--uri", tr.uri, "--experiment", "e", "--out", long]) == 2
     assert "Could not write --out" in capsys.readouterr().err
     assert main(["--uri", tr.uri, "--experiment", "e", "--sweep", ""]) == 2
     assert "--sweep '' is not a run id in" in capsys.readouterr().err
