@@ -24,7 +24,6 @@ OmegaConf.register_new_resolver("gpu_jobs", lambda: max(1, gpu_count()) * JOBS_P
 def config_groups() -> str:
     """The selectable config groups of conf/ and their presets, for --help (Hydra's own list also
     shows the metric sets of the ncu step and the family schemas, which a command line cannot pick)."""
-    from pathlib import Path
     conf = Path(__file__).parent / "conf"
     lines = []
     for group in ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher"):
@@ -99,7 +98,6 @@ def check_override_keys(argv: list) -> str | None:
     import re
     import typing
     from enum import Enum
-    from pathlib import Path
 
     from experiments.config import MMA_SYNC, Config
     from experiments.spec_tables import KTILES
