@@ -120,6 +120,8 @@ def check_override_keys(argv: list) -> str | None:
         if top not in known:
             return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
                     "(python run.py --help shows them with their defaults).")
+        if top in groups and not rest and (problem := _preset_problem(top, arg, argv)) is not None:
+            return problem
         node = typing.get_type_hints(Config).get(top)
         if rest and dataclasses.is_dataclass(node):
             fields = {f.name: f.type for f in dataclasses.fields(node)}
@@ -240,6 +242,26 @@ def _outside(values: list, valid: tuple) -> str | None:
         if not ok:
             return v
     return None
+
+
+def _preset_problem(group: str, arg: str, argv: list) -> str | None:
+    """The message for a ``group=name`` override naming no preset of conf/<group>/ (nor of a
+    ``--config-dir``), or None. Caught before the sweep is tracked: Hydra's own error came after it,
+    and left a parent run without children in the store."""
+    if any(a.startswith("hydra.searchpath") or a.lstrip("+").startswith("hydra.searchpath") for a in argv):
+        return None                             # presets from elsewhere: Hydra decides
+    dirs = [Path(__file__).parent / "conf"]
+    for i, a in enumerate(argv):
+        if a.startswith("--config-dir="):
+            dirs.append(Path(a.split("=", 1)[1]))
+        elif a in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]))
+    names = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+    values = _values(arg)
+    bad = next((v for v in values or [] if v.strip() not in names), None)
+    if bad is None or not names:
+        return None
+    return f"{group}={bad} is not a preset ({arg!r}); valid: {', '.join(names)} (conf/{group}/)"
 
 
 def _preset_family(overrides: list) -> str | None:

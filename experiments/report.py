@@ -177,10 +177,13 @@ def sweep_run(tr: Tracker, sweep: str = "latest") -> str:
     Raises StoreError when there is no such sweep in the tracker's experiment."""
     if sweep != "latest":
         try:
-            tr.client.get_run(sweep)
+            run = tr.client.get_run(sweep)
         except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
             raise StoreError(f"--sweep {sweep!r} is not a run id in {tr.uri}; give a sweep's parent run id, "
                              "or latest") from exc
+        if (parent := run.data.tags.get("mlflow.parentRunId")) and run.data.tags.get("kind") != "sweep":
+            raise StoreError(f"--sweep {sweep} is a run of the sweep {parent}, not a sweep: give --sweep "
+                             f"{parent}")
         return sweep
     found = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=1,
                                   order_by=["attributes.start_time DESC"])

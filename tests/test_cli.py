@@ -359,6 +359,13 @@ def test_integer_family_options_keep_params_and_kernel_names():
     # integers as Hydra reads them (were refused as "not an integer")
     (["timing.batches='5'", "ktile=\"64\"", "timing.warmup=+2", "timing.max_launches=1_000"], None),
     (["ktile='64.5'"], "ktile='64.5' is not an integer (\"ktile='64.5'\"); valid: 16, 32, 64, 128"),
+    # a preset that does not exist: Hydra's error came after the sweep was tracked (a parent run without
+    # children stayed in the store)
+    (["-m", "variant=h200_perf_best,nosuch"], "variant=nosuch is not a preset ('variant=h200_perf_best,nosuch'); "
+     "valid: " + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+    (["tile=foo"], "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+                   "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)"),
+    (["-m", "tile=glob(128*)", "family=mma_sync", "experiment=l4_run1_fp16"], None),
     # a variant or experiment that chooses the family: its options were refused as mma_sync's
     (["variant=h200_perf_peak", "family.feed=ldmatrix"], None),
     (["variant=gen_wgmma", "family.bn=128"], None),

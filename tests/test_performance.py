@@ -234,8 +234,17 @@ def test_performance_out_is_checked_before_the_report(tmp_path, capsys):
     long = str(tmp_path / ("a" * 300 + ".md"))          # is_dir() raised OSError (name too long)
     assert main(["--uri", tr.uri, "--experiment", "e", "--out", long]) == 2
     assert "Could not write --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:            # was accepted and ignored
+        main(["--uri", tr.uri, "--experiment", "e", "--generations", "--goal", "0.5"])
+    assert exit_.value.code == 2 and "--goal is the check's; --generations writes the table only" in \
+        capsys.readouterr().err
     assert main(["--uri", tr.uri, "--experiment", "e", "--sweep", ""]) == 2
     assert "--sweep '' is not a run id in" in capsys.readouterr().err
+    child = tr.client.search_runs([tr.experiment_id], "metrics.throughput = 381.9")[0]
+    parent = child.data.tags["mlflow.parentRunId"]     # was taken as a sweep holding no run
+    assert main(["--uri", tr.uri, "--experiment", "e", "--sweep", child.info.run_id]) == 2
+    assert f"--sweep {child.info.run_id} is a run of the sweep {parent}, not a sweep: give --sweep {parent}" \
+        in capsys.readouterr().err
     empty = Tracker(f"sqlite:///{tmp_path}/empty.db", "e")
     parent = empty.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
     empty.end(parent)
