@@ -146,6 +146,9 @@ def load_set(name: str, table: Table | None = None) -> MetricSet:
         raise NcuConfigError(f"{path}: a metric set needs `metrics:` with `all` or a list of names from "
                              f"{table.path.name} (e.g. `metrics: [duration_us, stalls]`), as "
                              "conf/ncu/default.yaml")
+    if unknown := sorted(set(data) - {"metrics", "section_set"}):
+        raise NcuConfigError(f"{path}: unknown key {unknown[0]!r}; a metric set has `metrics` and "
+                             "`section_set`")
     if not isinstance(data.get("section_set"), (str, type(None))):
         raise NcuConfigError(f"{path}: section_set must be an ncu section set's name (e.g. full) or null, "
                              f"got {data['section_set']!r}")

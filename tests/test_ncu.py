@@ -270,7 +270,10 @@ def test_metric_sets(tmp_path):
                       ("metrics: [smem_pipe_pct]\nsection_set: [1, 2]\n", "section_set must be an ncu section "
                        "set's name (e.g. full) or null, got [1, 2]"),
                       ("metrics: [{my: {unit: cycle, ncu: [a, b]}}]\n", "my.ncu must be a metric name, or a name "
-                       "per architecture")]:
+                       "per architecture"),
+                      # a misspelt key dropped the full section set
+                      ("section-set: full\nmetrics: all\n", "unknown key 'section-set'; a metric set has "
+                       "`metrics` and `section_set`")]:
         bad.write_text(text)
         with pytest.raises(ncu.NcuConfigError, match=re.escape(why)):
             ncu.load_set(str(bad), TABLE)
