@@ -21,15 +21,24 @@ OmegaConf.register_new_resolver("gpu_jobs", lambda: max(1, gpu_count()) * JOBS_P
                                 replace=True)
 
 
+CONF = Path(__file__).parent / "conf"
+
+
+def presets(group: str, dirs: tuple = (CONF,)) -> dict:
+    """The presets of config group ``group`` in the config folders ``dirs``: name -> file (the first
+    folder that has it wins, as Hydra's search path)."""
+    found: dict = {}
+    for d in dirs:
+        for f in sorted((Path(d) / group).glob("*.yaml")):
+            found.setdefault(f.stem, f)
+    return dict(sorted(found.items()))
+
+
 def config_groups() -> str:
     """The selectable config groups of conf/ and their presets, for --help (Hydra's own list also
     shows the metric sets of the ncu step and the family schemas, which a command line cannot pick)."""
-    conf = Path(__file__).parent / "conf"
-    lines = []
-    for group in ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher"):
-        names = sorted(f.stem for f in (conf / group).glob("*.yaml")) if (conf / group).is_dir() else []
-        if names:
-            lines.append(f"{group}: {', '.join(names)}")
+    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher")
+    lines = [f"{group}: {', '.join(names)}" for group in groups if (names := presets(group))]
     return "\n".join(lines) + "\n"
 
 
@@ -101,12 +110,13 @@ def check_override_keys(argv: list) -> str | None:
 
     from experiments.config import MMA_SYNC, Config
     from experiments.spec_tables import KTILES
-    groups = {d.name for d in (Path(__file__).parent / "conf").iterdir() if d.is_dir()} - {"hydra", "ncu"}
+    groups = {d.name for d in CONF.iterdir() if d.is_dir()} - {"hydra", "ncu"}
+    dirs = _config_dirs(argv)
     nodes = {f.name: f.type for f in dataclasses.fields(Config)}
     known = set(nodes) | groups
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), None)
-    family = family or _preset_family(overrides) or MMA_SYNC
+    family = family or (_preset_family(overrides, dirs) if dirs else None) or MMA_SYNC
     for arg in overrides:
         key, value = arg.split("=", 1)
         key = key.lstrip("+~")
@@ -120,7 +130,7 @@ def check_override_keys(argv: list) -> str | None:
         if top not in known:
             return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
                     "(python run.py --help shows them with their defaults).")
-        if top in groups and not rest and (problem := _preset_problem(top, arg, argv)) is not None:
+        if top in groups and not rest and dirs and (problem := _preset_problem(top, arg, dirs)) is not None:
             return problem
         node = typing.get_type_hints(Config).get(top)
         if rest and dataclasses.is_dataclass(node):
@@ -244,43 +254,48 @@ def _outside(values: list, valid: tuple) -> str | None:
     return None
 
 
-def _preset_problem(group: str, arg: str, argv: list) -> str | None:
-    """The message for a ``group=name`` override naming no preset of conf/<group>/ (nor of a
-    ``--config-dir``), or None. Caught before the sweep is tracked: Hydra's own error came after it,
-    and left a parent run without children in the store."""
-    if any(a.startswith("hydra.searchpath") or a.lstrip("+").startswith("hydra.searchpath") for a in argv):
-        return None                             # presets from elsewhere: Hydra decides
-    dirs = [Path(__file__).parent / "conf"]
+def _config_dirs(argv: list) -> tuple | None:
+    """The config folders the presets come from: conf/ and each ``--config-dir`` (``-cd``); None when a
+    ``hydra.searchpath`` override adds others (Hydra then has the last word on presets)."""
+    if any(a.lstrip("+").startswith("hydra.searchpath") for a in argv):
+        return None
+    dirs = [CONF]
     for i, a in enumerate(argv):
         if a.startswith("--config-dir="):
             dirs.append(Path(a.split("=", 1)[1]))
         elif a in ("--config-dir", "-cd") and i + 1 < len(argv):
             dirs.append(Path(argv[i + 1]))
-    names = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
-    values = _values(arg)
-    bad = next((v for v in values or [] if v.strip() not in names), None)
+    return tuple(dirs)
+
+
+def _preset_problem(group: str, arg: str, dirs: tuple) -> str | None:
+    """The message for a ``group=name`` override naming no preset of the config folders ``dirs``
+    (:func:`_config_dirs`), or None. Caught before the sweep is tracked: Hydra's own error came after
+    it, and left a parent run without children in the store."""
+    names = presets(group, dirs)
+    bad = next((v for v in _values(arg) or [] if v.strip() not in names), None)
     if bad is None or not names:
         return None
     return f"{group}={bad} is not a preset ({arg!r}); valid: {', '.join(names)} (conf/{group}/)"
 
 
-def _preset_family(overrides: list) -> str | None:
+def _preset_family(overrides: list, dirs: tuple) -> str | None:
     """The family the presets named on the command line choose: a ``variant=`` wins over an
-    ``experiment=``, each by ``override /family: X`` in its defaults (conf/<group>/<name>.yaml), else
-    the default family; "a,b" when the jobs of a sweep over presets get different ones. None when no
-    preset is named, or one is not a file of conf/ (Hydra then has the last word)."""
+    ``experiment=``, each by ``override /family: X`` in its defaults (its file in ``dirs``), else the
+    default family; "a,b" when the jobs of a sweep over presets get different ones. None when no
+    preset is named, or one cannot be read (Hydra then has the last word)."""
     import yaml
     chosen: dict = {}
     for arg in overrides:
         group = arg.partition("=")[0]
         if group not in ("variant", "experiment") or (values := _values(arg)) is None:
             continue
+        files = presets(group, dirs)
         chosen[group] = []
         for name in values:
-            path = Path(__file__).parent / "conf" / group / f"{name.strip()}.yaml"
             try:
-                defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
-            except (OSError, yaml.YAMLError, AttributeError):
+                defaults = (yaml.safe_load(files[name.strip()].read_text()) or {}).get("defaults") or []
+            except (KeyError, OSError, yaml.YAMLError, AttributeError):
                 return None
             chosen[group].append(next((d["override /family"] for d in defaults
                                        if isinstance(d, dict) and "override /family" in d), None))

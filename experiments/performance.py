@@ -295,16 +295,11 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     return "\n".join(out) + "\n"
 
 
-def _is_dir(path: str) -> bool:
+def _safely(test, path: str) -> bool:
+    """``test`` (Path.is_dir, Path.exists) of ``path``; False where the file system refuses the name
+    (e.g. too long: the write then says so)."""
     try:
-        return Path(path).is_dir()
-    except OSError:         # e.g. a name too long for the file system: the write says so
-        return False
-
-
-def _exists(path: str) -> bool:
-    try:
-        return Path(path).exists()
+        return test(Path(path))
     except OSError:
         return False
 
@@ -327,7 +322,7 @@ def main(argv=None) -> int:
     args.goal = 0.8 if args.goal is None else args.goal
     if not 0 < args.goal <= 1:
         ap.error(f"--goal {args.goal} is a share of the peak: a number in (0, 1], e.g. 0.8")
-    if args.out is not None and (not args.out.endswith(".md") or _is_dir(args.out)):
+    if args.out is not None and (not args.out.endswith(".md") or _safely(Path.is_dir, args.out)):
         ap.error(f"--out {args.out!r} must name a markdown file (.md), e.g. results/h200/performance.md")
     try:
         uri = resolve_uri(args.uri, create=False)
@@ -337,7 +332,7 @@ def main(argv=None) -> int:
         print(f"Store error: {exc}", file=sys.stderr)
         return 2
     except NothingMeasured as exc:
-        kept = f", {args.out} left as it is" if args.out and _exists(args.out) else ""
+        kept = f", {args.out} left as it is" if args.out and _safely(Path.exists, args.out) else ""
         print(f"Nothing to compare{kept}: {exc}", file=sys.stderr)
         return 2
     print(res.markdown)
