@@ -238,7 +238,7 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     cuBLAS; then the main effect of each wgmma axis: per precision and size, each value's best
     throughput divided by that of the same point with the axis at its default, over the runs that
     differ from the default in that axis alone, or in it and axes that the compared run shares (e.g.
-    epilogue=tma at stages=2 against stages=2).
+    a value that needs fewer stages against the default at those stages).
 
     Read-only. Raises StoreError when the store, experiment or sweep does not exist, NothingMeasured
     when the sweep holds no verified run to compare (the message says what it holds)."""

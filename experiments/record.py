@@ -39,11 +39,15 @@ METRICS = {
     "throughput_per_ghz": "throughput / (sm_clock_mhz_mean / 1000): throughput's unit per GHz",
     "throughput_at_max_clock": "throughput x sm_clock_mhz_max_possible / sm_clock_mhz_mean (throughput's "
                                "unit): what the run would reach at the full clock if it scaled with it",
+    # the board's power draw during the timed batches (NVML, same samples; absent where not reported)
+    "power_w_mean": "W (mean of the power samples)", "power_w_max": "W (highest power sample)",
+    "power_limit_w": "W (the enforced power limit, NVML)",
+    "throughput_per_w": "throughput / power_w_mean: throughput's unit per W (TFLOP/J for TFLOP/s)",
 }
 
 # timing fields of experiments.timing.time_launches logged as metrics under the same names
 CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
-                "sm_clock_mhz_max_possible")
+                "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w")
 
 TAGS = {
     "kernel": "PTX entry name, derived from the spec",
@@ -127,7 +131,8 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
     """The SM clock metrics of a verified run from the timing dict of ``time_launches``: the
     :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / mean clock in GHz) and
     ``throughput_at_max_clock`` (throughput x max possible / mean clock), both in throughput's unit,
-    rounded like throughput. Returns {} when the clock was not read (no NVML): never invented."""
+    rounded like throughput; with power samples ``throughput_per_w`` (throughput / mean W) and the
+    power fields rounded to 0.1 W. Returns {} when the clock was not read (no NVML): never invented."""
     out = {f: timing[f] for f in CLOCK_FIELDS if timing.get(f) is not None}
     mean = out.get("sm_clock_mhz_mean")
     if not mean:
@@ -136,18 +141,27 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
     out["throughput_per_ghz"] = round(throughput / (mean / 1000.0), 2)
     if out.get("sm_clock_mhz_max_possible"):
         out["throughput_at_max_clock"] = round(throughput * out["sm_clock_mhz_max_possible"] / mean, 2)
+    for f in ("power_w_mean", "power_w_max", "power_limit_w"):
+        if f in out:
+            out[f] = round(out[f], 1)
+    if out.get("power_w_mean"):
+        out["throughput_per_w"] = round(throughput / out["power_w_mean"], 3)
     return out
 
 
 def result_line(size, median_us: float, throughput: float, unit: str, spread: float, clocks: str,
                 clock: dict | None = None) -> str:
     """One-line result of a verified run, for its description; ``clock``: :func:`clock_metrics`
-    (the mean SM clock during timing and the GPU's highest, MHz), left out when empty."""
+    (the mean SM clock during timing and the GPU's highest, MHz; the mean power draw and the limit,
+    W), left out when empty."""
     m, n, k = size
     sm = ""
     if clock and clock.get("sm_clock_mhz_mean"):
         top = clock.get("sm_clock_mhz_max_possible")
         sm = f"; SM clock {clock['sm_clock_mhz_mean']:.0f} MHz" + (f" of {top:.0f}" if top else "")
+        if clock.get("power_w_mean"):
+            cap = clock.get("power_limit_w")
+            sm += f", {clock['power_w_mean']:.0f} W" + (f" of {cap:.0f}" if cap else "")
     return (f"{m}x{n}x{k}: {median_us:.1f} us, {throughput:.1f} {unit} (spread {spread:.1%}), verified{sm}; "
             f"clock-event reasons during timing: {clocks}")
 

@@ -28,7 +28,9 @@ turns the reruns into the sweep's single-GPU spread.
 Clock honesty: while the batches run, a background thread samples the SM clock of the timed GPU
 with NVML every few milliseconds (:class:`ClockSampler`); long GEMMs on an H200 run at a
 power-capped clock (NVML clock-event reason sw_power_cap, about 1785 instead of 1980 MHz), and the
-mean clock says which clock a throughput was measured at. Without NVML the clock fields are absent.
+mean clock says which clock a throughput was measured at; the same thread reads the board's power
+draw (NVML's instantaneous reading where the driver has it, else its about-1-s average), and the
+enforced power limit is read once, so a run shows how close to the cap it ran. Without NVML the clock and power fields are absent.
 """
 from __future__ import annotations
 
@@ -50,10 +52,12 @@ def _nvml_handle(nvml, pci_bus_id: str | None):
             else nvml.nvmlDeviceGetHandleByIndex(0))
 
 
-def clock_summary(samples_mhz, max_possible_mhz: float | None = None) -> dict:
+def clock_summary(samples_mhz, max_possible_mhz: float | None = None, power_mw=(),
+                  power_limit_mw: float | None = None) -> dict:
     """Mean, min and max (MHz) and the count of SM clock samples, plus the GPU's highest SM clock
-    (``sm_clock_mhz_max_possible``, MHz) when known. Returns {} for no samples: a clock that was not
-    read is absent, never zero."""
+    (``sm_clock_mhz_max_possible``, MHz) when known; with power samples (mW, NVML) their mean and
+    maximum in W (``power_w_mean``, ``power_w_max``) and the enforced limit (``power_limit_w``, W)
+    when known. Returns {} for no clock samples: a clock that was not read is absent, never zero."""
     samples = [float(x) for x in samples_mhz]
     if not samples:
         return {}
@@ -61,15 +65,21 @@ def clock_summary(samples_mhz, max_possible_mhz: float | None = None) -> dict:
            "sm_clock_mhz_max": max(samples), "sm_clock_samples": len(samples)}
     if max_possible_mhz:
         out["sm_clock_mhz_max_possible"] = float(max_possible_mhz)
+    watts = [float(x) / 1000.0 for x in power_mw]
+    if watts:
+        out["power_w_mean"], out["power_w_max"] = statistics.fmean(watts), max(watts)
+    if power_limit_mw:
+        out["power_limit_w"] = float(power_limit_mw) / 1000.0
     return out
 
 
 class ClockSampler:
-    """Samples the SM clock (MHz) of one GPU with NVML in a background thread.
+    """Samples the SM clock (MHz) and the power draw (mW) of one GPU with NVML in a background thread.
 
     ``with ClockSampler(pci_bus_id, interval_s=0.005) as clk: ...`` takes a sample on entry, then one
     every ``interval_s`` seconds (NVML updates the reading about that often), and one on exit;
-    ``clk.summary()`` gives :func:`clock_summary` of them. ``pci_bus_id`` selects the GPU (None: NVML
+    ``clk.summary()`` gives :func:`clock_summary` of them (a GPU whose power NVML does not report
+    gives clock samples only). ``pci_bus_id`` selects the GPU (None: NVML
     device 0). Without NVML (not installed, no driver, not permitted) it samples nothing and
     ``summary()`` is {}; it never raises for NVML's sake.
     """
@@ -77,7 +87,8 @@ class ClockSampler:
     def __init__(self, pci_bus_id: str | None = None, interval_s: float = 0.005):
         self.pci_bus_id, self.interval_s = pci_bus_id, interval_s
         self.samples: list = []
-        self.max_possible = None
+        self.power_mw: list = []
+        self.max_possible = self.power_limit = None
         self._nvml = self._handle = self._thread = None
         self._stop = threading.Event()
 
@@ -86,6 +97,21 @@ class ClockSampler:
             self.samples.append(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
         except Exception:  # noqa: BLE001 - a failed reading is a missing sample
             pass
+        try:
+            self.power_mw.append(self._power())
+        except Exception:  # noqa: BLE001 - no power reading on this GPU, or a failed one
+            pass
+
+    def _power(self) -> int:
+        """The board's power draw (mW): NVML's instantaneous field where the driver has it
+        (NVML_FI_DEV_POWER_INSTANT), else nvmlDeviceGetPowerUsage (on recent GPUs an average over
+        about a second, which lags a change of load)."""
+        nvml, field = self._nvml, getattr(self._nvml, "NVML_FI_DEV_POWER_INSTANT", None)
+        if field is not None:
+            value, = nvml.nvmlDeviceGetFieldValues(self._handle, [field])
+            if value.nvmlReturn == 0:
+                return value.value.uiVal
+        return nvml.nvmlDeviceGetPowerUsage(self._handle)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -100,6 +126,10 @@ class ClockSampler:
         except Exception:  # noqa: BLE001 - NVML missing or not permitted: no samples
             self._handle = None
             return self
+        try:
+            self.power_limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(self._handle)
+        except Exception:  # noqa: BLE001 - no power limit reported
+            self.power_limit = None
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="sm-clock-sampler", daemon=True)
         self._thread.start()
@@ -113,8 +143,8 @@ class ClockSampler:
             self._thread = None
 
     def summary(self) -> dict:
-        """:func:`clock_summary` of the samples taken (MHz); {} without NVML."""
-        return clock_summary(self.samples, self.max_possible)
+        """:func:`clock_summary` of the samples taken (MHz, W); {} without NVML."""
+        return clock_summary(self.samples, self.max_possible, self.power_mw, self.power_limit)
 
 
 GATE_TIMEOUT_S = 2.0     # a gate not released by then opens itself; the batch is then refused

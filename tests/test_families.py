@@ -28,10 +28,11 @@ from experiments.families.wmma import f16_accumulation_rtol
 from experiments.spec import SpecError
 
 ARCHS = ("sm_80", "sm_89", "sm_90")
-COUNTS = {"wmma": 20, "dp4a": 2, "cublas": 3}      # per arch; mma.sync peak: 12, 10 without fp8 (sm_80:
+COUNTS = {"wmma": 20, "dp4a": 2}                   # per arch; mma.sync peak: 12, 10 without fp8 (sm_80:
 NO_FP8_PEAK = ("sm_80", "sm_90")                    # no fp8 mma.sync; sm_90: emulated, folded into FADDs)
 WGMMA_PEAKS = {"sm_90": 5}                          # instruction=wgmma: one per wgmma type, built for sm_90a
 FED_PEAKS = {"sm_80": 4, "sm_89": 6, "sm_90": 3}    # feed=ldmatrix: one per native mma.sync type
+CUBLAS = {"sm_80": 3, "sm_89": 4, "sm_90": 4}       # fp16, bf16, int8; fp8_e4m3 (cuBLASLt) from sm_89
 
 
 def _spec(family, precision, arch="sm_90", **opts):
@@ -64,15 +65,16 @@ def test_space_sizes_and_unique_entries(arch):
     for name in (n for n in families.names() if n != "wgmma"):    # sm_90a only: tests/test_wgmma.py
         specs = list(families.get(name).space(arch))
         wg = WGMMA_PEAKS.get(arch, 0) if name == "peak" else 0
-        want = COUNTS.get(name, (10 if arch in NO_FP8_PEAK else 12) + wg + FED_PEAKS[arch])
+        want = CUBLAS[arch] if name == "cublas" else COUNTS.get(
+            name, (10 if arch in NO_FP8_PEAK else 12) + wg + FED_PEAKS[arch])
         assert len(specs) == want, name
         # a wgmma peak asked for sm_90 is built for sm_90a, as family=wgmma is
         assert all(s.family == name and s.arch == ("sm_90a" if s.p.get("instruction") == "wgmma" else arch)
                    for s in specs)
         assert sum(s.p.get("instruction") == "wgmma" for s in specs) == wg
         entries += [s.entry for s in specs]
-    assert len(entries) == len(set(entries)) == 35 + 2 * (arch not in NO_FP8_PEAK) + WGMMA_PEAKS.get(arch, 0) \
-        + FED_PEAKS[arch]
+    assert len(entries) == len(set(entries)) == 32 + CUBLAS[arch] + 2 * (arch not in NO_FP8_PEAK) \
+        + WGMMA_PEAKS.get(arch, 0) + FED_PEAKS[arch]
     assert all(re.fullmatch(r"[A-Za-z_][0-9A-Za-z_]*", e) for e in entries)
 
 
@@ -143,7 +145,7 @@ def test_family_spec_entry_is_derived_and_flat():
 
 # ------------------------------------------------------------------ validation messages
 @pytest.mark.parametrize("call, message", [
-    (lambda: _spec("cublas", "int4"), "family=cublas: no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8"),
+    (lambda: _spec("cublas", "int4"), "family=cublas: no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8, fp8_e4m3"),
     (lambda: _spec("wmma", "fp8_e4m3"), "no WMMA GEMM for precision=fp8_e4m3; valid: fp16, bf16, int8, int4"),
     (lambda: _spec("dp4a", "fp16"), "no DP4A GEMM for precision=fp16; valid: int8"),
     (lambda: _spec("wmma", "fp16", block="96x96"), "family=wmma block='96x96' is not valid; valid: 128x128, 64x64"),
@@ -154,6 +156,7 @@ def test_family_spec_entry_is_derived_and_flat():
     (lambda: _spec("cublas", "fp16", block="64x64"), "family=cublas has no option 'block'; valid options: (none)"),
     (lambda: _spec("wmma", "fp16", arch="sm_75"), "target.arch='sm_75' is not valid for family=wmma; valid: sm_80"),
     (lambda: _spec("peak", "fp8_e4m3", arch="sm_80"), "mma.sync with fp8_e4m3 needs sm_89 or later, not sm_80"),
+    (lambda: _spec("cublas", "fp8_e4m3", arch="sm_80"), "cuBLASLt's FP8 matmul needs sm_89 or later, not sm_80"),
     (lambda: _spec("peak", "fp16", mma="m16n8k64"), "mma=m16n8k64 is not valid with precision=fp16; valid: auto, m16n8k8, m16n8k16"),
     (lambda: _spec("peak", "copy", mma="m16n8k16"), "family=peak mma=m16n8k16 applies to the mma types only"),
     (lambda: _spec("peak", "int8", copy="memcpy"), "family=peak copy=memcpy applies to precision=copy only"),

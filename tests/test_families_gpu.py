@@ -23,7 +23,7 @@ SIZES = (512, 1024, 2048)
 TIMING = dict(warmup=2, batches=5, min_batch_ms=10.0)
 GEMMS = [("wmma", "fp16", {}), ("wmma", "fp16", {"acc": "f16"}), ("wmma", "bf16", {}), ("wmma", "int8", {}),
          ("wmma", "int4", {}), ("dp4a", "int8", {}), ("cublas", "fp16", {}), ("cublas", "bf16", {}),
-         ("cublas", "int8", {})]
+         ("cublas", "int8", {}), ("cublas", "fp8_e4m3", {})]
 OTHER_TILES = [("wmma", "fp16", {"block": "64x64", "warps": "2x2"}), ("wmma", "int8", {"block": "64x64"}),
                ("wmma", "int4", {"warps": "2x2"}), ("wmma", "bf16", {"block": "64x64"}),
                ("dp4a", "int8", {"block": "64x64"})]
@@ -64,6 +64,10 @@ def test_gemm_verifies(family, precision, opts, n):
     elif opts.get("acc") == "f16":
         from experiments.families.wmma import f16_accumulation_rtol
         assert res.tolerance == f16_accumulation_rtol(n, 1e-3) and res.max_error <= res.tolerance
+    elif precision.startswith("fp8"):      # cuBLASLt FP8: bounded like the wgmma family's fp8
+        from experiments.families.wgmma import FP8_RTOL
+        print(f"{spec.entry} at {n}: max error {res.max_error:.3g} (rtol {res.tolerance:.3g})")
+        assert res.tolerance == FP8_RTOL and res.max_error <= FP8_RTOL
     else:
         assert res.tolerance == 1e-3 and res.max_error <= 1e-3
 

@@ -62,6 +62,45 @@ def test_clock_sampler_reads_the_timed_gpu(monkeypatch):
     assert (s["sm_clock_mhz_min"], s["sm_clock_mhz_max"]) == (1785.0, 1980.0)
 
 
+def test_power_samples_and_metrics(monkeypatch):
+    """Power draw sampled with the clock (mW from NVML -> W), the enforced limit read once, and
+    throughput per W; a GPU that reports no power keeps its clock samples."""
+    nvml = fake_nvml([1755, 1740])
+    watts = iter([690000, 700000])
+    nvml.nvmlDeviceGetPowerUsage = lambda h: next(watts, 699000)
+    nvml.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700000
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with ClockSampler("00000000:19:00.0", interval_s=0.001) as clk:
+        while len(clk.power_mw) < 4:
+            pass
+    s = clk.summary()
+    assert clk.power_mw[:3] == [690000, 700000, 699000] and len(clk.power_mw) == len(clk.samples)
+    assert s["power_limit_w"] == 700.0 and s["power_w_max"] == 700.0
+    assert s["power_w_mean"] == pytest.approx(sum(clk.power_mw) / len(clk.power_mw) / 1000)
+    t = clock_summary([1750, 1750], 1980, [690000, 700000], 700000)
+    assert (t["power_w_mean"], t["power_w_max"], t["power_limit_w"]) == (695.0, 700.0, 700.0)
+    m = record.clock_metrics(1200.0, t)
+    assert m["throughput_per_w"] == round(1200.0 / 695.0, 3) == 1.727 and set(m) <= set(record.METRICS)
+    line = record.result_line((8192,) * 3, 916.3, 1200.0, "TFLOP/s", 0.02, "sw_power_cap", m)
+    assert "verified; SM clock 1750 MHz of 1980, 695 W of 700; clock-event reasons" in line
+    # the instantaneous field where the driver has it (NVML_FI_DEV_POWER_INSTANT), else the average
+    field = types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(uiVal=655000))
+    nvml.NVML_FI_DEV_POWER_INSTANT = 186
+    nvml.nvmlDeviceGetFieldValues = lambda h, ids: [field] if ids == [186] else []
+    with ClockSampler("00000000:19:00.0", interval_s=0.001) as clk:
+        pass
+    assert set(clk.power_mw) == {655000}
+    field.nvmlReturn = 3                    # NVML_ERROR_NOT_SUPPORTED: the average instead
+    with ClockSampler("00000000:19:00.0", interval_s=0.001) as clk:
+        pass
+    assert set(clk.power_mw) == {699000}
+    # no power reported: clock only, no power field invented
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([1980]))
+    with ClockSampler("00000000:19:00.0", interval_s=0.001) as clk:
+        pass
+    assert clk.samples and clk.power_mw == [] and not any(k.startswith("power") for k in clk.summary())
+
+
 def test_clock_sampler_without_nvml_samples_nothing(monkeypatch):
     broken = types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(RuntimeError("no driver")))
     monkeypatch.setitem(sys.modules, "pynvml", broken)

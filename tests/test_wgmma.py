@@ -26,7 +26,7 @@ import pytest
 
 from experiments import families
 from experiments.assemble import PtxasError, assemble, fatal_infos
-from experiments.families.wgmma import FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, geometry, smem_bytes
+from experiments.families.wgmma import FLAG_BYTES, FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, geometry, smem_bytes
 from experiments.spec import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,17 +46,20 @@ def test_space_count_and_defaults():
     print(f"wgmma space on sm_90a: {len(specs)} specs")
     # 5 precisions x 4 bn x 2 consumers x 2 producer x 7 stages x 3 swizzle x 2 persistent x 2 orders
     # = 6720 per epilogue and cluster size, less the stage counts that do not fit 227 KiB: 6240 with
-    # registers, 5640 with tma (its C staging takes consumers x 64 x BN x 4 bytes); cluster=2 needs no
-    # more shared memory per CTA
-    assert len(specs) == 23760 == len({s.entry for s in specs})
-    points = [(s.p.get("epilogue", "(registers)"), s.p.get("cluster", "(1)")) for s in specs]
+    # registers, 6120 with tma (its C staging takes consumers x 16 KiB); cluster=2 needs no more shared
+    # memory per CTA. schedule=streamk adds the persistent half once more: 24720 + 12360
+    assert len(specs) == 37080 == len({s.entry for s in specs})
+    points = [(s.p.get("epilogue", "(registers)"), s.p.get("cluster", "(1)")) for s in specs
+              if "schedule" not in s.p]
     assert [points.count(e) for e in [("(registers)", "(1)"), ("tma", "(1)"), ("(registers)", 2), ("tma", 2)]] == [
-        6240, 5640, 6240, 5640]
+        6240, 6120, 6240, 6120]
+    streamk = [s for s in specs if s.p.get("schedule") == "streamk"]
+    assert len(streamk) == 12360 and all(s.p["persistent"] == "true" for s in streamk)
     assert all(s.arch == "sm_90a" and smem_bytes(s.precision, s.p) <= 232448 for s in specs)
-    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 23760
+    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 37080
     s = _spec()
     assert s.p == {**DEFAULT, "bk": 64} and s.arch == "sm_90a"
-    assert _spec(epilogue="registers", cluster=1) == s
+    assert _spec(epilogue="registers", cluster=1, schedule="tiles") == s
     assert s.entry == ("wgmma_fp16_bk64_bn256_consumers2_ordergrouped_persistentfalse_producertrue_"
                        "stages4_swizzle128")
     g = geometry("fp16", s.p)
@@ -74,15 +77,18 @@ def test_space_count_and_defaults():
     (lambda: _spec(stages=5), "stages=5 needs 246864 bytes of shared memory per block (5 x (128 + 256) rows "
                               "x 128 bytes + 1104), more than the 232448 (227 KiB) of sm_90a; valid with "
                               "bn=256 consumers=2 swizzle=128: stages <= 4"),
-    (lambda: _spec(epilogue="tma"), "stages=4 needs 328768 bytes of shared memory per block (4 x (128 + 256) "
-                                    "rows x 128 bytes + 131072 of C staging (2 x 64 x 256 x 4) + 1088), more "
-                                    "than the 232448 (227 KiB) of sm_90a; valid with bn=256 consumers=2 "
-                                    "swizzle=128 epilogue=tma: stages <= 2"),
-    (lambda: _spec("int8", epilogue="tma", bn=128, stages=6),
-     "stages=6 needs 263264 bytes of shared memory per block (6 x (128 + 128) rows x 128 bytes + 65536 of C "
-     "staging (2 x 64 x 128 x 4) + 1120), more than the 232448 (227 KiB) of sm_90a; valid with bn=128 "
-     "consumers=2 swizzle=128 epilogue=tma: stages <= 5"),
+    (lambda: _spec(epilogue="tma", stages=5),
+     "stages=5 needs 279632 bytes of shared memory per block (5 x (128 + 256) rows x 128 bytes + 32768 of C "
+     "staging (2 x 16384) + 1104), more than the 232448 (227 KiB) of sm_90a; valid with bn=256 consumers=2 "
+     "swizzle=128 epilogue=tma: stages <= 4"),
+    (lambda: _spec("int8", epilogue="tma", bn=128, stages=7),
+     "stages=7 needs 263280 bytes of shared memory per block (7 x (128 + 128) rows x 128 bytes + 32768 of C "
+     "staging (2 x 16384) + 1136), more than the 232448 (227 KiB) of sm_90a; valid with bn=128 "
+     "consumers=2 swizzle=128 epilogue=tma: stages <= 6"),
     (lambda: _spec(epilogue="smem"), "family=wgmma epilogue='smem' is not valid; valid: registers, tma"),
+    (lambda: _spec(schedule="streamk"), "family=wgmma precision=fp16 sm_90a: schedule=streamk splits the last "
+                                        "wave's K steps among the persistent blocks: it needs persistent=true"),
+    (lambda: _spec(schedule="splitk"), "family=wgmma schedule='splitk' is not valid; valid: tiles, streamk"),
     (lambda: _spec(cluster=4), "family=wgmma cluster=4 is not valid; valid: 1, 2"),
     (lambda: _spec(bn=96), "family=wgmma bn=96 is not valid; valid: 256, 192, 128, 64"),
     (lambda: _spec("int4"), "no wgmma GEMM for precision=int4; valid: fp16, bf16, fp8_e4m3, fp8_e5m2, int8"),
@@ -129,32 +135,63 @@ def test_template_contract():
         assert text not in src and text not in nop
 
 
-def test_tma_epilogue_contract():
-    """epilogue=tma: C's tensor map instead of its pointer, the staging after the ring, one TMA store per
-    8-column box and warpgroup, the fence before the warpgroup's named barrier, the waits."""
-    s = _spec(epilogue="tma", stages=2)
+def test_streamk_contract():
+    """schedule=streamk: a workspace pointer, the item walk (whole tiles, then K-step segments) in the
+    loader and the consumers, a contributor's slot stores before its flag, the owner's acquire spin,
+    reset and slot sums; other points render without any of it."""
+    s = _spec(persistent="true", schedule="streamk")
     g = geometry("fp16", s.p)
-    assert (g["stg_wg"], g["stg_bytes"], g["box_bytes"]) == (65536, 131072, 2048)
-    assert FAM.dyn_smem(s) == 1024 + 2 * 49152 + 131072 + 32 == 230432
+    assert (g["nthr_c"], g["slot_bytes"]) == (256, 131072)
+    src = FAM.build(s).source
+    assert ".param .u64 ws_ptr," in src and src.count("SK_SPIN:") == 1
+    assert src.count("st.global.v4.f32 [%slot+") == 32 and src.count("ld.global.cg.v4.f32") == 32
+    assert "st.global.v4.f32 [%slot+126976], { %d124, %d125, %d126, %d127 };" in src   # quad 31 x 256 x 16
+    assert "add.s64         %slot, %slot, 4096;" in src                              # after the flags
+    store, bar = src.rindex("st.global.v4.f32 [%slot+"), src.index("bar.sync        3, 256;")
+    fence, red = src.index("@%pc0 fence.acq_rel.gpu;"), src.index("@%pc0 red.relaxed.gpu.global.add.u32 [%flag]")
+    assert store < bar < fence < red
+    spin, reset = src.index("ld.acquire.gpu.global.u32 %q2, [%flag];"), src.index("st.relaxed.gpu.global.u32 [%flag], 0;")
+    assert red < spin < reset < src.index("ld.global.cg.v4.f32")
+    # the loader and the consumers walk the same items: the split is computed in both walks
+    # start, the loader (first item, then each next), the consumers, the fixup
+    assert src.count("div.u32         %dpn, %sks, %nblocks;") == 5
+    assert "setp.lt.u32     %pl, %ck, %cke;" in src and "setp.eq.u32     %pl, %ck, %ckb;" in src
+    two = FAM.build(_spec("int8", persistent="true", schedule="streamk", cluster=2, epilogue="tma")).source
+    assert two.count("mad.lo.u32      %q1, %q1, 2, %crank;") == 1 and "add.s32         %d127, %d127, %v3;" in two
+    for text in ("ws_ptr", "%sks", "SK_", "bar.sync        3"):
+        assert text not in FAM.build(_spec(persistent="true")).source
+
+
+def test_tma_epilogue_contract():
+    """epilogue=tma: C's tensor map instead of its pointer, the staging (two buffers of 4 boxes a
+    warpgroup) after the ring, one TMA store per 8-column box, chunk by chunk through alternating
+    buffers; in each chunk the fence and the wait for the previous chunk's reads come before the
+    warpgroup's named barrier, the stores after it."""
+    s = _spec(epilogue="tma")
+    g = geometry("fp16", s.p)
+    assert (g["stg_wg"], g["stg_bytes"], g["box_bytes"], g["nchunks"]) == (16384, 32768, 2048, 8)
+    assert FAM.dyn_smem(s) == 1024 + 4 * 49152 + 32768 + 64 == 230464
     src = FAM.build(s).source
     assert ".param .align 64 .b8 tmap_c[128]," in src and "c_ptr" not in src and "st.global" not in src
-    assert "add.u32         %full, %base, 229376;" in src        # 2 stages x 49152 + 131072 of staging
-    assert "add.u32         %stg, %base, 98304;" in src and "mad.lo.u32      %stg, %wg, 65536, %stg;" in src
+    assert "add.u32         %full, %base, 229376;" in src        # 4 stages x 49152 + 32768 of staging
+    assert "add.u32         %stg, %base, 196608;" in src and "mad.lo.u32      %stg, %wg, 16384, %stg;" in src
     assert src.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%tmap_c_gen, { %q5, %q3 }]") == 32
-    assert "[%stg+63488];" in src and src.count("st.shared.v2.f32") == 64
-    assert "st.shared.v2.f32 [%stt+63744], { %d126, %d127 };" in src      # box 31, rows 8 .. 15
-    assert src.count("cp.async.bulk.commit_group;") == 1 and "cp.async.bulk.wait_group.read" not in src
+    assert src.count("st.shared.v2.f32") == 64 and src.count("cp.async.bulk.commit_group;") == 8
+    # chunk 7 (columns 224 .. 255) in buffer 1: box 31's rows 8 .. 15 at 8192 + 3 x 2048 + 256
+    assert "st.shared.v2.f32 [%stt+14592], { %d126, %d127 };" in src and "[%stg+14336];" in src
+    assert "st.shared.v2.f32 [%stt+6400], { %d110, %d111 };" in src     # chunk 6, buffer 0, box 3
+    chunks = src.split("    // chunk ")[1:]
+    assert len(chunks) == 8
+    for ch in chunks:
+        fence, wait = ch.index("fence.proxy.async.shared::cta;"), ch.index("@%pt0 cp.async.bulk.wait_group.read 0;")
+        bar, store = ch.index("@%pwg0 bar.sync 1, 128;"), ch.index("cp.async.bulk.tensor.2d.global")
+        assert ch.rindex("st.shared.v2") < fence < wait < bar < store and "@!%pwg0 bar.sync 2, 128;" in ch
     assert src.count("@%pt0 cp.async.bulk.wait_group 0;") == 1
-    fence = src.index("fence.proxy.async.shared::cta;")
-    assert src.index("@%pwg0 bar.sync 1, 128;", fence) < src.index("cp.async.bulk.tensor.2d.global", fence)
-    assert "@!%pwg0 bar.sync 2, 128;" in src
     one = FAM.build(_spec("int8", epilogue="tma", consumers=1, bn=64, persistent="true",
                           producer="false")).source
     assert one.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") == 8
     assert one.count("    bar.sync        1, 128;") == 2 and "%pwg0 bar" not in one
-    assert one.count("st.shared.v2.s32") == 16 and "@%pt0 cp.async.bulk.wait_group.read 0;" in one
-    # the wait for the previous tile's stores comes before this tile's first shared store
-    assert one.index("cp.async.bulk.wait_group.read 0;") < one.index("st.shared.v2.s32")
+    assert one.count("st.shared.v2.s32") == 16 and one.count("@%pt0 cp.async.bulk.wait_group.read 0;") == 2
 
 
 def test_cluster_contract():
@@ -194,7 +231,7 @@ def test_run_names_and_identity():
     name); tma and cluster=2 do."""
     from experiments import record
     axes = tuple(FAM.axes)
-    assert axes[-2:] == ("epilogue", "cluster")
+    assert axes[-3:] == ("epilogue", "cluster", "schedule")
     old = _spec("fp8_e4m3", persistent="true")
     assert record.family_run_name(old, axes, (8192,) * 3) == (
         "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages4 swizzle128 persistent grouped")
@@ -238,7 +275,8 @@ def test_fatal_info_from_ptxas(tmp_path, need_ptxas):
 # ------------------------------------------------------------------ assembling a covering subset
 def _covering():
     """Per precision: the default, every other value of each axis alone (stages up to the largest
-    that fits), and every producer x persistent x consumers combination."""
+    that fits), every producer x persistent x consumers combination, and stream-K with a producer or
+    without, with cluster=2 and the TMA epilogue, and with the smallest tile."""
     out = {}
     for prec in TYPES:
         points = [{}]
@@ -249,7 +287,9 @@ def _covering():
                    for p in ("true", "false") for q in ("true", "false") for c in (1, 2)]
         points += [{"bn": 128, "consumers": 1, "stages": n} for n in FAM.axes["stages"]]
         points += [{"bn": 64, "consumers": 1, "stages": 8, "swizzle": 32, "order": "row"}]
-        points += [{"epilogue": "tma", "stages": 2}]
+        points += [{"epilogue": "tma", "persistent": "true"}]
+        points += [{"persistent": "true", "schedule": "streamk", **o} for o in (
+            {}, {"producer": "false"}, {"cluster": 2, "epilogue": "tma"}, {"bn": 64, "consumers": 1})]
         for opts in points:
             try:
                 s = _spec(prec, **opts)
@@ -320,10 +360,9 @@ def _tma_points(precision):
 @pytest.mark.parametrize("precision", list(TYPES))
 def test_tma_epilogue_assembles(precision, tmp_path, need_ptxas):
     specs = _tma_points(precision)
-    assert len(specs) == 32                    # every combination fits with 2 stages at least
-    # fewer than 4 stages beside the staging only for the two largest tiles (swizzle 128)
-    assert {(s.p["bn"], s.p["consumers"], s.p["stages"]) for s in specs if s.p["stages"] < 4} == {
-        (256, 2, 2), (192, 2, 3)}
+    assert len(specs) == 32
+    # the staging (consumers x 16 KiB) leaves room for the default 4 stages even at the largest tile
+    assert {s.p["stages"] for s in specs} == {4}
     op = {"fp16": "HGMMA", "bf16": "HGMMA", "int8": "IGMMA"}.get(precision, "QGMMA")
     results = _assemble_checked(specs, tmp_path, _persistent_two_consumers)
     print(f"assembled {len(results)} {precision} wgmma kernels with epilogue=tma for sm_90a")
@@ -400,17 +439,17 @@ def test_static_tma_run(tmp_path, need_ptxas):
     env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "run.py"), "family=wgmma", "backend=static", "precision=int8",
-         "family.epilogue=tma", "family.stages=2", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+         "family.epilogue=tma", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
          "tracking.experiment=wgmma-tests", f"hydra.run.dir={tmp_path}/out"], cwd=tmp_path, env=env,
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     assert proc.returncode == 0, proc.stdout
     (name, r), = _children(tmp_path).items()
-    assert name == "wgmma int8 bn256 consumers2 producer stages2 swizzle128 no_persistent grouped tma"
+    assert name == "wgmma int8 bn256 consumers2 producer stages4 swizzle128 no_persistent grouped tma"
     assert r.data.tags["outcome"] == "static" and r.data.params["spec.epilogue"] == "tma"
     m = r.data.metrics
     print(f"{name}: {m['registers']:.0f} regs, {m['smem_dynamic_bytes']:.0f} B dynamic smem, "
           f"{m['sass_UTMASTG']:.0f} x UTMASTG, {m['sass_STS']:.0f} x STS")
-    assert m["smem_dynamic_bytes"] == 230432 and m["registers"] == REGS["launch"]
+    assert m["smem_dynamic_bytes"] == 230464 and m["registers"] == REGS["launch"]
     assert (m["sass_IGMMA"], m["sass_UTMALDG"], m["sass_UTMASTG"], m["sass_STS"]) == (4, 2, 32, 64)
 
 
@@ -448,6 +487,9 @@ TMA_CASES = [
     ({"bn": 128, "consumers": 1}, [(128, 128, 128), (256, 512, 384), (1024, 1024, 1024)]),
     ({"bn": 192, "stages": 3, "producer": "false"}, [(384, 384, 256), (768, 768, 768)]),
     ({"stages": 2, "persistent": "true"}, [(1024, 1024, 1024)]),
+    # the default ring with the staging beside it, 256 tiles of 128 x 256 for 132 persistent blocks: every
+    # buffer of the staging written again after the stores that read it (8 chunks a tile)
+    ({"persistent": "true"}, [(2048, 4096, 512)]),
     # persistent blocks that walk several tiles, so the staging is written again after a wait: 1024 x 2048
     # in 64 x 64 tiles is 512 tiles for the H200's 132 blocks
     ({"bn": 64, "consumers": 1, "persistent": "true"}, [(128, 128, 128), (1024, 2048, 256)]),
@@ -526,11 +568,46 @@ def test_gpu_cluster(precision, opts, shape):
     _same_c(precision, opts, {"cluster": 2}, shape)
 
 
+# schedule=streamk on the GPU (132 SMs): (options besides persistent and schedule, shapes); tiles beyond
+# the full waves are split into K-step segments that cross tile boundaries, each partial tile summed by its
+# owner from the slots of the next CTAs. Shapes a multiple of BK = 128 (8-bit) too.
+STREAMK_CASES = [
+    # 16 x 10 = 160 tiles: 1 whole tile each, 28 tiles' 8 or 16 K steps over 132 CTAs (several per tile)
+    ({}, [(2048, 2560, 1024)]),
+    # 16 x 9 = 144 tiles, 12 left of 1 or 2 K steps: fewer steps than CTAs, so most take none
+    ({}, [(2048, 2304, 256)]),
+    # 64 x 64 tiles: 256 tiles, 124 left
+    ({"bn": 64, "consumers": 1, "producer": "false", "order": "row"}, [(1024, 1024, 512)]),
+    # clusters: 8 pair rows x 10 = 80 pair tiles for 66 clusters; TMA epilogue for the owners
+    ({"cluster": 2, "epilogue": "tma"}, [(2048, 2560, 1024)]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts, shape", [(o, s) for o, shapes in STREAMK_CASES for s in shapes], ids=_ids)
+@pytest.mark.parametrize("precision", list(TYPES))
+def test_gpu_streamk(precision, opts, shape):
+    """schedule=streamk verifies (int8 exactly), and again on a second launch into a poisoned C: the
+    owners leave every flag zero for the next launch."""
+    spec, prep = _prepared(precision, {**opts, "persistent": "true", "schedule": "streamk"}, shape)
+    for launch in range(2):
+        prep.launch.output.fill(-7 if precision == "int8" else float("nan"))
+        prep.launch()
+        _finish(spec.entry)
+        res = prep.verify()
+        assert res.ok, f"{spec.entry} at {shape}, launch {launch}: {res.message()}"
+        if precision == "int8":
+            assert res.max_error == 0
+    ws = prep.launch.operands[1][0]
+    assert int(ws[:FLAG_BYTES].view("uint32").max()) == 0      # flags back to zero
+
+
 def test_gpu_cases_are_valid():
     """The GPU cases above validate for every precision and their shapes fit the tiles (CPU check, so a
     typo fails here rather than on the GPU); the persistent ones at 1024 x 2048 walk 512 tiles (256
     pairs) with the H200's 132 blocks (66 clusters)."""
-    for cases, change in ((TMA_CASES, {"epilogue": "tma"}), (CLUSTER_CASES, {"cluster": 2})):
+    for cases, change in ((TMA_CASES, {"epilogue": "tma"}), (CLUSTER_CASES, {"cluster": 2}),
+                          (STREAMK_CASES, {"persistent": "true", "schedule": "streamk"})):
         for precision in TYPES:
             for opts, shapes in cases:
                 for o in (opts, {**opts, **change}):

@@ -5,6 +5,11 @@ own kernel choice (CUBLAS_GEMM_DEFAULT):
   fp16, bf16: A/B CUDA_R_16F / CUDA_R_16BF, C CUDA_R_32F, CUBLAS_COMPUTE_32F (f32 output, like the
               mma_sync kernels' f32 accumulator);
   int8:       A/B CUDA_R_8I, C CUDA_R_32I, CUBLAS_COMPUTE_32I.
+fp8_e4m3 goes through cuBLASLt instead (cublasGemmEx has no FP8; cuBLAS guide, "cublasLtMatmul", its
+FP8 type table): one ``cublasLtMatmul`` per launch, A/B CUDA_R_8F_E4M3, C and D CUDA_R_32F,
+CUBLAS_COMPUTE_32F, scales f32 on the host, the first algorithm ``cublasLtMatmulAlgoGetHeuristic``
+returns for the workspace below; FP8 needs sm_89 or later and the TN form (transa = T), which the
+layout below is. e5m2 x e5m2 is not among cuBLASLt's FP8 combinations, so fp8_e5m2 has no cuBLAS run.
 Layout: cuBLAS is column-major. Row-major C (M x N) = A (M x K, row-major) B^T with B stored N x K is
 C^T = B A^T in column-major terms: ``gemmEx(op_T, op_N, m=N, n=M, k=K, B, ldb=K, A, lda=K, C, ldc=N)``,
 no copies. This is the "TN" form cuBLAS's int8 (IMMA) path requires; it also needs the leading
@@ -12,7 +17,7 @@ dimensions (K for A and B, N for C) to be multiples of 4 and 4-byte aligned poin
 :meth:`CublasFamily.check_problem` enforces. The enum values are those of ``library_types.h``
 (cudaDataType_t) and ``cublas_api.h`` (cublasComputeType_t, cublasOperation_t), stable ABI.
 
-The calls go through ctypes to the libcublas CuPy has loaded, on a handle of our own with its own
+The calls go through ctypes to the libcublas (libcublasLt) CuPy has loaded, on a handle of our own with its own
 32 MiB workspace (:class:`_Gemm`), because the timing replays launches as a CUDA graph: CuPy's cuBLAS
 binding refuses calls while a stream is capturing, and without a user workspace cuBLAS would allocate
 during capture (cuBLAS guide, "CUDA Graphs Support"; ``cublasSetStream`` resets the workspace, so it
@@ -25,11 +30,11 @@ import weakref
 
 import numpy as np
 
-from .base import Build, Family, FamilySpec, Prepared, SpecError
+from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, sm_of
 
 __all__ = ["CublasFamily", "TYPES", "gemm_args"]
 
-CUDA_R_32F, CUDA_R_16F, CUDA_R_8I, CUDA_R_32I, CUDA_R_16BF = 0, 2, 3, 10, 14
+CUDA_R_32F, CUDA_R_16F, CUDA_R_8I, CUDA_R_32I, CUDA_R_16BF, CUDA_R_8F_E4M3 = 0, 2, 3, 10, 14, 28
 CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32I = 68, 72
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_GEMM_DEFAULT = -1
@@ -39,7 +44,12 @@ TYPES = {
     "fp16": (CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, np.float32, np.float32),
     "bf16": (CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, np.float32, np.float32),
     "int8": (CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I, np.int32, np.int32),
+    "fp8_e4m3": (CUDA_R_8F_E4M3, CUDA_R_32F, CUBLAS_COMPUTE_32F, np.float32, np.float32),
 }
+LT = ("fp8_e4m3",)             # precisions computed by cublasLtMatmul
+# cublasLt enums (cublasLt.h): matmul descriptor TRANSA / TRANSB, preference MAX_WORKSPACE_BYTES
+LT_DESC_TRANSA, LT_DESC_TRANSB, LT_PREF_MAX_WORKSPACE = 3, 4, 1
+LT_HEURISTIC_BYTES = 96        # cublasLtMatmulHeuristicResult_t: algo (64), workspaceSize, state, waves, 4 ints
 
 
 class _Ptr(int):
@@ -56,24 +66,26 @@ def gemm_args(precision: str, m: int, n: int, k: int, a: int, b: int, c: int, al
             _Ptr(beta), _Ptr(c), c_type, n, compute, CUBLAS_GEMM_DEFAULT)
 
 
-def _libcublas():
-    """The libcublas CuPy uses (found in /proc/self/maps after CuPy loaded it), else by soname."""
+def _libcublas(name: str = "libcublas"):
+    """The libcublas (or libcublasLt) CuPy uses (found in /proc/self/maps after CuPy loaded cuBLAS),
+    else by soname."""
     import cupy
     cupy.cuda.device.get_cublas_handle()
     paths = []
     try:
         with open("/proc/self/maps") as maps:
-            paths = [ln.split()[-1] for ln in maps if "/libcublas.so" in ln]
+            paths = [ln.split()[-1] for ln in maps if f"/{name}.so" in ln]
     except OSError:
         pass
-    for name in paths[:1] + ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]:
+    for path in paths[:1] + [f"{name}.so.13", f"{name}.so.12", f"{name}.so"]:
         try:
-            lib = ctypes.CDLL(name)
+            lib = ctypes.CDLL(path)
         except OSError:
             continue
-        lib.cublasGetStatusName.restype = ctypes.c_char_p
+        if name == "libcublas":
+            lib.cublasGetStatusName.restype = ctypes.c_char_p
         return lib
-    raise RuntimeError("libcublas not found: install the CUDA toolkit's cuBLAS or nvidia-cublas")
+    raise RuntimeError(f"{name} not found: install the CUDA toolkit's cuBLAS or nvidia-cublas")
 
 
 class _Gemm:
@@ -106,6 +118,82 @@ class _Gemm:
         self._check(self.lib.cublasGemmEx(self.handle, *conv), "cublasGemmEx")
 
 
+class _LtGemm:
+    """One cuBLASLt matmul, planned once: row-major C (M x N, f32) = A (M x K) B^T with B stored N x K,
+    as column-major C^T (ld N) = op_T(B as K x N, ld K) x (A as K x M, ld K), the TN form FP8 needs.
+    call() = one cublasLtMatmul on the current CuPy stream with a fixed workspace (capturable).
+    Raises RuntimeError with the cublasLt status when a call fails or no algorithm fits."""
+
+    def __init__(self, ab_type: int, m: int, n: int, k: int, a: int, b: int, c: int):
+        import cupy
+        self.lib, v = _libcublas("libcublasLt"), ctypes.c_void_p
+        self.handle, self.desc, self.pref = v(), v(), v()
+        self.layouts = [v(), v(), v()]          # A (ours B), B (ours A), C = D
+        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        self._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        weakref.finalize(self, _destroy_lt, self.lib, self.handle.value, self.desc, self.pref, self.layouts,
+                         self.workspace)
+        self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                    "cublasLtMatmulDescCreate")
+        for attr, op in ((LT_DESC_TRANSA, CUBLAS_OP_T), (LT_DESC_TRANSB, CUBLAS_OP_N)):
+            val = ctypes.c_int32(op)
+            self._check(self.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(val), ctypes.c_size_t(4)),
+                        "cublasLtMatmulDescSetAttribute")
+        for lay, (dtype, rows, cols, ld) in zip(self.layouts, ((ab_type, k, n, k), (ab_type, k, m, k),
+                                                                (CUDA_R_32F, n, m, n))):
+            self._check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, ctypes.c_uint64(rows),
+                                                            ctypes.c_uint64(cols), ctypes.c_int64(ld)),
+                        "cublasLtMatrixLayoutCreate")
+        self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "cublasLtMatmulPreferenceCreate")
+        ws = ctypes.c_uint64(WORKSPACE_BYTES)
+        self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, LT_PREF_MAX_WORKSPACE,
+                                                                  ctypes.byref(ws), ctypes.c_size_t(8)),
+                    "cublasLtMatmulPreferenceSetAttribute")
+        self.heuristic = ctypes.create_string_buffer(LT_HEURISTIC_BYTES)
+        found = ctypes.c_int(0)
+        la, lb, lc = self.layouts
+        self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, la, lb, lc, lc, self.pref, 1,
+                                                            self.heuristic, ctypes.byref(found)),
+                    "cublasLtMatmulAlgoGetHeuristic")
+        if found.value < 1:
+            raise RuntimeError(f"cublasLtMatmulAlgoGetHeuristic found no algorithm for {m}x{n}x{k}")
+        self.alpha, self.beta = np.ones(1, np.float32), np.zeros(1, np.float32)
+        self.ptrs = (v(b), v(a), v(c))
+
+    def _check(self, status: int, what: str) -> None:
+        if status:
+            raise RuntimeError(f"{what} failed: cublasStatus_t {status} (cublas_api.h)")
+
+    def __call__(self) -> None:
+        import cupy
+        b, a, c = self.ptrs
+        la, lb, lc = self.layouts
+        stream = ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)
+        self._check(self.lib.cublasLtMatmul(
+            self.handle, self.desc, v_ptr(self.alpha), b, la, a, lb, v_ptr(self.beta), c, lc, c, lc,
+            self.heuristic, ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE_BYTES), stream),
+            "cublasLtMatmul")
+
+
+def v_ptr(arr: np.ndarray) -> ctypes.c_void_p:
+    """The host address of a numpy array, as void*."""
+    return ctypes.c_void_p(arr.ctypes.data)
+
+
+def _destroy_lt(lib, handle, desc, pref, layouts, workspace) -> None:
+    try:
+        for lay in layouts:
+            if lay.value:
+                lib.cublasLtMatrixLayoutDestroy(lay)
+        if pref.value:
+            lib.cublasLtMatmulPreferenceDestroy(pref)
+        if desc.value:
+            lib.cublasLtMatmulDescDestroy(desc)
+        lib.cublasLtDestroy(ctypes.c_void_p(handle))
+    except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone already
+        pass
+
+
 def _destroy(lib, handle, workspace) -> None:
     try:
         lib.cublasDestroy_v2(ctypes.c_void_p(handle))
@@ -113,11 +201,19 @@ def _destroy(lib, handle, workspace) -> None:
         pass
 
 
+def _fp8_rule(precision, params, arch):
+    if precision in LT and sm_of(arch) < 89:
+        return f"cuBLASLt's FP8 matmul needs sm_89 or later, not {arch}"
+    return None
+
+
 class CublasFamily(Family):
-    """``family=cublas``: precision fp16, bf16 or int8; no other axes (the library picks the kernel)."""
+    """``family=cublas``: precision fp16, bf16, int8 (cublasGemmEx) or fp8_e4m3 (cublasLtMatmul, sm_89
+    or later); no other axes (the library picks the kernel)."""
     name = "cublas"
     title = "cuBLAS GEMM"
     axes = {"precision": tuple(TYPES)}
+    rules = (Rule("fp8", "fp8_e4m3 (cuBLASLt) needs sm_89 or later", _fp8_rule),)
 
     def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
         """Raise SpecError for non-positive sizes, sizes of 2**31 or more (cuBLAS takes int), and for
@@ -133,15 +229,23 @@ class CublasFamily(Family):
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
                 *, rtol: float = 1e-3) -> Prepared:
-        """Operands as verify.make_operands makes them, C poisoned; launch = one cublasGemmEx on the
-        current CuPy stream (capturable in a CUDA graph). Floats are checked within ``rtol``, int8
-        exactly. Raises RuntimeError with cuBLAS's status name when a call fails."""
+        """Operands as verify.make_operands makes them, C poisoned; launch = one cublasGemmEx (fp8:
+        cublasLtMatmul) on the current CuPy stream (capturable in a CUDA graph). fp16 and bf16 are
+        checked within ``rtol``, fp8 within the larger of ``rtol`` and the wgmma family's FP8_RTOL,
+        int8 exactly. Raises RuntimeError with cuBLAS's status when a call fails."""
         from ..verify import check, make_operands
         from . import gpu
+        from .wgmma import FP8_RTOL
         self.check_problem(spec, m, n, k)
         c_dtype, s_dtype = TYPES[spec.precision][3:]
         ops = make_operands(spec.precision, m, n, k, seed)
         c = gpu.poisoned((m, n), c_dtype)
+        if spec.precision in LT:
+            lt = _LtGemm(TYPES[spec.precision][0], m, n, k, ops.a.data.ptr, ops.b.data.ptr, c.data.ptr)
+            tol = max(rtol, FP8_RTOL)
+            return Prepared(launch=lt, verify=lambda: check(c, ops, True, tol),
+                            note=f"cuBLASLt picks its own kernel (first heuristic); FP8 TN, f32 C; verified "
+                                 f"within rtol={tol:.3g}")
         gemm = _Gemm()
         # host scalars (a new handle's CUBLAS_POINTER_MODE_HOST), kept alive by the closure
         alpha, beta = np.ones(1, s_dtype), np.zeros(1, s_dtype)

@@ -15,26 +15,35 @@ descriptors' layout field together. ``persistent=true`` launches one block per S
 tiles b, b + grid, ...; ``order`` maps a linear tile index to (tile row, tile column) in both modes.
 
 ``epilogue`` says how the accumulators reach C. ``registers``: ``st.global.v2`` straight from the
-fragments. ``tma``: each consumer warpgroup writes its 64 x BN tile with ``st.shared.v2`` into its own
-staging buffer after the ring, then ``fence.proxy.async.shared::cta`` and a named barrier of the
-warpgroup (``bar.sync 1 + wg, 128``); its first thread issues BN / 8 TMA stores
-(``cp.async.bulk.tensor.2d.global.shared::cta.bulk_group``) through a third tensor map (C: f32 / s32,
-box 8 columns x 64 rows, no swizzle) and commits them as one bulk group. Before the staging is
-written again (the next tile, persistent) that thread waits for the group to have read it
-(``cp.async.bulk.wait_group.read 0``) and the warpgroup meets at its barrier; before the block exits
-it waits for the writes (``cp.async.bulk.wait_group 0``). Why so:
+fragments; the warps wait until every store has left the SM. ``tma``: each consumer warpgroup writes
+its 64 x BN tile in chunks of :data:`CHUNK_BOXES` boxes (8 columns x 64 rows each) with
+``st.shared.v2`` into two staging buffers of its own after the ring, alternately; per chunk
+``fence.proxy.async.shared::cta``, its first thread waits until the previous chunk's stores have read
+the other buffer (``cp.async.bulk.wait_group.read 0``), a named barrier of the warpgroup
+(``bar.sync 1 + wg, 128``), and that thread issues the chunk's TMA stores
+(``cp.async.bulk.tensor.2d.global.shared::cta.bulk_group``, a third tensor map: C f32 / s32, box 8
+columns x 64 rows, no swizzle) as one bulk group. The stores drain while the warpgroup goes on (in
+persistent mode, to the next tile's wgmma); before the block exits it waits for the writes
+(``cp.async.bulk.wait_group 0``). Why so:
 
 - the staging is not part of the ring: in persistent mode the producer refills every stage with the
-  next tile while this one is stored, and with one tile per block the only stage bytes no other
-  warpgroup still reads are this warpgroup's own A rows, STAGES x 64 x SW bytes, less than its
-  64 x BN x 4 unless STAGES x SW >= 4 BN. It costs consumers x 64 x BN x 4 bytes (128 KiB at the
-  default tile, which then fits 2 stages);
+  next tile while this one is stored. Two buffers of 4 boxes (16 KiB a warpgroup, 32 KiB at the
+  default tile) fit beside 4 stages; one chunk is written while the other is read by the TMA;
 - boxes 8 columns wide (32 bytes a row, 2 KiB a box): a warp's ``st.shared.v2`` of one register pair
   covers 8 whole rows, 256 contiguous bytes, free of bank conflicts; rows of 32 or more columns lie
   128 bytes apart or a multiple, so the 8 rows meet in the same 8 banks, and 128B swizzle still
   leaves rows r and r ^ 1 on the same banks;
 - ``stmatrix`` does not fit: it moves 16-bit halves (8 x 8 matrices of b16), so a thread's two 32-bit
   values of one row would land in two different matrices.
+
+``schedule=streamk`` (persistent only): whole tiles fill the full waves (T / grid tiles per block), and
+the K steps of the tiles left over are split evenly among all blocks (stream-K, Osama et al., PPoPP 2023:
+its data-parallel + one stream-K wave form), so the last wave does not leave SMs idle; at N = 8192 the
+default 128 x 256 tile gives 2048 tiles, 15.5 waves of the H200's 132 SMs. A block whose segment starts
+past k = 0 stores its partial sums to its slot of a workspace and adds its step count to the tile's flag
+(a release at GPU scope); the block whose segment starts at k = 0 waits for the flag (acquire), resets it
+for the next launch and adds the slots before its epilogue. The workspace (:data:`FLAG_BYTES` of flags,
+then a slot of consumers x 128 x BN / 2 x 4 bytes per block) is allocated, zeroed, with the operands.
 
 ``cluster=2``: two CTAs along M form a cluster (``.reqnctapercluster 2, 1, 1``, so a plain launch
 works) and compute tile rows 2i and 2i + 1 of one tile column (M a multiple of 2 BM). Each loads its
@@ -50,6 +59,9 @@ async-groups), bar.sync (named barriers with a thread count) and membar / fence 
 generic-proxy writes made visible to the async proxy); for clusters those on cp.async.bulk.tensor's
 .multicast::cluster, mapa, mbarrier.arrive on a shared::cluster address, barrier.cluster and the
 .reqnctapercluster directive;
+for stream-K the sections on ld.acquire / red.relaxed / fence.acq_rel (memory consistency model) and
+Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix Multiplication on
+the GPU" (PPoPP 2023);
 CUDA Driver API, cuTensorMapEncodeTiled (the map goes to CuPy's RawKernel by value, as a size-1 numpy
 array of a 128-byte dtype; box dims <= 256 elements, inner box bytes a multiple of 16, and with a
 swizzle at most the swizzle span; no limit on the inner bytes without one).
@@ -62,7 +74,7 @@ from ..spec import ARCHS, NO_TAILS_ADVICE, check_no_tails
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
 
 __all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
-           "encode_tiled", "C_TMAP", "C_BOX_COLS", "OMITTED_DEFAULTS"]
+           "encode_tiled", "C_TMAP", "C_BOX_COLS", "CHUNK_BOXES", "OMITTED_DEFAULTS"]
 
 ARCH = "sm_90a"             # wgmma and setmaxnreg exist only for the arch-specific target
 # precision -> (bytes per element, K of one wgmma, wgmma type suffix (dtype.atype.btype), operands after
@@ -92,29 +104,38 @@ ALIGN_SLACK = 1024          # the ring starts at a 1024-byte boundary of dynamic
 # staging box (8 x 4 bytes: a warp's register pair covers 8 whole 32-byte rows, no bank conflict)
 C_TMAP = {"f32": 7, "s32": 3}
 C_BOX_COLS = 8
+CHUNK_BOXES = 4             # boxes per chunk of the tma epilogue (BN / 8 is a multiple of 2 x 4 for every bn)
 # axes added after runs were recorded: their default stays out of the spec (its params, hence the entry,
 # the run name and the run key), so every point that existed before keeps its identity and PTX
-OMITTED_DEFAULTS = {"epilogue": "registers", "cluster": 1}
+OMITTED_DEFAULTS = {"epilogue": "registers", "cluster": 1, "schedule": "tiles"}
+# schedule=streamk: the workspace starts with one u32 flag per stream-K tile and CTA of a cluster (fewer
+# than the grid, at most FLAG_BYTES / 4), then one slot of partial sums per CTA
+FLAG_BYTES = 4096
 
 
 def geometry(precision: str, p: dict) -> dict:
     """Block tile and derived sizes (bytes, threads) of one point. p: resolved params (a missing
     ``epilogue`` is ``registers``, a missing ``cluster`` 1). stage_bytes: one ring stage, (BM + BN) x SW;
-    stg_wg: one consumer warpgroup's C staging with epilogue=tma, 64 x BN x 4 (0 with registers);
-    stg_bytes: all of it; CL: CTAs per cluster."""
+    stg_wg: one consumer warpgroup's C staging with epilogue=tma, two buffers of :data:`CHUNK_BOXES`
+    boxes of 64 x 8 x 4 bytes (0 with registers); stg_bytes: all of it; nchunks: chunks of a
+    warpgroup's tile; CL: CTAs per cluster; nthr_c: consumer threads; slot_bytes: one CTA's partial sums
+    with schedule=streamk, nthr_c x BN / 2 x 4."""
     nbytes = TYPES[precision][0]
     sw, bn, cons, stages = p["swizzle"], p["bn"], p["consumers"], p["stages"]
     bm, bk = 64 * cons, sw // nbytes
     stage = (bm + bn) * sw
-    stg_wg = 64 * bn * 4 if p.get("epilogue", "registers") == "tma" else 0
+    box_bytes = 64 * C_BOX_COLS * 4
+    stg_wg = 2 * CHUNK_BOXES * box_bytes if p.get("epilogue", "registers") == "tma" else 0
     return dict(BM=bm, BN=bn, BK=bk, SW=sw, STAGES=stages, stage_bytes=stage, a_bytes=bm * sw,
                 ksteps=sw // 32, T=128 * (cons + (p["producer"] == "true")), stg_wg=stg_wg,
-                stg_bytes=cons * stg_wg, box_bytes=64 * C_BOX_COLS * 4, CL=p.get("cluster", 1))
+                stg_bytes=cons * stg_wg, box_bytes=box_bytes, chunk_boxes=CHUNK_BOXES,
+                nchunks=bn // C_BOX_COLS // CHUNK_BOXES, CL=p.get("cluster", 1), nthr_c=128 * cons,
+                slot_bytes=128 * cons * bn // 2 * 4)
 
 
 def smem_bytes(precision: str, p: dict) -> int:
     """Dynamic shared memory of one block (bytes): alignment slack + stages x (BM + BN) x SW + the C
-    staging (epilogue=tma: consumers x 64 x BN x 4) + the barriers (2 x 8 bytes per stage)."""
+    staging (epilogue=tma: consumers x 2 x 4 boxes x 2048) + the barriers (2 x 8 bytes per stage)."""
     g = geometry(precision, p)
     return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + g["stg_bytes"] + 16 * g["STAGES"]
 
@@ -124,7 +145,7 @@ def _smem_rule(precision, p, arch):
     need, limit = smem_bytes(precision, p), ARCHS[arch].max_smem_block
     if need > limit:
         fit = (limit - ALIGN_SLACK - g["stg_bytes"]) // (g["stage_bytes"] + 16)
-        staging = (f" + {g['stg_bytes']} of C staging ({p['consumers']} x 64 x {g['BN']} x 4)"
+        staging = (f" + {g['stg_bytes']} of C staging ({p['consumers']} x {g['stg_wg']})"
                    if g["stg_bytes"] else "")
         epilogue = f" epilogue={p['epilogue']}" if "epilogue" in p else ""
         rest = ALIGN_SLACK + 16 * p["stages"]
@@ -132,6 +153,13 @@ def _smem_rule(precision, p, arch):
                 f"({g['BM']} + {g['BN']}) rows x {g['SW']} bytes{staging} + {rest}), "
                 f"more than the {limit} (227 KiB) of {arch}; valid with bn={p['bn']} "
                 f"consumers={p['consumers']} swizzle={p['swizzle']}{epilogue}: stages <= {fit}")
+    return None
+
+
+def _schedule_rule(precision, p, arch):
+    if p.get("schedule", "tiles") == "streamk" and p["persistent"] != "true":
+        return ("schedule=streamk splits the last wave's K steps among the persistent blocks: it needs "
+                "persistent=true")
     return None
 
 
@@ -146,19 +174,21 @@ class WgmmaFamily(Family):
     """``family=wgmma`` (sm_90a): axes precision, bn (wgmma N), consumers (warpgroups of 64 rows),
     producer (a loading warpgroup with setmaxnreg, or thread 0), stages (ring depth), swizzle (bytes
     per smem row; BK follows), persistent (one block per SM), order (tile order), epilogue (C from
-    registers, or through shared memory and TMA stores) and cluster (1, or 2 CTAs along M sharing B
-    by TMA multicast). Sizes: multiples of BM (2 x BM with cluster=2), BN and BK."""
+    registers, or through shared memory and TMA stores), cluster (1, or 2 CTAs along M sharing B
+    by TMA multicast) and schedule (whole tiles, or stream-K with persistent=true). Sizes: multiples of BM (2 x BM with cluster=2), BN and BK."""
     name = "wgmma"
     title = "wgmma GEMM"
     axes = {"precision": tuple(TYPES), "bn": (256, 192, 128, 64), "consumers": (2, 1),
             "producer": ("true", "false"), "stages": tuple(range(2, 9)), "swizzle": (128, 64, 32),
             "persistent": ("false", "true"), "order": ("grouped", "row"), "epilogue": ("registers", "tma"),
-            "cluster": (1, 2)}
+            "cluster": (1, 2), "schedule": ("tiles", "streamk")}
     defaults = {"bn": 256, "consumers": 2, "producer": "true", "stages": 4, "swizzle": 128,
-                "persistent": "false", "order": "grouped", "epilogue": "registers", "cluster": 1}
-    rules = (Rule("smem", "stages x (BM + BN) x swizzle bytes (+ consumers x 64 x BN x 4 of C staging with "
+                "persistent": "false", "order": "grouped", "epilogue": "registers", "cluster": 1,
+                "schedule": "tiles"}
+    rules = (Rule("smem", "stages x (BM + BN) x swizzle bytes (+ consumers x 16 KiB of C staging with "
                           "epilogue=tma, 1 KiB alignment, barriers) must fit the 227 KiB of shared memory "
-                          "per block", _smem_rule),)
+                          "per block", _smem_rule),
+             Rule("schedule", "schedule=streamk needs persistent=true", _schedule_rule))
     tensor_cores = True
 
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
@@ -225,6 +255,7 @@ class WgmmaFamily(Family):
             bm_shift=g["BM"].bit_length() - 1, launch_regs=REGS["launch"], producer_regs=REGS["producer"],
             consumer_regs=REGS["consumer"][p["consumers"]], smem_bytes=smem_bytes(spec.precision, p),
             tma=p.get("epilogue") == "tma", box_cols=C_BOX_COLS, cluster=g["CL"],
+            streamk=p.get("schedule") == "streamk", flag_bytes=FLAG_BYTES,
             done="CLUSTER_END" if g["CL"] > 1 else "EXIT", **g)
         return Build("ptx", src, spec.entry)
 
@@ -237,6 +268,8 @@ class WgmmaFamily(Family):
         rows and a persistent grid is an even number of blocks (one cluster per 2 SMs). fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and :data:`FP8_RTOL`, int8
         exactly. Raises SpecError (a size that does not fit, a GPU older than sm_90)."""
+        import cupy
+
         from ..verify import check, make_operands
         from . import gpu
         gpu.check_device(spec)
@@ -256,7 +289,13 @@ class WgmmaFamily(Family):
             out = encode_tiled(c.data.ptr, m, n, 64, C_BOX_COLS, C_TMAP[acc], 4, 0)
         else:
             out = c
-        args = (tmap_a, tmap_b, out, np.uint32(m), np.uint32(n), np.uint32(k))
+        ws = ()
+        if p.get("schedule") == "streamk":
+            # flags zero once: each launch's owners leave them zero again
+            ws = (cupy.zeros(FLAG_BYTES + grid * g["slot_bytes"], dtype=np.uint8),)
+            if grid * 4 > FLAG_BYTES:
+                raise SpecError(f"schedule=streamk supports up to {FLAG_BYTES // 4} blocks, not {grid}")
+        args = (tmap_a, tmap_b, out, *ws, np.uint32(m), np.uint32(n), np.uint32(k))
         block = (g["T"], 1, 1)
 
         def launch():
@@ -266,7 +305,7 @@ class WgmmaFamily(Family):
 
         def verify():
             return check(c, ops, acc == "f32", tol)
-        launch.operands = ops       # the tensor maps hold raw pointers into A, B and (tma) C: keep them alive
+        launch.operands = (ops, ws)  # the tensor maps (and args) hold raw pointers into A, B, C and the workspace
         launch.output = c
         notes = [f"persistent: {grid} blocks for {tiles} tiles"] if grid != tiles else []
         if tol != rtol:
