@@ -30,7 +30,8 @@ with NVML every few milliseconds (:class:`ClockSampler`); long GEMMs on an H200 
 power-capped clock (NVML clock-event reason sw_power_cap, about 1785 instead of 1980 MHz), and the
 mean clock says which clock a throughput was measured at; the same thread reads the board's power
 draw (NVML's instantaneous reading where the driver has it, else its about-1-s average), and the
-enforced power limit is read once, so a run shows how close to the cap it ran. Without NVML the clock and power fields are absent.
+enforced power limit is read once, so a run shows how close to the cap it ran. Without NVML the
+clock and power fields are absent.
 """
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ dimensions (K for A and B, N for C) to be multiples of 4 and 4-byte aligned poin
 :meth:`CublasFamily.check_problem` enforces. The enum values are those of ``library_types.h``
 (cudaDataType_t) and ``cublas_api.h`` (cublasComputeType_t, cublasOperation_t), stable ABI.
 
-The calls go through ctypes to the libcublas (libcublasLt) CuPy has loaded, on a handle of our own with its own
+The calls go through ctypes to the libcublas (libcublasLt) CuPy has loaded, on a handle of our own with
+its own
 32 MiB workspace (:class:`_Gemm`), because the timing replays launches as a CUDA graph: CuPy's cuBLAS
 binding refuses calls while a stream is capturing, and without a user workspace cuBLAS would allocate
 during capture (cuBLAS guide, "CUDA Graphs Support"; ``cublasSetStream`` resets the workspace, so it
@@ -49,7 +50,7 @@ TYPES = {
 LT = ("fp8_e4m3",)             # precisions computed by cublasLtMatmul
 # cublasLt enums (cublasLt.h): matmul descriptor TRANSA / TRANSB, preference MAX_WORKSPACE_BYTES
 LT_DESC_TRANSA, LT_DESC_TRANSB, LT_PREF_MAX_WORKSPACE = 3, 4, 1
-LT_HEURISTIC_BYTES = 96        # cublasLtMatmulHeuristicResult_t: algo (64), workspaceSize, state, waves, 4 ints
+LT_HEURISTIC_BYTES = 96        # cublasLtMatmulHeuristicResult_t: algo (64 bytes), workspace, state, waves
 
 
 class _Ptr(int):
@@ -126,53 +127,47 @@ class _LtGemm:
 
     def __init__(self, ab_type: int, m: int, n: int, k: int, a: int, b: int, c: int):
         import cupy
-        self.lib, v = _libcublas("libcublasLt"), ctypes.c_void_p
+        self.lib, v, ref, size = _libcublas("libcublasLt"), ctypes.c_void_p, ctypes.byref, ctypes.c_size_t
         self.handle, self.desc, self.pref = v(), v(), v()
         self.layouts = [v(), v(), v()]          # A (ours B), B (ours A), C = D
         self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
-        self._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self._call("cublasLtCreate", ref(self.handle))
         weakref.finalize(self, _destroy_lt, self.lib, self.handle.value, self.desc, self.pref, self.layouts,
                          self.workspace)
-        self._check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                    "cublasLtMatmulDescCreate")
+        self._call("cublasLtMatmulDescCreate", ref(self.desc), CUBLAS_COMPUTE_32F, CUDA_R_32F)
         for attr, op in ((LT_DESC_TRANSA, CUBLAS_OP_T), (LT_DESC_TRANSB, CUBLAS_OP_N)):
             val = ctypes.c_int32(op)
-            self._check(self.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(val), ctypes.c_size_t(4)),
-                        "cublasLtMatmulDescSetAttribute")
-        for lay, (dtype, rows, cols, ld) in zip(self.layouts, ((ab_type, k, n, k), (ab_type, k, m, k),
-                                                                (CUDA_R_32F, n, m, n))):
-            self._check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, ctypes.c_uint64(rows),
-                                                            ctypes.c_uint64(cols), ctypes.c_int64(ld)),
-                        "cublasLtMatrixLayoutCreate")
-        self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)), "cublasLtMatmulPreferenceCreate")
+            self._call("cublasLtMatmulDescSetAttribute", self.desc, attr, ref(val), size(4))
+        shapes = ((ab_type, k, n, k), (ab_type, k, m, k), (CUDA_R_32F, n, m, n))
+        for lay, (dtype, rows, cols, ld) in zip(self.layouts, shapes, strict=True):
+            self._call("cublasLtMatrixLayoutCreate", ref(lay), dtype, ctypes.c_uint64(rows),
+                       ctypes.c_uint64(cols), ctypes.c_int64(ld))
+        self._call("cublasLtMatmulPreferenceCreate", ref(self.pref))
         ws = ctypes.c_uint64(WORKSPACE_BYTES)
-        self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(self.pref, LT_PREF_MAX_WORKSPACE,
-                                                                  ctypes.byref(ws), ctypes.c_size_t(8)),
-                    "cublasLtMatmulPreferenceSetAttribute")
+        self._call("cublasLtMatmulPreferenceSetAttribute", self.pref, LT_PREF_MAX_WORKSPACE, ref(ws), size(8))
         self.heuristic = ctypes.create_string_buffer(LT_HEURISTIC_BYTES)
         found = ctypes.c_int(0)
         la, lb, lc = self.layouts
-        self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, self.desc, la, lb, lc, lc, self.pref, 1,
-                                                            self.heuristic, ctypes.byref(found)),
-                    "cublasLtMatmulAlgoGetHeuristic")
+        self._call("cublasLtMatmulAlgoGetHeuristic", self.handle, self.desc, la, lb, lc, lc, self.pref, 1,
+                   self.heuristic, ref(found))
         if found.value < 1:
             raise RuntimeError(f"cublasLtMatmulAlgoGetHeuristic found no algorithm for {m}x{n}x{k}")
         self.alpha, self.beta = np.ones(1, np.float32), np.zeros(1, np.float32)
         self.ptrs = (v(b), v(a), v(c))
 
-    def _check(self, status: int, what: str) -> None:
+    def _call(self, name: str, *args) -> None:
+        status = getattr(self.lib, name)(*args)
         if status:
-            raise RuntimeError(f"{what} failed: cublasStatus_t {status} (cublas_api.h)")
+            raise RuntimeError(f"{name} failed: cublasStatus_t {status} (cublas_api.h)")
 
     def __call__(self) -> None:
         import cupy
         b, a, c = self.ptrs
         la, lb, lc = self.layouts
         stream = ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)
-        self._check(self.lib.cublasLtMatmul(
-            self.handle, self.desc, v_ptr(self.alpha), b, la, a, lb, v_ptr(self.beta), c, lc, c, lc,
-            self.heuristic, ctypes.c_void_p(self.workspace.data.ptr), ctypes.c_size_t(WORKSPACE_BYTES), stream),
-            "cublasLtMatmul")
+        self._call("cublasLtMatmul", self.handle, self.desc, v_ptr(self.alpha), b, la, a, lb,
+                   v_ptr(self.beta), c, lc, c, lc, self.heuristic, ctypes.c_void_p(self.workspace.data.ptr),
+                   ctypes.c_size_t(WORKSPACE_BYTES), stream)
 
 
 def v_ptr(arr: np.ndarray) -> ctypes.c_void_p:

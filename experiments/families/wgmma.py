@@ -175,7 +175,8 @@ class WgmmaFamily(Family):
     producer (a loading warpgroup with setmaxnreg, or thread 0), stages (ring depth), swizzle (bytes
     per smem row; BK follows), persistent (one block per SM), order (tile order), epilogue (C from
     registers, or through shared memory and TMA stores), cluster (1, or 2 CTAs along M sharing B
-    by TMA multicast) and schedule (whole tiles, or stream-K with persistent=true). Sizes: multiples of BM (2 x BM with cluster=2), BN and BK."""
+    by TMA multicast) and schedule (whole tiles, or stream-K with persistent=true). Sizes: multiples
+    of BM (2 x BM with cluster=2), BN and BK."""
     name = "wgmma"
     title = "wgmma GEMM"
     axes = {"precision": tuple(TYPES), "bn": (256, 192, 128, 64), "consumers": (2, 1),
@@ -305,7 +306,7 @@ class WgmmaFamily(Family):
 
         def verify():
             return check(c, ops, acc == "f32", tol)
-        launch.operands = (ops, ws)  # the tensor maps (and args) hold raw pointers into A, B, C and the workspace
+        launch.operands = (ops, ws)  # the tensor maps and args hold raw pointers into A, B, C, the workspace
         launch.output = c
         notes = [f"persistent: {grid} blocks for {tiles} tiles"] if grid != tiles else []
         if tol != rtol:
