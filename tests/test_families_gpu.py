@@ -105,7 +105,8 @@ def test_peaks_verify_and_time():
 
 def test_throughput_table_at_4096():
     """One row per family and precision (default options): verified, then timed; the mma.sync
-    peak of the same precision for scale. Not asserted against numbers."""
+    peak of the same precision for scale where the GPU has one (fp8 has none on sm_90). Not asserted
+    against numbers."""
     n, rows, peaks = 4096, [], {}
     peak = families.get("peak")
     for precision in ("fp16", "bf16", "int8", "int4"):
@@ -119,12 +120,13 @@ def test_throughput_table_at_4096():
         assert res.ok, f"{spec.entry}: {res.message()}"
         t = time_launches(prep.launch, **TIMING)
         rows.append((family, precision, spec.p.get("acc", ""), t["median_us"],
-                     fam.rate(spec, n, n, n, t["median_us"]), fam.unit(spec), peaks[precision], prep.note))
+                     fam.rate(spec, n, n, n, t["median_us"]), fam.unit(spec), peaks.get(precision), prep.note))
     print(f"\nN = {n} on {_arch()}:")
-    print(f"  {'family':<7} {'prec':<5} {'acc':<4} {'median us':>10} {'throughput':>11} {'unit':<8} "
+    print(f"  {'family':<7} {'prec':<8} {'acc':<4} {'median us':>10} {'throughput':>11} {'unit':<8} "
           f"{'of peak':>7}  note")
     for family, prec, acc, us, rate, unit, pk, note in rows:
-        print(f"  {family:<7} {prec:<5} {acc:<4} {us:10.1f} {rate:11.1f} {unit:<8} {rate / pk:7.1%}  {note}")
+        share = f"{rate / pk:7.1%}" if pk else f"{'-':>7}"       # fp8: no mma.sync peak on sm_90
+        print(f"  {family:<7} {prec:<8} {acc:<4} {us:10.1f} {rate:11.1f} {unit:<8} {share}  {note}")
     assert len(rows) == len(GEMMS) and all(r[4] > 0 for r in rows)
 
 
