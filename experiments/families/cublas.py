@@ -18,11 +18,10 @@ dimensions (K for A and B, N for C) to be multiples of 4 and 4-byte aligned poin
 (cudaDataType_t) and ``cublas_api.h`` (cublasComputeType_t, cublasOperation_t), stable ABI.
 
 The calls go through ctypes to the libcublas (libcublasLt) CuPy has loaded, on a handle of our own with
-its own
-32 MiB workspace (:class:`_Gemm`), because the timing replays launches as a CUDA graph: CuPy's cuBLAS
-binding refuses calls while a stream is capturing, and without a user workspace cuBLAS would allocate
-during capture (cuBLAS guide, "CUDA Graphs Support"; ``cublasSetStream`` resets the workspace, so it
-is set again after every stream change).
+its own 32 MiB workspace (:class:`_Gemm`, :class:`_LtGemm`), because the timing replays launches as a
+CUDA graph: CuPy's cuBLAS binding refuses calls while a stream is capturing, and without a user
+workspace cuBLAS would allocate during capture (cuBLAS guide, "CUDA Graphs Support"; ``cublasSetStream``
+resets the workspace, so it is set again after every stream change).
 """
 from __future__ import annotations
 
@@ -165,12 +164,12 @@ class _LtGemm:
         b, a, c = self.ptrs
         la, lb, lc = self.layouts
         stream = ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)
-        self._call("cublasLtMatmul", self.handle, self.desc, v_ptr(self.alpha), b, la, a, lb,
-                   v_ptr(self.beta), c, lc, c, lc, self.heuristic, ctypes.c_void_p(self.workspace.data.ptr),
+        self._call("cublasLtMatmul", self.handle, self.desc, _v_ptr(self.alpha), b, la, a, lb,
+                   _v_ptr(self.beta), c, lc, c, lc, self.heuristic, ctypes.c_void_p(self.workspace.data.ptr),
                    ctypes.c_size_t(WORKSPACE_BYTES), stream)
 
 
-def v_ptr(arr: np.ndarray) -> ctypes.c_void_p:
+def _v_ptr(arr: np.ndarray) -> ctypes.c_void_p:
     """The host address of a numpy array, as void*."""
     return ctypes.c_void_p(arr.ctypes.data)
 
