@@ -42,7 +42,28 @@ def config_groups() -> str:
     return "\n".join(lines) + "\n"
 
 
+def family_options(name: str) -> str:
+    """The options (family.<option>) of family ``name`` and their valid values, the default first, for
+    --help; the mma_sync family has none (the root keys below set it)."""
+    from experiments.config import MMA_SYNC
+    from experiments.families import get
+    if name == MMA_SYNC:
+        return f"(none: family={MMA_SYNC} is set by the root keys below)\n"
+    try:
+        fam = get(name)
+    except Exception:  # noqa: BLE001 - an unknown family: Hydra names the valid ones
+        return "-\n"
+    lines = []
+    for axis, values in fam.axes.items():
+        if axis != "precision":
+            default = fam.defaults.get(axis, values[0])
+            rest = [str(v) for v in values if str(v) != str(default)]
+            lines.append(f"{axis}: {default} (default), {', '.join(rest)}" if rest else f"{axis}: {default}")
+    return "\n".join(lines or ["(none)"]) + "\n"
+
+
 OmegaConf.register_new_resolver("config_groups", config_groups, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("family_options", family_options, use_cache=True, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -282,23 +303,31 @@ def _preset_problem(group: str, arg: str, dirs: tuple) -> str | None:
 def _preset_family(overrides: list, dirs: tuple) -> str | None:
     """The family the presets named on the command line choose: a ``variant=`` wins over an
     ``experiment=``, each by ``override /family: X`` in its defaults (its file in ``dirs``), else the
-    default family; "a,b" when the jobs of a sweep over presets get different ones. None when no
-    preset is named, or one cannot be read (Hydra then has the last word)."""
+    default family; an experiment that sweeps variants itself (``hydra.sweeper.params.variant``)
+    chooses theirs unless the command line names variants. "a,b" when the jobs of a sweep over
+    presets get different ones. None when no preset is named, or one cannot be read (Hydra then has
+    the last word)."""
     import yaml
     chosen: dict = {}
-    for arg in overrides:
-        group = arg.partition("=")[0]
-        if group not in ("variant", "experiment") or (values := _values(arg)) is None:
-            continue
-        files = presets(group, dirs)
-        chosen[group] = []
-        for name in values:
-            try:
-                defaults = (yaml.safe_load(files[name.strip()].read_text()) or {}).get("defaults") or []
-            except (KeyError, OSError, yaml.YAMLError, AttributeError):
-                return None
-            chosen[group].append(next((d["override /family"] for d in defaults
-                                       if isinstance(d, dict) and "override /family" in d), None))
+    swept: list = []            # variants an experiment sweeps
+
+    def family_of(group, name):
+        y = yaml.safe_load(presets(group, dirs)[name.strip()].read_text()) or {}
+        defaults = y.get("defaults") or []
+        params = ((y.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+        if group == "experiment" and "variant" in params:
+            swept.extend(str(params["variant"]).replace(" ", "").split(","))
+        return next((d["override /family"] for d in defaults
+                     if isinstance(d, dict) and "override /family" in d), None)
+    try:
+        for arg in overrides:
+            group = arg.partition("=")[0]
+            if group in ("variant", "experiment") and (values := _values(arg)) is not None:
+                chosen[group] = [family_of(group, name) for name in values]
+        if "variant" not in chosen and swept:
+            chosen["variant"] = [family_of("variant", name) for name in swept if name]
+    except (KeyError, OSError, yaml.YAMLError, AttributeError):
+        return None
     if not chosen:
         return None
     from experiments.config import MMA_SYNC
@@ -321,7 +350,8 @@ def _check_family_option(family: str, option: str, arg: str) -> str | None:
     except KeyError:        # an unknown family: Hydra names the valid ones
         return None
     if option not in fields:
-        options = ", ".join(fields) or f"none, family={MMA_SYNC} is set by the root keys"
+        options = ", ".join(fields) or ("none, family=mma_sync is set by the root keys" if family == MMA_SYNC
+                                         else "(none)")
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"
     valid = get(family).axes[option]

@@ -54,7 +54,7 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
-        return _nothing_measured(tr, uri, "; their registers, spills and occupancy are in the MLflow UI).")
+        return _nothing_measured(tr, uri, "; their registers, spills and occupancy are in the MLflow UI", ".")
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
@@ -73,10 +73,12 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
 NOTHING_MEASURED = "No run in "      # how the tables start when the store holds no GPU measurement
 
 
-def _nothing_measured(tr: Tracker, uri: str, tail: str) -> str:
-    static = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
-    return (f"{NOTHING_MEASURED}{uri} was measured on a GPU yet: {len(static)} static run(s) (rendered and "
-            f"assembled only{tail}\n")
+def _nothing_measured(tr: Tracker, uri: str, detail: str, end: str) -> str:
+    runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
+    skipped = sum(r.data.tags.get("outcome") == "skipped" for r in runs)
+    also = f" and {skipped} skipped (combinations that do not exist, each with its reason)" if skipped else ""
+    return (f"{NOTHING_MEASURED}{uri} was measured on a GPU yet: {len(runs) - skipped} static run(s) "
+            f"(rendered and assembled only{detail}){also}{end}\n")
 
 
 def _fmt(v, fmt: str) -> str:
@@ -113,7 +115,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
             if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
                 best[key] = r
     if not best and not peaks:
-        return _nothing_measured(tr, uri, "): nothing to compare.")
+        return _nothing_measured(tr, uri, "", ": nothing to compare.")
     order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
     out = [f"Families by precision and size; store: {uri}", ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -167,6 +168,8 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     # (`experiment=h200_performance precision=fp16` sweeps fp16 only); the key keeps both as before
     overridden = {o.lstrip("+~").split("=", 1)[0] for o in task}
     shown = [o for o in kept if o in task or o.split("=", 1)[0] not in overridden]
+    # a preset's value folded over lines in its YAML (">-") carries ", " between values
+    shown = [o if o in task else re.sub(r",\s+", ",", o) for o in shown]
     name = ("sweep " if multirun else "run ") + (" ".join(shown) or "(defaults)")
     return {"key": key, "name": name, "jobs": jobs, "overrides": " ".join(task)}
 

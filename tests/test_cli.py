@@ -221,10 +221,23 @@ def test_help(tmp_path):
     assert "python run.py -m precision=int4,int8 ktile=32,64" in out
     assert "Another family's options (family.*) and their values: python run.py family=peak --help" in out
     # only groups a command line can select (not the ncu metric sets, not the family schemas)
-    groups = out.split("== Config groups (presets) ==", 1)[1].split("== Config ", 1)[0]
+    groups = out.split("== Config groups (presets) ==", 1)[1].split("== Options of family", 1)[0]
     assert [line.split(":")[0] for line in groups.strip().splitlines()] == [
         "family", "tile", "problem", "experiment", "variant", "hydra/launcher"]
+    assert "(none: family=mma_sync is set by the root keys below)" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_a_family_options_and_values(tmp_path):
+    """--help printed the chosen family's defaults only: family.schedule=streamk appeared nowhere."""
+    from experiments import families
+    rc, out = run_cli(tmp_path, "family=wgmma", "--help")
+    assert rc == 0, out
+    options = out.split("== Options of family=wgmma (family.<option>=<value>; valid values, the default "
+                        "first) ==", 1)[1].split("== Config ", 1)[0].strip().splitlines()
+    assert options[0] == "bn: 256 (default), 192, 128, 64"
+    assert "schedule: tiles (default), streamk" in options and "epilogue: registers (default), tma" in options
+    assert len(options) == len(families.get("wgmma").axes) - 1
 
 
 @pytest.mark.parametrize("args, precision", [(("--cfg", "job", "precision=int4", "ktile=032"), "int4"),
@@ -379,6 +392,16 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (["variant=h200_perf_best", "family.feed=ldmatrix"], "family=mma_sync has no option 'feed' "
      "('family.feed=ldmatrix'); valid options: none, family=mma_sync is set by the root keys; feed is an option "
      "of family=peak"),
+    # an experiment that sweeps variants of several families (conf/experiment/generations.yaml): its
+    # family was taken as mma_sync
+    (["-m", "experiment=generations", "family.schedule=streamk"],
+     "'family.schedule=streamk' sets an option of wgmma in a sweep over several families (cublas,mma_sync,peak,"
+     "wgmma): each job's family takes only its own options; sweep the families separately (or put the option "
+     "in a variant per family)"),
+    (["-m", "experiment=generations", "variant=gen_wgmma,gen_wgmma_best", "family.schedule=streamk"], None),
+    # a family without options: no word of mma_sync's root keys
+    (["family=cublas", "family.schedule=streamk"], "family=cublas has no option 'schedule' "
+     "('family.schedule=streamk'); valid options: (none); schedule is an option of family=wgmma"),
 ])
 def test_option_values_are_checked_before_hydra(argv, message):
     assert _run_module().check_override_keys(argv) == message

@@ -39,6 +39,18 @@ def test_results_table_shows_the_sm_clock_of_runs_timed_with_it(tmp_path):
                          "| NVIDIA H200 | k2 | 8192x8192x8192 | 3353.4 | 328.2 TFLOP/s | 1.8% | verified | 1785 | 364.0 |"]
 
 
+def test_skipped_runs_are_not_counted_as_static(tmp_path):
+    """A static sweep with skipped combinations (their backend is static too) said "N static run(s)" for
+    all of them."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    for outcome in ("static", "static", "skipped"):
+        tr.end(tr.start("wgmma fp16", {}, {"backend": "static", "outcome": outcome}))
+    assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
+                                          "(rendered and assembled only; their registers, spills and occupancy "
+                                          "are in the MLflow UI) and 1 skipped (combinations that do not exist, "
+                                          "each with its reason).\n")
+
+
 def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):
     """It printed a bare header (a new user's static sweep): now one line saying why there is nothing."""
     from experiments.report import families_table

@@ -104,7 +104,7 @@ def test_validation_messages(call, message):
     ({}, (512, 512, 96), "K=96 is not a multiple of BK=64"),
     ({"consumers": 1}, (96, 512, 64), "M=96 is not a multiple of BM=64"),
     ({"bn": 192}, (512, 512, 512), "N=512 is not a multiple of BN=192"),
-    ({"cluster": 2}, (384, 512, 512), "M=384 is 3 tile rows of BM=128, not a multiple of cluster=2 (the CTAs "
+    ({"cluster": 2}, (384, 512, 512), "M=384 is 3 tile row(s) of BM=128, not a multiple of cluster=2 (the CTAs "
                                       "of a cluster take adjacent tile rows): M must be a multiple of 256"),
     ({"cluster": 2}, (320, 512, 512), "M=320 is not a multiple of BM=128"),
 ])

@@ -228,7 +228,7 @@ class WgmmaFamily(Family):
         check_no_tails(spec.entry, (m, n, k), (g["BM"], g["BN"], g["BK"]))
         rows, cl = m // g["BM"], g["CL"]
         if rows % cl:
-            raise SpecError(f"{spec.entry} handles no tails: M={m} is {rows} tile rows of BM={g['BM']}, "
+            raise SpecError(f"{spec.entry} handles no tails: M={m} is {rows} tile row(s) of BM={g['BM']}, "
                             f"not a multiple of cluster={cl} (the CTAs of a cluster take adjacent tile "
                             f"rows): M must be a multiple of {cl * g['BM']}" + NO_TAILS_ADVICE)
 
