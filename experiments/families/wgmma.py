@@ -266,7 +266,8 @@ class WgmmaFamily(Family):
         (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
         dynamic shared memory allowed; with epilogue=tma a third map for C (f32 / s32, box
         :data:`C_BOX_COLS` x 64, no swizzle) replaces the C pointer; with cluster=2 B's box is BN / 2
-        rows and a persistent grid is an even number of blocks (one cluster per 2 SMs). fp16 and bf16
+        rows and a persistent grid is an even number of blocks (one cluster per 2 SMs); with
+        schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and :data:`FP8_RTOL`, int8
         exactly. Raises SpecError (a size that does not fit, a GPU older than sm_90)."""
         import cupy
@@ -292,10 +293,10 @@ class WgmmaFamily(Family):
             out = c
         ws = ()
         if p.get("schedule") == "streamk":
-            # flags zero once: each launch's owners leave them zero again
-            ws = (cupy.zeros(FLAG_BYTES + grid * g["slot_bytes"], dtype=np.uint8),)
             if grid * 4 > FLAG_BYTES:
                 raise SpecError(f"schedule=streamk supports up to {FLAG_BYTES // 4} blocks, not {grid}")
+            # flags zero once: each launch's owners leave them zero again
+            ws = (cupy.zeros(FLAG_BYTES + grid * g["slot_bytes"], dtype=np.uint8),)
         args = (tmap_a, tmap_b, out, *ws, np.uint32(m), np.uint32(n), np.uint32(k))
         block = (g["T"], 1, 1)
 
