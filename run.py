@@ -310,9 +310,10 @@ def _preset_family(overrides: list, dirs: tuple) -> str | None:
     import yaml
     chosen: dict = {}
     swept: list = []            # variants an experiment sweeps
+    files = {group: presets(group, dirs) for group in ("variant", "experiment")}
 
     def family_of(group, name):
-        y = yaml.safe_load(presets(group, dirs)[name.strip()].read_text()) or {}
+        y = yaml.safe_load(files[group][name.strip()].read_text()) or {}
         defaults = y.get("defaults") or []
         params = ((y.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
         if group == "experiment" and "variant" in params:
@@ -350,8 +351,8 @@ def _check_family_option(family: str, option: str, arg: str) -> str | None:
     except KeyError:        # an unknown family: Hydra names the valid ones
         return None
     if option not in fields:
-        options = ", ".join(fields) or ("none, family=mma_sync is set by the root keys" if family == MMA_SYNC
-                                         else "(none)")
+        bare = f"none, family={MMA_SYNC} is set by the root keys" if family == MMA_SYNC else "(none)"
+        options = ", ".join(fields) or bare
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"
     valid = get(family).axes[option]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
 
 __all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction",
-           "instruction_of_peak", "PEAK_INSTRUCTION"]
+           "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION"]
 
 MMA_SYNC = "mma_sync"
 # family -> the instruction of the peak its pct_of_peak divides by (experiments/families/peak.py,
@@ -80,6 +80,12 @@ def instruction_of_peak(run) -> str:
     return run.data.params.get("spec.instruction", MMA_SYNC)
 
 
+def feed_of(run) -> str:
+    """How a peak run's instruction was fed (param ``spec.feed``; registers without it): only
+    register-fed peaks are the instruction's ceiling, an ``ldmatrix``-fed one is a main loop's."""
+    return run.data.params.get("spec.feed", "registers")
+
+
 def peak_of(tr, run, instruction: str | None = None):
     """The peak run ``run``'s pct_of_peak divides by (see the module's rule), or None.
     ``instruction`` (mma_sync, wgmma): that generation's peak instead of :func:`peak_instruction`'s."""
@@ -88,7 +94,7 @@ def peak_of(tr, run, instruction: str | None = None):
     where = (f"params.family = 'peak' and tags.gpu = {_q(t.get('gpu', ''))} and "
              f"tags.driver = {_q(t.get('driver', ''))} and params.precision = {_q(p.get('precision'))}")
     peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0 and instruction_of_peak(r) == want
-             and r.data.params.get("spec.feed", "registers") == "registers"]
+             and feed_of(r) == "registers"]
     parent = t.get("mlflow.parentRunId")
     same = [r for r in peaks if parent and r.data.tags.get("mlflow.parentRunId") == parent]
     peaks = same or peaks
@@ -129,7 +135,7 @@ def relate(tr, rid: str) -> dict:
                  f"and tags.driver = {_q(run.data.tags.get('driver', ''))} and "
                  f"params.precision = {_q(run.data.params.get('precision'))}")
         measured = instruction_of_peak(run)
-        if run.data.params.get("spec.feed", "registers") != "registers":
+        if feed_of(run) != "registers":
             return logged               # a main loop's ceiling (feed=ldmatrix) divides nothing
         for r in verified_runs(tr, where):
             if family_of(r) != PEAK and peak_instruction(r) == measured and (got := _log_peak(tr, r)):

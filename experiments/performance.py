@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compare import MMA_SYNC, family_of, peak_of, verified_runs
+from .compare import MMA_SYNC, family_of, feed_of, peak_of, verified_runs
 from .ncu import PREFIX
 from .record import PEAK
 from .report import AT_MAX, CLOCK, _fmt, sweep_run
@@ -108,7 +108,7 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
         size = tuple(int(p[f"problem.{d}"]) for d in "mnk")
         groups.setdefault((p.get("precision", "?"), size), []).append(r)
     fed = {r.data.params.get("precision"): r for r in runs
-           if family_of(r) == PEAK and r.data.params.get("spec.feed") == FED}
+           if family_of(r) == PEAK and feed_of(r) == "ldmatrix"}
     out = [f"Performance of sweep {parent}; store: {uri}", "",
            "| precision | M x N x K | ours | kernel | cuBLAS | peak | share of peak | ldmatrix-fed ceiling | "
            "share of it | SM clock MHz | at max clock |",
@@ -133,7 +133,6 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
     return res
 
 
-FED = "ldmatrix"
 # (canonical ncu metric, column): the counters of ours that say where the time goes
 COUNTERS = (("tensor_pipe_active_pct", "tensor pipe active %"), ("smem_pipe_pct", "shared-memory pipe %"),
             ("l2_throughput_pct", "L2 throughput %"),
