@@ -12,8 +12,8 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-__all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "Acc", "Backend", "Config", "register",
-           "family_schema", "MMA_SYNC"]
+__all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "SmemLayout", "Acc", "Backend", "Config",
+           "register", "family_schema", "MMA_SYNC"]
 
 MMA_SYNC = "mma_sync"     # the default family: its axes are the root keys below
 
@@ -50,6 +50,11 @@ class L2Hint(Enum):
 class BLayout(Enum):
     col = "col"     # B stored N x K (K contiguous)
     row = "row"     # B stored K x N (N contiguous)
+
+
+class SmemLayout(Enum):
+    padded = "padded"       # rows padded by 16 bytes (ldmatrix rows spread over the banks)
+    swizzled = "swizzled"   # 128-byte rows, 16-byte chunk index XOR row % 8 (TMA's 128B swizzle)
 
 
 class Acc(Enum):
@@ -177,6 +182,7 @@ class Config:
     mma: str = "auto"           # auto = largest native m16n8kK whose K divides ktile
     acc: Acc = Acc.auto
     b_layout: BLayout = BLayout.col
+    smem_layout: SmemLayout = SmemLayout.padded
     backend: Backend = Backend.auto
     study_kernel: Optional[str] = None   # published kernel a variant reproduces (docs/l4_mapping.md)
     tile: TileConf = field(default_factory=TileConf)

@@ -196,6 +196,16 @@ def _base_tags(entry: str, sha: str, arch: str, use_gpu: bool, cfg) -> tuple[dic
     return tags, tools
 
 
+# axes added after runs were tracked, at the value those runs had: left out of the run key there, so a
+# store's finished runs keep their keys
+_KEY_DEFAULTS = {"smem_layout": "padded"}
+
+
+def _identity_axes(spec) -> list:
+    """The spec's axes for the run key (sorted items of ``spec.flat()`` without :data:`_KEY_DEFAULTS`)."""
+    return sorted((k, v) for k, v in spec.flat().items() if _KEY_DEFAULTS.get(k, object()) != v)
+
+
 def _mma_sync_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say, render) -> Kernel:
     """The mma_sync family's kernel: spec from the root keys, PTX rendered from the template."""
     spec = spec_from_config(cfg, gpu_cc)
@@ -209,7 +219,7 @@ def _mma_sync_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, sa
     tags, tools = _base_tags(spec.entry, sha, spec.arch, use_gpu, cfg)
     call = ("measure", {"ptx": ptx, "ptx_path": str(ptx_path), "spec": spec.as_kwargs()})
     kern = Kernel(spec.entry, spec.arch, {record.ARTIFACTS["ptx"]: ptx},
-                  (sorted(spec.flat().items()), sha, tools["ptxas_version"]),
+                  (_identity_axes(spec), sha, tools["ptxas_version"]),
                   "TFLOP/s" if spec.prec.is_float else "TOP/s", functools.partial(record.run_name, spec),
                   call, tflops, shapes, {**record.params_of(params, spec.flat()), "family": MMA_SYNC}, tags)
     try:

@@ -99,7 +99,7 @@ def clock_reasons(mask: int | None) -> str:
 # the values of the default kernel: a run name puts the axes that differ from them first
 _SHORT = {"manual": "man", "none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 _DEFAULT_TOKENS = {"bk": "bk32", "s": "s3", "tile": "256x128", "ld": "ldx4x2", "cache": "cg", "l2": "",
-                   "b": "", "acc": ""}
+                   "b": "", "acc": "", "sw": ""}
 
 
 def run_name(spec, size: tuple[int, int, int] | None = None) -> str:
@@ -117,7 +117,8 @@ def run_name(spec, size: tuple[int, int, int] | None = None) -> str:
               "cache": get("cache_op", "cg"),
               "l2": "" if hints == ("none", "none") else "l2" + "".join(_SHORT[h] for h in hints),
               "b": "" if get("b_layout", "col") == "col" else f"b{get('b_layout', 'col')}",
-              "acc": f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32") else ""}
+              "acc": f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32") else "",
+              "sw": "sw" if get("smem_layout", "padded") == "swizzled" else ""}
     differ = [v for k, v in tokens.items() if v and k in _DEFAULT_TOKENS and v != _DEFAULT_TOKENS[k]]
     usual = [tokens[k] for k in ("bk", "mma", "s", "tile") if tokens[k] not in differ]
     parts = []

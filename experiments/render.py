@@ -29,11 +29,12 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
-def _base(name, stride, region, row, col, row_warp=None, col_warp=None, comment=""):
-    """A per-lane shared-memory address: smem + region + (row(lane) + row_warp) * stride + col(lane)
-    + col_warp, with row/col = sums of ((lane >> shift) & mask) * mul and *_warp = (register, mul)."""
+def _base(name, stride, region, row, col, row_warp=None, col_warp=None, comment="", xor=()):
+    """A per-lane shared-memory address: smem + region + (row(lane) + row_warp) * stride + (col(lane)
+    ^ xor(lane)) + col_warp, with row/col/xor = sums of ((lane >> shift) & mask) * mul and *_warp =
+    (register, mul). ``xor`` (swizzled layout) permutes the 16-byte chunks of a row."""
     return dict(name=name, stride=stride, region=region, row=row, col=col, row_warp=row_warp,
-                col_warp=col_warp, comment=comment)
+                col_warp=col_warp, comment=comment, xor=list(xor))
 
 
 def lane_bases(s: KernelSpec) -> dict:
@@ -44,6 +45,12 @@ def lane_bases(s: KernelSpec) -> dict:
     if s.loader_a == "manual":                          # row groupID, K bytes 4 * (lane % 4)
         out["a"] = _base("%lr_a", s.smem_stride, 0, [(2, 7, 1)], [(0, 3, 4)], ("%warp_m", wtm),
                          comment="A scalar loads: row groupID, K bytes 4*(lane%4)")
+    elif s.swizzle:                                     # row % 8 = lane % 8 (rows in steps of 8)
+        sh, mask = s.swizzle
+        out["a"] = _base("%lr_a", s.smem_stride, 0, [(0, 15, 1)], [(4, 1, 16)], ("%warp_m", wtm),
+                         comment="A ldmatrix, swizzled: lane l -> row l%16, K bytes "
+                                 f"16*((l/16) ^ ((l>>{sh})&{mask}))",
+                         xor=[(sh, mask, 16)])
     elif s.row_bytes == 16:
         out["a"] = _base("%lr_a", 16, 0, [(0, 31, 1)], [], ("%warp_m", wtm),
                          comment="A ldmatrix, 16-byte rows: lane l -> row l")
@@ -64,6 +71,11 @@ def lane_bases(s: KernelSpec) -> dict:
     elif s.loader_b == "manual":
         out["b"] = _base("%lr_b", s.smem_stride, b0, [(2, 7, 1)], [(0, 3, 4)], ("%warp_n", wtn),
                          comment="B scalar loads: column groupID, K bytes 4*(lane%4)")
+    elif s.swizzle:
+        sh, mask = s.swizzle
+        out["b"] = _base("%lr_b", s.smem_stride, b0, [(0, 7, 1), (4, 1, 8)], [(3, 1, 16)], ("%warp_n", wtn),
+                         comment="B ldmatrix, swizzled: lane l -> column l%8 + 8*(l/16), K bytes "
+                                 f"16*(((l/8)%2) ^ ((l>>{sh})&{mask}))", xor=[(sh, mask, 16)])
     elif s.row_bytes == 16:
         out["b"] = _base("%lr_b", 16, b0, [(0, 31, 1)], [], ("%warp_n", wtn),
                          comment="B ldmatrix, 16-byte rows: lane l -> column l")
@@ -79,7 +91,8 @@ def lane_address(base: dict, lane: int, warp_m: int = 0, warp_n: int = 0) -> int
     term = lambda terms: sum(((lane >> sh) & mask) * mul for sh, mask, mul in terms)  # noqa: E731
     warps = {"%warp_m": warp_m, "%warp_n": warp_n}
     row = term(base["row"]) + (warps[base["row_warp"][0]] * base["row_warp"][1] if base["row_warp"] else 0)
-    col = term(base["col"]) + (warps[base["col_warp"][0]] * base["col_warp"][1] if base["col_warp"] else 0)
+    col = (term(base["col"]) ^ term(base["xor"])) + (warps[base["col_warp"][0]] * base["col_warp"][1]
+                                                   if base["col_warp"] else 0)
     return base["region"] + row * base["stride"] + col
 
 
@@ -116,6 +129,10 @@ def fragment_plan(s: KernelSpec, rset: int) -> list[dict]:
     acc = lambda mt, nt: [f"%acc{mt}_{nt}_{i}" for i in range(accn)]  # noqa: E731
     sa, sb, bits = s.smem_stride, s.b_stride, s.prec.bits
     wide = s.row_bytes % 32 == 0
+    # swizzled: chunk c's addresses are the lane bases XOR 32 c (the 16-byte chunk index XOR 2 c; rows,
+    # stages and regions are multiples of the row bytes, so the XOR only permutes chunks inside a row),
+    # one xor.b32 per operand and chunk (%sw_a, %sw_b)
+    swz = 32 if s.swizzle else 0
     chunk_bytes = 32 if wide else 16
     per_reg = 32 // bits                                 # elements per 32-bit fragment register
     chunks = []
@@ -124,7 +141,7 @@ def fragment_plan(s: KernelSpec, rset: int) -> list[dict]:
         loads = []
         # ---- A: matrices (register, offset) in ldmatrix order, or scalar words
         if wide:
-            mats = [(a(mt, i), mt * 16 * sa + (i % 2) * 8 * sa + (i // 2) * 16 + c * 32)
+            mats = [(a(mt, i), mt * 16 * sa + (i % 2) * 8 * sa + (i // 2) * 16 + (c * 32 if not swz else 0))
                     for mt in range(mt_n) for i in range(4)]
         else:
             mats = [(a(mt, i), mt * 16 * 16 + i * 8 * 16) for mt in range(mt_n) for i in range(2)]
@@ -147,7 +164,8 @@ def fragment_plan(s: KernelSpec, rset: int) -> list[dict]:
             loads += _group(mats, int(s.loader_b[1]), "%rd_b", trans=True)
         else:
             if wide:
-                mats = [(b(nt, i), nt * 8 * sb + i * 16 + c * 32) for nt in range(nt_n) for i in range(2)]
+                mats = [(b(nt, i), nt * 8 * sb + i * 16 + (c * 32 if not swz else 0))
+                        for nt in range(nt_n) for i in range(2)]
             else:
                 mats = [(b(nt, 0), nt * 8 * 16) for nt in range(nt_n)]
             if s.loader_b == "manual":
@@ -167,7 +185,12 @@ def fragment_plan(s: KernelSpec, rset: int) -> list[dict]:
                     else:
                         ar, br = [a(mt, 2 * sub), a(mt, 2 * sub + 1)], [b(nt, sub)]
                     mmas.append((acc(mt, nt), ar, br))
-        chunks.append({"loads": loads, "mmas": mmas})
+        xors = []
+        if swz and c:
+            xors = [("%sw_a", "%rd_a", swz * c), ("%sw_b", "%rd_b", swz * c)]
+            for ld in loads:
+                ld.update(base=ld["base"].replace("%rd_", "%sw_"), xor=swz * c)
+        chunks.append({"loads": loads, "mmas": mmas, "xors": xors})
     return chunks
 
 
@@ -187,7 +210,7 @@ def _copy(s: KernelSpec, operand: str) -> dict:
     passes = [(j * rpp * stride, j == full) for j in range(full + (part > 0))]
     cop = f"cp.async.{s.cache_op}.shared.global" + (".L2::cache_hint" if hint != "none" else "")
     return dict(cpr=cpr, rows_per_pass=rpp, passes=passes, part=part, stride=stride, row_bytes=row_bytes,
-                hint=hint, cop=cop, policy=L2_POLICY.get(hint))
+                hint=hint, cop=cop, policy=L2_POLICY.get(hint), swz=s.swizzle)
 
 
 # The 64-bit cache-policy operand of ``.L2::cache_hint`` for an eviction priority over the whole
@@ -219,7 +242,7 @@ def template_context(s: KernelSpec) -> dict:
         mma_op=f"mma.sync.aligned.{s.mma_shape}.row.col.{acc.ptx}.{p.ptx}.{p.ptx}.{acc.ptx}",
         mma_shape=s.mma_shape, mma_k=s.mma_k, acc_type=acc.ptx, acc_regs=acc.regs_per_tile,
         c_bytes=acc.c_bytes, ptype=p.ptx, bits=p.bits, loader_a=s.loader_a, loader_b=s.loader_b,
-        cache=s.cache_op,
+        cache=s.cache_op, swz=s.swizzle,
     )
 
 

@@ -17,7 +17,7 @@ from math import prod
 
 from .spec_rules import RULES, Axis, Geometry, Rule, choose, make_axes, preset_tiles, valid_ktiles
 from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES,
-                          PRECISIONS, ArchLimits, Precision, tile_group_m)
+                          PRECISIONS, SMEM_LAYOUTS, ArchLimits, Precision, tile_group_m)
 
 __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
            "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
@@ -89,6 +89,7 @@ class KernelSpec(Geometry):
     acc: str = "auto"
     l2_hint_a: str = "none"
     l2_hint_b: str = "none"
+    smem_layout: str = "padded"
 
     def __post_init__(self):
         _validate(self)
@@ -101,7 +102,8 @@ class KernelSpec(Geometry):
             f"_l2{_HINT[self.l2_hint_a]}{_HINT[self.l2_hint_b]}"
         ld = lambda x: "man" if x == "manual" else x  # noqa: E731
         return (f"gemm_{self.precision}_bk{self.ktile}_{self.mma_shape}{acc}_ld{ld(self.loader_a)}"
-                f"{ld(self.loader_b)}_{self.cache_op}{hint}_b{self.b_layout}_s{self.stages}"
+                f"{ld(self.loader_b)}_{self.cache_op}{hint}{'_sw' * (self.smem_layout == 'swizzled')}"
+                f"_b{self.b_layout}_s{self.stages}"
                 f"_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}_g{self.group_m}")
 
     def as_kwargs(self) -> dict:
@@ -125,7 +127,8 @@ class KernelSpec(Geometry):
 
 _DOMAINS = {"loader_a": ("loader.a", LOADERS), "loader_b": ("loader.b", LOADERS),
             "b_layout": ("b_layout", B_LAYOUTS), "cache_op": ("cache.op", CACHE_OPS),
-            "l2_hint_a": ("cache.l2_hint_a", L2_HINTS), "l2_hint_b": ("cache.l2_hint_b", L2_HINTS)}
+            "l2_hint_a": ("cache.l2_hint_a", L2_HINTS), "l2_hint_b": ("cache.l2_hint_b", L2_HINTS),
+            "smem_layout": ("smem_layout", SMEM_LAYOUTS)}
 
 
 def _validate(s: KernelSpec) -> None:
@@ -305,6 +308,7 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
         ptx_version=_parse_version(str(cfg.target.ptx_version)), group_m=int(cfg.tile.group_m),
         loader_a=value(cfg.loader.a), loader_b=value(cfg.loader.b), b_layout=value(cfg.b_layout),
         acc=value(cfg.acc), l2_hint_a=value(cfg.cache.l2_hint_a), l2_hint_b=value(cfg.cache.l2_hint_b),
+        smem_layout=value(cfg.smem_layout),
     )
 
 

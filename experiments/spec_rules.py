@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .spec_tables import (ACCUMULATORS, ARCHS, B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS,
-                          MAX_STAGES, PRECISIONS, Precision, tile_presets)
+                          MAX_STAGES, PRECISIONS, SMEM_LAYOUTS, Precision, tile_presets)
 
 __all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
 
@@ -53,8 +53,20 @@ class Geometry:
     @property
     def smem_stride(self) -> int:
         """Shared-memory pitch of A rows in bytes. 16-byte rows pack 8 rows into 128 B (conflict-free);
-        longer rows get 16 B of padding so 8 ldmatrix row addresses fall in 8 different bank groups."""
-        return _pitch(self.row_bytes)
+        longer rows get 16 B of padding so 8 ldmatrix row addresses fall in 8 different bank groups,
+        except with smem_layout=swizzled (no padding: the chunks are permuted instead, see swizzle)."""
+        return self.row_bytes if self.smem_layout == "swizzled" else _pitch(self.row_bytes)
+
+    @property
+    def swizzle(self) -> tuple[int, int] | None:
+        """smem_layout=swizzled: (shift, mask) such that 16-byte chunk j of shared-memory row r is stored
+        at chunk j ^ ((r >> shift) & mask): rows of 32, 64, 128 and 256 bytes get (2, 1), (1, 3), (0, 7)
+        and (0, 7), the patterns of TMA's 32B, 64B and 128B swizzles (CUDA Driver API,
+        CUtensorMapSwizzle). The 8 rows an ldmatrix reads then fall in 8 different 16-byte bank
+        groups. None for padded rows."""
+        if self.smem_layout != "swizzled":
+            return None
+        return {32: (2, 1), 64: (1, 3)}.get(self.row_bytes, (0, 7))
 
     @property
     def b_row_bytes(self) -> int:
@@ -128,6 +140,8 @@ def make_axes(tiles: dict | None = None, archs=None) -> tuple:
               "block tile BM x BN and warp grid (presets of conf/tile/)", labels=tuple(tiles)),
         _axis("loader.a", ("loader_a",), LOADERS, "shared -> register loader of A"),
         _axis("loader.b", ("loader_b",), LOADERS, "shared -> register loader of B"),
+        _axis("smem_layout", ("smem_layout",), SMEM_LAYOUTS, "shared-memory rows: padded, or 128-byte rows "
+              "with XOR-swizzled 16-byte chunks"),
         _axis("pipeline.stages", ("stages",), range(1, MAX_STAGES + 1), "cp.async stages in flight"),
         _axis("cache.op", ("cache_op",), CACHE_OPS, "cp.async cache operator", shaping=False),
         _axis("cache.l2_hint_a", ("l2_hint_a",), L2_HINTS, "L2 eviction priority of A", shaping=False),
@@ -235,6 +249,28 @@ def _loader_fit(s, operand: str, loader: str) -> str | None:
                 + ", ".join(x for x in LOADERS if x == "manual" or tiles % max(1, int(x[1]) // per) == 0))
 
 
+def _r_swizzle(s):
+    if s.smem_layout != "swizzled":
+        return None
+    why = []
+    if s.row_bytes < 32:
+        ok = [k for k in valid_ktiles(s.prec) if k * s.prec.bits // 8 >= 32]
+        why.append(f"rows of at least 32 bytes (ktile={s.ktile} gives {s.row_bytes}, which pack 8 rows into "
+                   f"128 bytes without conflicts already; valid ktile for {s.precision}: "
+                   f"{', '.join(map(str, ok))})")
+    if s.b_layout != "col":
+        why.append("b_layout=col (B rows of K, like A's)")
+    if (s.loader_a, s.loader_b) != ("x4", "x4"):
+        why.append("loader.a=x4 and loader.b=x4 (each ldmatrix.x4 reads two whole 16-byte chunks of K)")
+    rows_per_pass = s.threads // max(1, s.row_bytes // 16)
+    if s.row_bytes >= 32 and rows_per_pass % 8:
+        why.append(f"copy passes of whole groups of 8 rows ({s.threads} threads copy {rows_per_pass} rows of "
+                   f"{s.row_bytes} bytes per pass; use more warps or a smaller ktile)")
+    if why:
+        return ("smem_layout=swizzled (16-byte chunk j of row r stored at j ^ f(r)) needs " + "; ".join(why)
+                + ". Use smem_layout=padded otherwise.")
+
+
 def _r_registers(s):
     wm, wn = s.warp_tile
     acc = (wm // 16) * (wn // 8) * s.accum.regs_per_tile
@@ -273,8 +309,12 @@ RULES = (
          lambda s: _loader_fit(s, "a", s.loader_a), "ldmatrix.xN covers whole m16 tiles"),
     Rule("loader_b", ("precision", "ktile", "b_layout", "bm", "bn", "warps_m", "warps_n", "loader_b"),
          lambda s: _loader_fit(s, "b", s.loader_b), "ldmatrix.xN covers whole n8 tiles"),
+    Rule("swizzle", ("precision", "ktile", "b_layout", "bm", "bn", "warps_m", "warps_n", "loader_a",
+                     "loader_b", "smem_layout"), _r_swizzle,
+         "XOR swizzle: rows >= 32 bytes of A and B (col), ldmatrix.x4, whole 8-row passes"),
     Rule("registers", ("bm", "bn", "warps_m", "warps_n", "acc"), _r_registers,
          "accumulators + two fragment sets <= 224 of 255 registers"),
-    Rule("smem", ("precision", "ktile", "b_layout", "bm", "bn", "warps_m", "warps_n", "stages", "arch"),
+    Rule("smem", ("precision", "ktile", "b_layout", "bm", "bn", "warps_m", "warps_n", "smem_layout", "stages",
+                  "arch"),
          _r_smem, "stages x stage bytes <= the target's shared memory per block", monotone=True),
 )

@@ -15,7 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["Precision", "PRECISIONS", "Accumulator", "ACCUMULATORS", "ArchLimits", "ARCHS", "KTILES",
-           "LOADERS", "CACHE_OPS", "L2_HINTS", "B_LAYOUTS", "MAX_STAGES", "GROUP_M_RANGE", "tile_presets"]
+           "LOADERS", "CACHE_OPS", "L2_HINTS", "B_LAYOUTS", "SMEM_LAYOUTS", "MAX_STAGES", "GROUP_M_RANGE",
+           "tile_presets"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ LOADERS = ("x1", "x2", "x4", "manual")
 CACHE_OPS = ("ca", "cg")
 L2_HINTS = ("none", "evict_first", "evict_last", "evict_normal")
 B_LAYOUTS = ("col", "row")
+# shared-memory rows of a stage: "padded" (16 bytes after each row, so the 8 row addresses of an ldmatrix
+# fall in 8 bank groups) or "swizzled" (128-byte rows, the 16-byte chunk index XORed with row % 8: the
+# pattern of TMA's CU_TENSOR_MAP_SWIZZLE_128B; conflict-free too, and every row 128-byte aligned)
+SMEM_LAYOUTS = ("padded", "swizzled")
 # cp.async.wait_group N compiles to `DEPBAR.LE SB0, N`, whose counter holds at most 63 (ptxas 13.0
 # clamps larger N to 63): S stages wait with N = S - 2, so at most 65 stages can be in flight.
 MAX_STAGES = 65

@@ -136,6 +136,9 @@ class Interpreter:
     def _and(self, op, args, mask):
         self.set(args[0], self.val(args[1]) & self.val(args[2]), mask)
 
+    def _xor(self, op, args, mask):
+        self.set(args[0], self.val(args[1]) ^ self.val(args[2]), mask)
+
     def _shr(self, op, args, mask):
         self.set(args[0], (self.val(args[1]) & self._w(op)) >> self.val(args[2]), mask)
 

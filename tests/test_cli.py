@@ -126,7 +126,7 @@ def test_headline_again_tracks_nothing_new(headline):
                         "fp8_e4m3, fp8_e5m2, copy"]),
     ("precsion=int8", ["Unknown key 'precsion' in 'precsion=int8'. Valid top-level keys: acc, b_layout, "
                        "backend, cache, experiment, family, ktile, loader, mma, pipeline, precision, problem, "
-                       "study_kernel, target, tile, timing, tracking, variant, verify"]),
+                       "smem_layout, study_kernel, target, tile, timing, tracking, variant, verify"]),
     ("+foo=1", ["Unknown key 'foo' in '+foo=1'"]),
     ("pipeline.stage=3", ["pipeline has no key 'stage' ('pipeline.stage=3'); valid: pipeline.stages"]),
     ("+tile.blok=[128,128]", ["tile has no key 'blok' ('+tile.blok=[128,128]'); valid: tile.block, tile.warps, "

@@ -128,6 +128,30 @@ def test_cache_operators(arch, tmp_path):
         assert _same_bits(first[1], c), f"{s.entry} differs from {first[0]}"
 
 
+@pytest.mark.parametrize("precision, ktile, mma_k, tile", [
+    ("fp16", 64, 16, (128, 256, 2, 4)),      # 128-byte rows (swizzle 0, 7), the H200 preset's kernel
+    ("bf16", 128, 16, (64, 64, 2, 2)),       # 256-byte rows
+    ("int8", 64, 32, (32, 64, 2, 4)),        # 64-byte rows (swizzle 1, 3)
+    ("int8", 128, 32, (128, 256, 2, 4)),
+    ("fp8_e4m3", 32, 32, (64, 64, 2, 2)),    # 32-byte rows (swizzle 2, 1)
+    ("int4", 128, 64, (64, 64, 2, 2)),
+])
+def test_swizzled_shared_memory_verifies_bit_identically(arch, tmp_path, precision, ktile, mma_k, tile):
+    """smem_layout=swizzled verifies (integers exactly) and gives the same bits in C as padded rows,
+    three block rows and columns and six K tiles through a 3-stage ring."""
+    bm, bn, wm, wn = tile
+    out = []
+    for layout in ("padded", "swizzled"):
+        s = _spec(arch, precision=precision, ktile=ktile, mma_k=mma_k, bm=bm, bn=bn, warps_m=wm, warps_n=wn,
+                  stages=3, loader_a="x4", loader_b="x4", smem_layout=layout)
+        c, _, res = _run(s, 3 * bm, 3 * bn, 6 * ktile, 99, tmp_path)
+        assert res.ok, f"{s.entry}: {res.message()}"
+        if not s.prec.is_float:
+            assert res.max_error == 0.0
+        out.append((s.entry, c))
+    assert _same_bits(out[0][1], out[1][1]), f"{out[1][0]} differs from {out[0][0]}"
+
+
 def test_l2_hints(arch, tmp_path):
     """Every L2 eviction priority for A and for B verifies, through 1..4 stages. Each kernel runs in the
     GPU worker process, so that a fault fails this test only. (The 3-stage kernels raised

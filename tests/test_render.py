@@ -23,17 +23,26 @@ from experiments.spec_tables import LOADERS
 from experiments.verify import check, tolerance
 
 
+def _unswizzle(s, r, byte):
+    """The logical byte in row ``r`` of the physical ``byte`` (smem_layout=swizzled: 16-byte chunk j
+    of row r is stored at j ^ ((r >> shift) & mask), spec.swizzle)."""
+    if not s.swizzle:
+        return byte
+    sh, mask = s.swizzle
+    return ((byte // 16) ^ ((r >> sh) & mask)) * 16 + byte % 16
+
+
 def _byte(s, addr):
     """(region, row, byte in row) of a shared-memory byte of stage 0; padding fails the test."""
     a_bytes = s.bm * s.smem_stride
     if addr < a_bytes:
         r, kb = divmod(addr, s.smem_stride)
         assert kb < s.row_bytes and r < s.bm, f"A padding or beyond at {addr}"
-        return "A", r, kb
+        return "A", r, _unswizzle(s, r, kb)
     r, cb = divmod(addr - a_bytes, s.b_stride)
     rows, row_bytes = (s.bn, s.row_bytes) if s.b_layout == "col" else (s.ktile, s.b_row_bytes)
     assert r < rows and cb < row_bytes, f"B padding or beyond at {addr}"
-    return ("B" if s.b_layout == "col" else "BR"), r, cb
+    return ("B" if s.b_layout == "col" else "BR"), r, _unswizzle(s, r, cb)
 
 
 def _along_k(s, srcs):
@@ -52,7 +61,8 @@ def _along_k(s, srcs):
 def _register(s, lane, bases, ld, reg):
     """[(row or column, k)] that load ``ld`` leaves in register ``reg`` of ``lane``; ``bases``: the
     operands' per-lane addresses (lane_address of every lane)."""
-    addr = bases["a" if ld["base"] == "%rd_a" else "b"].__getitem__
+    lanes = bases["a" if ld["base"] in ("%rd_a", "%sw_a") else "b"]
+    addr = lambda lane: lanes[lane] ^ ld.get("xor", 0)  # noqa: E731  (swizzled chunks c > 0: base ^ 32c)
     t = lane
     if ld["kind"] == "ldsm":
         j = ld["regs"].index(reg)
@@ -128,6 +138,19 @@ def _plans():
 PLANS = _plans()
 
 
+def _swizzled_plans():
+    """One spec per distinct swizzled plan (precision width, ktile, mma, tile)."""
+    sp, seen = space(["sm_90"], TILES), {}
+    for _, values, _ in sp.cells:
+        s = sp.spec(values, 1)
+        if s.smem_layout == "swizzled":
+            seen.setdefault((s.prec.bits, s.ktile, s.mma_k, s.bm), s)
+    return list(seen.values())
+
+
+SWIZZLED = _swizzled_plans()
+
+
 def _key(s):
     return (s.prec.bits, s.ktile, s.mma_k, s.b_layout, s.loader_a, s.loader_b, s.bm)
 
@@ -161,6 +184,47 @@ def test_every_loader_loads_the_isa_fragment(bits):
     else:
         assert len(layouts) == 4 * 4 + 4                              # row B only with loader.b=manual
     assert checked > 10000
+
+
+def test_swizzled_plans_load_the_isa_fragment():
+    """smem_layout=swizzled: every register of every (width, ktile, mma, tile) gets its ISA fragment
+    through the XOR-permuted chunks (rows of 32, 64, 128 and 256 bytes: every swizzle pattern)."""
+    assert {s.row_bytes for s in SWIZZLED} == {32, 64, 128, 256}
+    assert sum(_check(s, [(0, 0), (s.warps_m - 1, s.warps_n - 1)]) for s in SWIZZLED) > 5000
+
+
+@pytest.mark.parametrize("layout", ["padded", "swizzled"])
+def test_ldmatrix_rows_fall_in_eight_bank_groups(layout):
+    """Each 8x8 matrix of an ldmatrix reads 8 rows of 16 bytes: with padded rows (+16 B) and with
+    swizzled ones the 8 addresses fall in 8 different 16-byte bank groups (addr / 16 % 8), so the
+    read takes one shared-memory wavefront; unpadded, unswizzled 128-byte rows would all collide."""
+    specs = [s for s in (SWIZZLED if layout == "swizzled" else PLANS)
+             if s.loader_a == s.loader_b == "x4" and s.b_layout == "col" and s.row_bytes >= 32]
+    assert specs
+    for s in specs:
+        bases = {op: [lane_address(b, lane) for lane in range(32)] for op, b in lane_bases(s).items()}
+        for ch in fragment_plan(s, 0):
+            for ld in ch["loads"]:
+                lanes = bases["a" if ld["base"] in ("%rd_a", "%sw_a") else "b"]
+                for j in range(4):
+                    groups = {((lanes[8 * j + r] ^ ld.get("xor", 0)) + ld["off"]) // 16 % 8 for r in range(8)}
+                    assert len(groups) == 8, (s.entry, ld, j)
+
+
+def test_swizzled_kernels_are_named_and_keyed_apart():
+    """The layout is in the entry name (``_sw``), the run name (``sw``) and the run key of swizzled
+    kernels; padded kernels keep the run key they had before the axis existed (no smem_layout in it)."""
+    from experiments.kernel import _identity_axes
+    from experiments.record import run_name
+    kw = dict(precision="int8", ktile=64, mma_k=32, bm=128, bn=256, warps_m=2, warps_n=4, stages=3,
+              cache_op="cg", arch="sm_90", loader_a="x4", loader_b="x4")
+    padded, swizzled = KernelSpec(**kw), KernelSpec(**kw, smem_layout="swizzled")
+    assert swizzled.entry == "gemm_int8_bk64_m16n8k32_ldx4x4_cg_sw_bcol_s3_128x256_w2x4_g8"
+    assert padded.entry == swizzled.entry.replace("_sw", "")
+    assert run_name(swizzled, (8192,) * 3) == "8192 int8 bk64 128x256 ldx4x4 sw m16n8k32 s3"
+    assert "smem_layout" not in dict(_identity_axes(padded))
+    assert dict(_identity_axes(swizzled))["smem_layout"] == "swizzled"
+    assert [kv for kv in _identity_axes(swizzled) if kv[0] != "smem_layout"] == _identity_axes(padded)
 
 
 def test_plan_counts():
@@ -234,6 +298,12 @@ KERNELS = {
     "int4_manual_x1_bk128": dict(precision="int4", ktile=128, mma_k=32, loader_a="manual", loader_b="x1"),
     "e4m3_x2x4_hints": dict(precision="fp8_e4m3", ktile=32, mma_k=32, loader_a="x2", loader_b="x4",
                             l2_hint_a="evict_normal", l2_hint_b="evict_normal"),
+    "fp16_swizzled_128B_128x256": dict(precision="fp16", ktile=64, mma_k=16, bm=128, bn=256, warps_m=2,
+                                       warps_n=4, stages=3, loader_b="x4", smem_layout="swizzled"),
+    "int8_swizzled_64B_4_stages": dict(precision="int8", ktile=64, mma_k=32, loader_b="x4", stages=4,
+                                       smem_layout="swizzled"),
+    "int4_swizzled_32B_study": dict(STUDY, precision="int4", ktile=64, mma_k=64, loader_b="x4",
+                                    smem_layout="swizzled"),
     "e5m2_manual_row": dict(STUDY, precision="fp8_e5m2", ktile=64, mma_k=32, b_layout="row",
                             loader_a="manual", loader_b="manual"),
 }
@@ -258,6 +328,18 @@ def test_rasterization_covers_every_block():
     c, ops = run_gemm(s, render(s), 5 * 32, 3 * 64, 64, seed=2)
     res = check(c, ops, False, 0.0)
     assert res.ok and res.max_error == 0.0, res.message()
+
+
+def test_swizzled_and_padded_give_bit_identical_c():
+    """The layout moves bytes within shared memory only: C is the same bits (fp16, 256-byte rows)."""
+    out = []
+    for layout in ("padded", "swizzled"):
+        s = KernelSpec(**{**BASE, "precision": "fp16", "ktile": 128, "mma_k": 16, "loader_b": "x4",
+                          "stages": 2, "smem_layout": layout})
+        c, ops = run_gemm(s, render(s), 128, 128, 4 * s.ktile, seed=5)
+        assert check(c, ops, True, 1e-3).ok, s.entry
+        out.append(c)
+    assert np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32))
 
 
 @pytest.mark.parametrize("base", [

@@ -439,20 +439,26 @@ def test_space_counts_by_hand():
     follow from the rules without running the enumerator."""
     sp = space(["sm_80"], ONE_TILE)
     free = 2 * 4 * 4 * 2                                   # cache.op, two L2 hints, group_m
-    per_prec = 3 * 4 * 4 * 2 * 1 * 4 * 4 * MAX_STAGES * free   # acc ktile mma b_layout tile loaders stages
+    # acc ktile mma b_layout tile loaders smem_layout stages
+    per_prec = 3 * 4 * 4 * 2 * 1 * 4 * 4 * 2 * MAX_STAGES * free
     c = sp.counts["sm_80"]
     assert sum(c.values()) == 6 * per_prec
     assert c["arch"] == 2 * per_prec                       # fp8 before sm_89
     # acc: fp16 keeps f32, f16; bf16, int8, int4 keep one of 3
     assert c["acc"] == (1 + 2 + 2 + 2) * per_prec // 3
     # smem on sm_80 (166912 B): stage bytes = 128 rows x pitch (64x64 tile, col B); valid stages =
-    # min(65, 166912 // stage). Pitch 16 -> 81 (65), 48 -> 27, 80 -> 16, 144 -> 9, 272 -> 4
+    # min(65, 166912 // stage). Padded pitch 16 -> 81 (65), 48 -> 27, 80 -> 16, 144 -> 9, 272 -> 4;
+    # swizzled rows are not padded: 32 -> 40, 64 -> 20, 128 -> 10, 256 -> 5
     max_stages = {}
     for _, values, mx in sp.cells:
         s = sp.spec(values, 1)
         if s.b_layout == "col":
-            max_stages.setdefault(s.smem_stride, set()).add(mx)
-    assert max_stages == {16: {65}, 48: {27}, 80: {16}, 144: {9}, 272: {4}}
+            max_stages.setdefault((s.smem_layout, s.smem_stride), set()).add(mx)
+    assert max_stages == {("padded", 16): {65}, ("padded", 48): {27}, ("padded", 80): {16},
+                          ("padded", 144): {9}, ("padded", 272): {4}, ("swizzled", 32): {40},
+                          ("swizzled", 64): {20}, ("swizzled", 128): {10}, ("swizzled", 256): {5}}
+    # swizzled with x1/x2/manual loaders or B stored K x N: rejected by the swizzle rule
+    assert c["swizzle"] > 0
     assert c["valid"] == sum(cnt for _, _, cnt in sp.cells) * free
 
 
@@ -479,7 +485,7 @@ def test_space_rules_partition_the_points():
 def test_describe_space_lists_every_axis_and_rule():
     text = describe_space()
     for key in ("target.arch", "precision", "acc", "ktile", "mma", "b_layout", "tile", "loader.a",
-                "loader.b", "pipeline.stages", "cache.op", "cache.l2_hint_a", "cache.l2_hint_b", "tile.group_m"):
+                "loader.b", "smem_layout", "pipeline.stages", "cache.op", "cache.l2_hint_a", "cache.l2_hint_b", "tile.group_m"):
         assert f"\n  {key} " in text, key
     assert "1, 2, 3, ..., 65" in text
     assert all(f"  {r.name} " in text for r in RULES)
