@@ -54,7 +54,7 @@ class BLayout(Enum):
 
 class SmemLayout(Enum):
     padded = "padded"       # rows padded by 16 bytes (ldmatrix rows spread over the banks)
-    swizzled = "swizzled"   # 128-byte rows, 16-byte chunk index XOR row % 8 (TMA's 128B swizzle)
+    swizzled = "swizzled"   # unpadded rows, 16-byte chunks XOR-permuted by row (TMA's 32B/64B/128B swizzles)
 
 
 class Acc(Enum):

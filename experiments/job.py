@@ -138,7 +138,7 @@ def _backend_tag(cfg) -> str:
 
 
 # keys of the mma_sync family (its axes are root keys); other families take family.* options
-MMA_SYNC_KEYS = ("ktile", "mma", "acc", "b_layout", "tile", "loader", "pipeline", "cache")
+MMA_SYNC_KEYS = ("ktile", "mma", "acc", "b_layout", "smem_layout", "tile", "loader", "pipeline", "cache")
 
 
 def ignored_keys(overrides: str, family: str) -> list[str]:

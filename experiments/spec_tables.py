@@ -102,8 +102,9 @@ CACHE_OPS = ("ca", "cg")
 L2_HINTS = ("none", "evict_first", "evict_last", "evict_normal")
 B_LAYOUTS = ("col", "row")
 # shared-memory rows of a stage: "padded" (16 bytes after each row, so the 8 row addresses of an ldmatrix
-# fall in 8 bank groups) or "swizzled" (128-byte rows, the 16-byte chunk index XORed with row % 8: the
-# pattern of TMA's CU_TENSOR_MAP_SWIZZLE_128B; conflict-free too, and every row 128-byte aligned)
+# fall in 8 bank groups) or "swizzled" (no padding, the 16-byte chunk index XORed with bits of the row:
+# the patterns of TMA's 32B/64B/128B swizzles, Geometry.swizzle; conflict-free too, and no row straddles
+# a 128-byte line)
 SMEM_LAYOUTS = ("padded", "swizzled")
 # cp.async.wait_group N compiles to `DEPBAR.LE SB0, N`, whose counter holds at most 63 (ptxas 13.0
 # clamps larger N to 63): S stages wait with N = S - 2, so at most 65 stages can be in flight.

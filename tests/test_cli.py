@@ -224,7 +224,13 @@ def test_help(tmp_path):
     groups = out.split("== Config groups (presets) ==", 1)[1].split("== Options of family", 1)[0]
     assert [line.split(":")[0] for line in groups.strip().splitlines()] == [
         "family", "tile", "problem", "experiment", "variant", "hydra/launcher"]
-    assert "(none: family=mma_sync is set by the root keys below)" in out
+    # the default family's options are the root keys: listed with their values
+    root = out.split("== Options of family=mma_sync", 1)[1].split("== Config ", 1)[0]
+    assert "(none: family=mma_sync is set by the root keys; their values, defaults in the config below:)" in root
+    for line in ("  smem_layout: padded | swizzled", "  loader.b: x1 | x2 | x4 | manual",
+                 "  pipeline.stages: 1 ... 65 (what shared memory allows)", "  mma: auto | m16n8k8 | m16n8k16 | "
+                 "m16n8k32 | m16n8k64", "  cache.l2_hint_a: none | evict_first | evict_last | evict_normal"):
+        assert line in root.splitlines(), (line, root)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -501,3 +501,5 @@ def test_mma_sync_keys_given_to_another_family_are_named():
     assert ignored_keys(over, "wgmma") == ["ktile", "tile", "pipeline.stages", "cache.op"]
     assert ignored_keys(over, "mma_sync") == []
     assert ignored_keys("family=peak precision=int8 problem.sizes=[512]", "peak") == []
+    # smem_layout is a root key of mma_sync too (wgmma has its own family.swizzle)
+    assert ignored_keys("family=wgmma smem_layout=swizzled family.swizzle=64", "wgmma") == ["smem_layout"]

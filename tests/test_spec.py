@@ -494,3 +494,32 @@ def test_describe_space_lists_every_axis_and_rule():
 def test_tile_presets_include_the_study_tile():
     assert tile_presets()["l4_32x64"] == (32, 64, 2, 4)
     assert tile_presets()["256x128"] == (256, 128, 4, 2)
+
+
+X4 = ("loader.a=x4", "loader.b=x4")
+
+
+@pytest.mark.parametrize("overrides, texts", [
+    (("precision=fp16", "ktile=64"), ["loader.a=x4 and loader.b=x4"]),            # the default loader.b=x2
+    (("precision=int8", "ktile=16", *X4), ["rows of at least 32 bytes (ktile=16 gives 16",
+                                           "valid ktile for int8: 32, 64, 128"]),
+    # one message for all it needs, not the loader rule's `loader.b ... valid values: manual` first
+    (("precision=int8", "ktile=64", "b_layout=row"), ["b_layout=col", "loader.a=x4 and loader.b=x4"]),
+    (("precision=int8", "ktile=128", "tile.block=[64,64]", "tile.warps=[1,1]", *X4),
+     ["32 threads copy 4 rows of 128 bytes per pass"]),
+])
+def test_swizzled_layout_names_every_requirement(overrides, texts):
+    msg = spec_error("smem_layout=swizzled", *overrides)
+    assert msg.startswith("smem_layout=swizzled (16-byte chunk j of row r stored at j ^ f(r)) needs ")
+    assert msg.endswith("Use smem_layout=padded otherwise.")
+    for text in texts:
+        assert text in msg, msg
+
+
+def test_swizzled_layout_needs_no_padding():
+    """Swizzled rows are not padded: a 128x256 fp16 stage of BK 64 is 384 x 128 bytes, not x 144."""
+    s = spec("smem_layout=swizzled", "precision=fp16", "ktile=64", "tile.block=[128,256]", "tile.warps=[2,4]", *X4)
+    assert (s.smem_stride, s.stage_bytes, s.swizzle) == (128, 384 * 128, (0, 7))
+    assert spec("precision=fp16", "ktile=64", "tile.block=[128,256]", "tile.warps=[2,4]", *X4).stage_bytes == 384 * 144
+    assert spec("smem_layout=swizzled", "precision=int8", "ktile=64", *X4).swizzle == (1, 3)
+    assert spec("smem_layout=swizzled", "precision=fp16", "ktile=16", *X4).swizzle == (2, 1)

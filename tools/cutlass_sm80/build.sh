@@ -7,9 +7,19 @@
 # mma.sync path. The binary links cudart statically and needs only the driver where it runs.
 #   tools/cutlass_sm80/build.sh && tools/cutlass_sm80/build/cutlass_sm80_gemm 8192 20
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "build.sh takes no arguments (settings: CUTLASS_DIR, ARCH); see build.sh --help" >&2; exit 2 ;;
+esac
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BUILD="$HERE/build"
 ARCH="${ARCH:-sm_90}"
+if [ -n "${CUTLASS_DIR:-}" ] && [ ! -f "$CUTLASS_DIR/include/cutlass/gemm/device/gemm.h" ]; then
+  echo "CUTLASS_DIR=$CUTLASS_DIR has no include/cutlass/gemm/device/gemm.h (it must be a CUTLASS source" \
+       "tree); unset it to fetch the headers of the nvidia-cutlass 4.2.0 wheel" >&2
+  exit 2
+fi
 CUTLASS_DIR="${CUTLASS_DIR:-$BUILD/cutlass_src/cutlass_library/source}"
 
 if [ ! -f "$CUTLASS_DIR/include/cutlass/gemm/device/gemm.h" ]; then

@@ -94,6 +94,8 @@ struct Problem {
 static const int kLaunchesPerBatch = 10;
 static const int kWarmup = 3;
 static const size_t kMaxSmemBytes = 227 * 1024;
+static int g_ran = 0;    // configurations that passed the `only` filter
+static int g_wrong = 0;  // configurations whose result failed verification (the exit status is then 1)
 
 // ------------------------------------------------------------------------------------------------
 // Device helpers: init, reference GEMM, comparison (templates; instantiated where used).
@@ -261,6 +263,7 @@ static void run_config(const char *prec, const Problem &p) {
   const size_t smem = sizeof(typename GemmKernel::SharedStorage);
   const std::string label = std::string(prec) + " " + tb + " s" + std::to_string(stages);
   if (p.only && label.find(p.only) == std::string::npos) return;
+  ++g_ran;
   static_assert(sizeof(typename GemmKernel::SharedStorage) <= 227 * 1024,
                 "configuration needs more than 227 KiB of shared memory");
 
@@ -375,6 +378,7 @@ static void run_config(const char *prec, const Problem &p) {
   char usbuf[32], tfbuf[32];
   std::snprintf(usbuf, sizeof(usbuf), "%.1f", us);
   std::snprintf(tfbuf, sizeof(tfbuf), "%.1f", tflops);
+  g_wrong += !ok;
   print_row(prec, tb, ws, stages, smem, usbuf, tfbuf, errbuf, ok ? "verified" : "WRONG");
 }
 
@@ -432,6 +436,14 @@ static void init_and_reference(Problem &p) {
 }
 
 static bool run_precision(int prec, Problem p) {
+  const char *name = prec == kFp16 ? "fp16" : prec == kBf16 ? "bf16" : "int8";
+  if (p.only) {  // a filter that names another precision: no reference GEMM for this one
+    const std::string only(p.only);
+    bool other = false;
+    for (const char *x : {"fp16", "bf16", "int8"})
+      other = other || (only.find(x) != std::string::npos && std::strcmp(x, name) != 0);
+    if (other) return false;
+  }
   const size_t count = size_t(p.n) * p.n;
   const size_t in_elem = (prec == kInt8) ? 1 : 2;
   const size_t out_elem = 4;
@@ -440,7 +452,7 @@ static bool run_precision(int prec, Problem p) {
   size_t need = 2 * count * in_elem + 2 * count * out_elem;
   if (need + (256u << 20) > free_b) {
     std::printf("| %s | - | - | - | - | - | - | - | SKIP: needs %zu MiB of device memory, %zu MiB free |\n",
-                prec == kFp16 ? "fp16" : prec == kBf16 ? "bf16" : "int8", need >> 20, free_b >> 20);
+                name, need >> 20, free_b >> 20);
     std::fflush(stdout);
     return false;
   }
@@ -539,5 +551,11 @@ int main(int argc, char **argv) {
   run_precision(kFp16, p);
   run_precision(kBf16, p);
   run_precision(kInt8, p);
-  return 0;
+  if (p.only && g_ran == 0) {
+    std::fprintf(stderr, "no configuration matches '%s' (labels are \"precision MxNxK sS\", e.g. "
+                         "\"fp16 128x256x32 s3\")\n", p.only);
+    return 1;
+  }
+  if (g_wrong) std::fprintf(stderr, "%d configuration(s) computed a wrong result\n", g_wrong);
+  return g_wrong ? 1 : 0;
 }
