@@ -1,6 +1,8 @@
 """Many writers: the launcher presets, and a sweep of parallel jobs against a real MLflow tracking
 server on the loopback address (the documented store for several processes or hosts)."""
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -9,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_cli import run_cli
+from test_cli import _empty_store, run_cli
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -98,6 +100,7 @@ def mlflow_server(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    shutil.copy(_empty_store(), tmp_path / "server.db")      # migrated already: the server starts sooner
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
                              "--default-artifact-root", str(tmp_path / "artifacts")],
@@ -120,7 +123,7 @@ def mlflow_server(tmp_path):
         except OSError:
             time.sleep(0.5)
     yield uri
-    os.killpg(proc.pid, 15)
+    os.killpg(proc.pid, signal.SIGKILL)    # the test is over: no graceful shutdown of the workers
     proc.wait(30)
 
 

@@ -1,5 +1,6 @@
-"""The store stays true under misuse: failing and crashing jobs, Ctrl-C, concurrent sweeps, parallel
-launchers, deleted experiments, file stores, moved stores, changed toolchains, sizes that do not fit.
+"""The store stays true under misuse: failing and crashing jobs, deleted experiments, file stores,
+moved stores, changed toolchains, sizes that do not fit (Ctrl-C, concurrent sweeps and parallel
+launchers: test_concurrency_store.py).
 
 Each test runs ``run.py`` as a user would (without a GPU: the static path) and asserts on the store:
 every run ends FINISHED, FAILED or KILLED with a reason; no measurement is tracked twice; a re-run
@@ -7,7 +8,6 @@ continues under the same parent; no parent is empty.
 """
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -95,39 +95,6 @@ def test_crash_inside_a_job_fails_that_run_only(tmp_path):
     assert "in render" in tb.read_text() and "ZeroDivisionError" in tb.read_text()
 
 
-def test_ctrl_c_keeps_what_finished_and_a_rerun_resumes_under_the_same_parent(tmp_path):
-    args = ["-m", "precision=fp16,bf16,int8", "ktile=32,64", "pipeline.stages=1,2", *store_args(tmp_path)]
-    proc = popen(tmp_path, *args)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("[3/12]"):
-            proc.send_signal(signal.SIGINT)
-            break
-    out = "".join(seen) + proc.stdout.read()
-    assert proc.wait(120) == 130, out
-    assert out.count("Interrupted:") == 1 and "Traceback" not in out, out
-    assert "Run the same command again to resume" in out
-    parents, children = assert_store_is_true(tmp_path)
-    assert [p.info.status for p in parents] == ["KILLED"]
-    done = {c.data.tags["run_key"] for c in children if c.info.status == "FINISHED"}
-    assert 3 <= len(done) < 12
-    assert all(c.data.tags["skip_reason"] == "interrupted by Ctrl-C" and c.data.tags["outcome"] == "interrupted"
-               for c in children if c.info.status == "KILLED")
-    # the count is of measurement runs; the sweep's parent is said apart (it was counted as a run in progress)
-    killed = len([c for c in children if c.info.status == "KILLED"])
-    assert f"{killed} run(s) in progress marked KILLED (outcome=interrupted); the sweep is marked KILLED" in out
-
-    rc, out = run_cli(tmp_path, *args)
-    assert rc == 0, out
-    assert out.count("already tracked") == len(done)
-    assert f"continuing parent run {parents[0].info.run_id}" in out
-    parents2, children2 = assert_store_is_true(tmp_path)
-    assert [p.info.run_id for p in parents2] == [parents[0].info.run_id]
-    assert parents2[0].info.status == "FINISHED" and "skip_reason" not in parents2[0].data.tags
-    assert len([c for c in children2 if c.info.status == "FINISHED"]) == 12
-
-
 def test_sweep_over_a_glob_is_counted_and_named(tmp_path):
     presets = sorted(p.stem for p in (ROOT / "conf" / "tile").glob("128*.yaml"))
     rc, out = run_cli(tmp_path, "-m", "tile=glob(128*)", "precision=int8", "ktile=64", *store_args(tmp_path))
@@ -166,37 +133,6 @@ def test_sweep_defined_in_a_preset_is_counted(tmp_path):
     assert rc == 0 and "Tracking 2 job(s)" in out, out
     parents, _ = assert_store_is_true(other)
     assert [p.info.run_name for p in parents] == ["sweep ktile=32,64 experiment=tiny precision=int8"]
-
-
-def test_two_sweeps_at_once_on_a_new_then_an_existing_store(tmp_path):
-    """Each command gets its own output folder; the store holds the union, nothing twice."""
-    uri = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.experiment={EXPERIMENT}"]
-    for sweep in (["precision=int4,int8", "ktile=32,64"], ["precision=fp16,int8", "ktile=32,64"]):
-        procs = [popen(tmp_path, "-m", *sweep, *uri) for _ in range(2)]
-        outs = [p.communicate(timeout=240)[0] for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], outs
-        assert all("Traceback" not in o and "alembic" not in o for o in outs), outs
-    parents, children = assert_store_is_true(tmp_path)
-    finished = [c for c in children if c.info.status == "FINISHED"]
-    kernels = {c.data.tags["kernel"] for c in finished}
-    assert len(finished) == len(kernels) == 6          # int4 x2, int8 x2, fp16 x2
-    assert len(parents) == 2                           # one per distinct sweep
-    sweep_dirs = list((tmp_path / "outputs" / "multirun").glob("*/*"))
-    assert len(sweep_dirs) == 4, sweep_dirs            # one folder per command
-    for d in sweep_dirs:
-        for job in d.iterdir():
-            assert "tracking" not in job.name and "\\" not in job.name
-
-
-def test_parallel_launcher_jobs_share_one_parent(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    rc, out = run_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                      "precision=int4,int8", "ktile=32,64", *store_args(tmp_path))
-    assert rc == 0, out
-    parents, children = assert_store_is_true(tmp_path)
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert sorted(c.info.status for c in children) == ["FINISHED"] * 4
-    assert len({c.data.tags["owner_pid"] for c in children}) >= 1
 
 
 def test_deleted_experiment_is_explained(tmp_path):
