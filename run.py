@@ -391,7 +391,8 @@ if __name__ == "__main__":
         release_job_processes()                          # no job process writes a run after this
         stale = close_runs_of_ended_processes()          # the runs those processes had in progress
         ended, sweeps, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
-        ended += stale
+        release_job_processes()                          # one the launcher started meanwhile, if any,
+        ended += stale + close_runs_of_ended_processes()  # ... and the run it had begun
         sweep = "; the sweep is marked KILLED" if sweeps else ""
         print(f"\nInterrupted: {kept} run(s) finished in this command are kept; {ended} run(s) in progress "
               f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "
