@@ -196,7 +196,8 @@ def fragment_plan(s: KernelSpec, rset: int) -> list[dict]:
 
 def _copy(s: KernelSpec, operand: str) -> dict:
     """cp.async plan of one operand per stage: 16-byte chunks of rows, thread t copies chunk
-    j * T + t in pass j; the last pass is predicated when the chunks are not a multiple of T."""
+    j * T + t in pass j; the last pass is predicated when the chunks are not a multiple of T; ``swz``:
+    the spec's swizzle (shift, mask) of the chunk index, or None for padded rows."""
     t = s.threads
     if operand == "a" or s.b_layout == "col":
         rows, row_bytes, stride = (s.bm if operand == "a" else s.bn), s.row_bytes, s.smem_stride

@@ -435,3 +435,11 @@ def test_goal_outside_a_share_and_tile_sms_without_auto_are_said(tmp_path, capsy
     from test_cli import run_cli, store_args
     rc, out = run_cli(tmp_path, "tile.sms=58", *store_args(tmp_path, multirun=False))
     assert rc == 0 and "note: tile.sms plans tile=auto only; with a fixed tile it changes nothing" in out
+
+
+def test_the_h200_preset_prints_its_check_without_writing_results():
+    """A trial sweep that starts from experiment=h200_performance used to replace the committed
+    results/h200/performance.md with its partial table: the preset's check has a goal and no `out`."""
+    preset = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "experiment"
+                            / "h200_performance.yaml")
+    assert OmegaConf.to_container(preset.hydra.callbacks.tracking.benchmark) == {"goal": 0.8}

@@ -127,28 +127,19 @@ TILES = {"l4_32x64": (32, 64, 2, 4), "64x64": (64, 64, 2, 2)}
 
 
 def _plans():
-    """One spec per distinct fragment plan: precision, ktile, mma, b_layout, loaders and tile."""
-    sp, seen = space(["sm_90"], TILES), {}
-    for _, values, _ in sp.cells:
-        s = sp.spec(values, 1)
-        seen.setdefault((s.precision, s.ktile, s.mma_k, s.b_layout, s.loader_a, s.loader_b, s.bm), s)
-    return list(seen.values())
-
-
-PLANS = _plans()
-
-
-def _swizzled_plans():
-    """One spec per distinct swizzled plan (precision width, ktile, mma, tile)."""
-    sp, seen = space(["sm_90"], TILES), {}
+    """One spec per distinct fragment plan, from one walk of the space: padded (precision, ktile,
+    mma, b_layout, loaders and tile) and swizzled (precision width, ktile, mma, tile)."""
+    sp, seen, swizzled = space(["sm_90"], TILES), {}, {}
     for _, values, _ in sp.cells:
         s = sp.spec(values, 1)
         if s.smem_layout == "swizzled":
-            seen.setdefault((s.prec.bits, s.ktile, s.mma_k, s.bm), s)
-    return list(seen.values())
+            swizzled.setdefault((s.prec.bits, s.ktile, s.mma_k, s.bm), s)
+        else:
+            seen.setdefault((s.precision, s.ktile, s.mma_k, s.b_layout, s.loader_a, s.loader_b, s.bm), s)
+    return list(seen.values()), list(swizzled.values())
 
 
-SWIZZLED = _swizzled_plans()
+PLANS, SWIZZLED = _plans()
 
 
 def _key(s):

@@ -479,6 +479,18 @@ static bool run_precision(int prec, Problem p) {
   return true;
 }
 
+// A whole decimal number in [lo, hi] into *out; otherwise a message naming the argument and false.
+static bool parse_int(const char *arg, long lo, long hi, const char *what, int *out) {
+  char *end = nullptr;
+  long v = std::strtol(arg, &end, 10);
+  if (!end || *end || v < lo || v > hi) {
+    std::printf("invalid %s '%s' (expected an integer in [%ld, %ld])\n", what, arg, lo, hi);
+    return false;
+  }
+  *out = int(v);
+  return true;
+}
+
 static void usage(const char *argv0) {
   std::printf(
       "usage: %s [N] [reps] [only]\n"
@@ -499,24 +511,9 @@ int main(int argc, char **argv) {
   }
   if (argc > 4) { usage(argv[0]); return 1; }
   if (argc > 3) p.only = argv[3];
-  if (argc > 1) {
-    char *end = nullptr;
-    long v = std::strtol(argv[1], &end, 10);
-    if (!end || *end || v < 16 || v > 65536) {
-      std::printf("invalid N '%s' (expected an integer in [16, 65536])\n", argv[1]);
-      return 1;
-    }
-    p.n = int(v);
-  }
-  if (argc > 2) {
-    char *end = nullptr;
-    long v = std::strtol(argv[2], &end, 10);
-    if (!end || *end || v < 1 || v > 100000) {
-      std::printf("invalid reps '%s' (expected a positive integer)\n", argv[2]);
-      return 1;
-    }
-    p.reps = int(v);
-  }
+  if ((argc > 1 && !parse_int(argv[1], 16, 65536, "N", &p.n)) ||
+      (argc > 2 && !parse_int(argv[2], 1, 100000, "reps", &p.reps)))
+    return 1;
   if (p.n % 16 != 0) {
     std::printf("N = %d is not a multiple of 16 (needed for 128-bit aligned int8 / fp16 accesses)\n", p.n);
     return 1;
