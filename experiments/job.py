@@ -22,7 +22,7 @@ from rich.console import Console
 
 from . import record, track
 from .compare import relate
-from .families.runner import MMA_SYNC, family_name
+from .families.runner import MMA_SYNC, WGMMA, family_name
 from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
                      resolved, tile_is_auto)
 from .render import render
@@ -143,11 +143,14 @@ MMA_SYNC_KEYS = ("ktile", "mma", "acc", "b_layout", "smem_layout", "tile", "load
 
 def ignored_keys(overrides: str, family: str) -> list[str]:
     """The keys among the job's command-line ``overrides`` (space-separated ``key=value``) that only
-    the mma_sync family reads, when ``family`` is another one: they would change nothing."""
+    the mma_sync family reads, when ``family`` is another one: they would change nothing. The wgmma
+    family reads tile=auto (with ``tile.auto``, ``tile.sms``): it chooses its own block tile then."""
     if family == MMA_SYNC:
         return []
-    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides.split()]
-    return [k for k in keys if k.split(".", 1)[0] in MMA_SYNC_KEYS]
+    pairs = [o.lstrip("+~").split("=", 1) + [""] for o in overrides.split()]
+    auto = {"tile=auto", "tile.auto", "tile.sms"} if family == WGMMA else set()
+    return [k for k, v, *_ in pairs if k.split(".", 1)[0] in MMA_SYNC_KEYS
+            and f"{k}={v}" not in auto and k not in auto]
 
 
 def _run(cfg, job: _Job) -> dict:
@@ -157,7 +160,7 @@ def _run(cfg, job: _Job) -> dict:
         console.print(f"{job.label} [yellow]note:[/] {', '.join(ignored)} appl{'ies' if one else 'y'} to "
                       f"family=mma_sync only; family={family_name(cfg)} ignores {'it' if one else 'them'} "
                       f"(its options are family.*: `python run.py family={family_name(cfg)} --help`)")
-    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) == MMA_SYNC:
+    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) in (MMA_SYNC, WGMMA):
         console.print(f"{job.label} [yellow]note:[/] tile.sms plans tile=auto only; with a fixed tile it "
                       "changes nothing")
     backend = value(cfg.backend)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from . import record, track
 from .assemble import SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble, sass_summary
-from .families.runner import (MMA_SYNC, NvccError, family_name, family_shapes, family_spec, resources,
-                              sass_subject)
+from .families.runner import (MMA_SYNC, WGMMA, NvccError, family_name, family_options, family_shapes,
+                              family_spec, resources, sass_subject)
+from .families.wgmma import auto_tile as wgmma_auto_tile
 from .render import ptx_sha256
-from .spec import KernelSpec, SpecError, auto_tile, misfit_message, spec_from_config
+from .spec import AutoTile, KernelSpec, SpecError, auto_tile, misfit_message, spec_from_config
 from .timing import tflops
 from .toolchain import toolchain_tags
 
@@ -73,30 +74,44 @@ def shapes_of(cfg) -> list[tuple[int, int, int]]:
 
 
 def tile_is_auto(cfg) -> bool:
-    """Whether ``cfg`` asks tile=auto (conf/tile/auto.yaml) of the mma_sync family; other families
-    have tiles of their own (``family.*``) and ignore it."""
-    return family_name(cfg) == MMA_SYNC and bool(cfg.tile.get("auto", False))
+    """Whether ``cfg`` asks tile=auto (conf/tile/auto.yaml) of the mma_sync family (tile.block and
+    tile.warps) or the wgmma family (family.consumers and family.bn); the other families have tiles of
+    their own (``family.*``) and ignore it."""
+    return family_name(cfg) in (MMA_SYNC, WGMMA) and bool(cfg.tile.get("auto", False))
 
 
 def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, list]]:
-    """tile=auto: one config per distinct tile the problem sizes get (:func:`experiments.spec.auto_tile`
-    on ``sms`` SMs), in the order of the sizes, each with ``tile.block``/``tile.warps`` set to the
-    choice and ``problem.sizes`` (or ``problem.shapes``) to the sizes that chose it.
+    """tile=auto: one config per distinct tile the problem sizes get on ``sms`` SMs
+    (:func:`experiments.spec.auto_tile` for mma_sync, :func:`experiments.families.wgmma.auto_tile` for
+    wgmma), in the order of the sizes, each with ``tile.block``/``tile.warps`` (wgmma:
+    ``family.consumers``/``family.bn``) set to the choice and ``problem.sizes`` (or
+    ``problem.shapes``) to the sizes that chose it.
 
     Returns [(config, [(size, AutoTile), ...]), ...]. Raises SpecError (a bad size; no preset fits)."""
     import copy
 
     from omegaconf import read_write
     plans: dict = {}
+    wgmma = family_name(cfg) == WGMMA
+    if wgmma:
+        fam, base = family_spec(cfg, gpu_cc)       # a target.arch the family lacks fails here
     for shape in shapes_of(cfg):
-        choice = auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)
+        if wgmma:
+            name, spec = wgmma_auto_tile(fam, base.precision, family_options(cfg), *shape, sms=sms)
+            choice = AutoTile(name, spec, 0.0, 1, 0)
+        else:
+            choice = auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)
         plans.setdefault(choice.name, []).append((shape, choice))
     out = []
     for group in plans.values():
         sub = copy.deepcopy(cfg)
         s = group[0][1].spec
         with read_write(sub):
-            sub.tile.block, sub.tile.warps, sub.tile.group_m = [s.bm, s.bn], [s.warps_m, s.warps_n], s.group_m
+            if wgmma:
+                sub.family.consumers, sub.family.bn = s.p["consumers"], s.p["bn"]
+            else:
+                sub.tile.block, sub.tile.warps = [s.bm, s.bn], [s.warps_m, s.warps_n]
+                sub.tile.group_m = s.group_m
             if cfg.problem.shapes:
                 sub.problem.shapes = [list(shape) for shape, _ in group]
             else:

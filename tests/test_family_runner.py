@@ -503,3 +503,7 @@ def test_mma_sync_keys_given_to_another_family_are_named():
     assert ignored_keys("family=peak precision=int8 problem.sizes=[512]", "peak") == []
     # smem_layout is a root key of mma_sync too (wgmma has its own family.swizzle)
     assert ignored_keys("family=wgmma smem_layout=swizzled family.swizzle=64", "wgmma") == ["smem_layout"]
+    # tile=auto chooses the wgmma block tile too (tile.sms plans it); a fixed tile preset stays ignored
+    assert ignored_keys("family=wgmma tile=auto tile.sms=58 +tile.auto=true", "wgmma") == []
+    assert ignored_keys("family=wgmma tile=128x128 tile.block=[64,64]", "wgmma") == ["tile", "tile.block"]
+    assert ignored_keys("family=peak tile=auto", "peak") == ["tile"]

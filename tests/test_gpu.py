@@ -288,8 +288,22 @@ def test_the_hosts_enqueue_time_is_not_timed_and_a_gate_that_timed_out_refuses_t
     assert 0.2e6 / slow["launches_per_batch"] > 10 * quick["median_us"]     # what it would have added
     monkeypatch.setattr(timing, "GATE_TIMEOUT_S", 0.05)
     monkeypatch.setattr(timing._Gate, "_by_device", {})
-    with pytest.raises(RuntimeError, match="took more than 0.05 s to enqueue one timed batch"):
+    with pytest.raises(RuntimeError, match="took more than 0.05 s to enqueue one timed batch of 16 launches"):
         timing.time_launches(launch, **kw)
+
+
+def test_a_graph_that_blocks_its_launch_behind_the_gate_is_timed_with_fewer_launches(arch):
+    """cuBLAS int8 at 2048 on an H200: its CUDA graph of ~1,300 launches blocked the host behind the closed
+    gate until the gate's 2 s timeout, so the run failed in every generations sweep; it is timed with a
+    quarter of the launches instead, and verifies exactly."""
+    from experiments import families
+    from experiments.timing import time_launches
+    fam = families.get("cublas")
+    spec = fam.spec("int8", {}, arch)
+    prep = fam.prepare(spec, fam.build(spec), 2048, 2048, 2048, seed=1)
+    res = time_launches(prep.launch, batches=3)
+    assert res["batches"] == 3 and len(res["batch_us"]) == 3 and 0 < res["median_us"] < 1000
+    assert prep.verify().ok and prep.verify().max_error == 0
 
 
 def test_warm_up_pays_the_first_call_costs_under_the_gpu_lock(tmp_path, monkeypatch):

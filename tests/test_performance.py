@@ -174,6 +174,25 @@ def test_static_run_of_tile_auto_builds_one_kernel_per_tile(tmp_path):
         assert not set(r.data.metrics) & set(record.CLOCK_FIELDS + ("throughput_per_ghz",))
 
 
+@pytest.mark.usefixtures("need_ptxas")
+def test_static_run_of_wgmma_tile_auto_sets_consumers_and_bn(tmp_path):
+    """family=wgmma tile=auto over 512 ... 8192 without a GPU: one kernel per chosen tile (64x64 at 512,
+    64x128 at 1024, 128x256 from 2048 on), its consumers and bn in the params, tag tile_auto, and no note
+    that tile=auto is ignored (the wgmma family reads it)."""
+    from test_cli import all_runs, run_cli, store_args
+    rc, out = run_cli(tmp_path, "family=wgmma", "tile=auto", "precision=int8", "problem.sizes=[512,1024,2048,8192]",
+                      *store_args(tmp_path, multirun=False))
+    assert rc == 0, out
+    assert ("tile=auto on 132 SMs (no GPU: assumed 132 (H100/H200); tile.sms=N plans for another GPU): "
+            "512x512x512 -> 64x64; 1024x1024x1024 -> 64x128; 2048x2048x2048, 8192x8192x8192 -> 128x256") in out
+    assert "ignores" not in out
+    _, runs = all_runs(tmp_path)
+    got = sorted((r.data.params["family.consumers"], r.data.params["family.bn"], r.data.params["problem.sizes"],
+                  r.data.tags["tile_auto"], r.data.tags["outcome"]) for r in runs)
+    assert got == [("1", "128", "[1024]", "true", "static"), ("1", "64", "[512]", "true", "static"),
+                   ("2", "256", "[2048, 8192]", "true", "static")]
+
+
 # ----------------------------------------------------------------------------- the performance check
 GPU = {"backend": "gpu", "gpu": "NVIDIA H200", "driver": "580.159.04", "outcome": "verified"}
 # (family, precision, N, throughput, spread, tile_auto, tile.block); peak runs ignore N.

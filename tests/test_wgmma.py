@@ -26,7 +26,8 @@ import pytest
 
 from experiments import families
 from experiments.assemble import PtxasError, assemble, fatal_infos
-from experiments.families.wgmma import FLAG_BYTES, FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, geometry, smem_bytes
+from experiments.families.wgmma import (FLAG_BYTES, FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, auto_tile, geometry,
+                                       persistent_grid, smem_bytes)
 from experiments.spec import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,45 @@ def _spec(precision="fp16", arch="sm_90", **opts):
 
 
 # ------------------------------------------------------------------ space and validation
+def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
+    """tile=auto on 132 SMs: 64x64 at 512 (64 tiles), 64x128 at 1024 (128 tiles: one wave, against 256
+    tiles of 64x64 in two), 128x256 from 2048 (128 tiles; 2048 in 16 waves at 8192, where 128x128 ties
+    it in waves x area and loses on the copies). The other options stay; a tile that breaks a rule or does
+    not fit the size is passed over, and none fitting names each one's reason."""
+    def name(n, opts=None, m=None, sms=132):
+        return auto_tile(FAM, "fp16", opts or {}, m or n, n, n, sms)[0]
+    assert [name(n) for n in (512, 1024, 2048, 4096, 8192)] == ["64x64", "64x128", "128x256", "128x256",
+                                                                "128x256"]
+    # 58 SMs (tile.sms plans for another GPU): 512 fills a wave with 64x128 (32 tiles), 1024 with 128x256
+    # (32 tiles: 32768 x 1.75), not 128x128 (64 tiles, two waves: 2 x 16384 x 2)
+    assert [name(n, sms=58) for n in (512, 1024)] == ["64x128", "128x256"]
+    # 6 stages of 384 rows x 128 bytes (288 KiB) break the smem rule: 128x128 is next at 2048; at 8 stages
+    # only the 64-row tiles fit
+    assert name(2048, {"stages": 6}) == "128x128"
+    assert name(2048, {"stages": 8}) == "64x128"
+    _, spec = auto_tile(FAM, "int8", {"stages": 3, "producer": "false", "cluster": 2}, 512, 512, 512, 132)
+    assert (spec.p["consumers"], spec.p["bn"], spec.p["stages"], spec.p["producer"], spec.p["cluster"]) == (
+        1, 64, 3, "false", 2)
+    # M = 192: 3 tile rows of 64, not pairs, so with cluster=2 no tile fits
+    with pytest.raises(SpecError) as err:
+        auto_tile(FAM, "fp16", {"cluster": 2}, 192, 512, 512, 132)
+    msg = str(err.value)
+    assert msg.startswith("tile=auto: no wgmma block tile fits 192x512x512: 128x256: ")
+    assert all(f"{t}: " in msg for t in ("128x128", "64x128", "64x64")) and "multiple of cluster=2" in msg
+
+
+def test_persistent_grid_splits_k_when_tiles_are_fewer_than_sms():
+    """One block per SM and at most one per tile; stream-K with fewer tiles than SMs takes T x floor(SMs / T)
+    blocks (split K evenly), pairs of CTAs with cluster=2 counted as one."""
+    tiles, streamk = {"cluster": 1}, {"cluster": 1, "schedule": "streamk"}
+    assert [persistent_grid(tiles, t, 132) for t in (16, 64, 132, 2048)] == [16, 64, 132, 132]
+    assert [persistent_grid(streamk, t, 132) for t in (16, 64, 100, 132, 2048)] == [128, 128, 100, 132, 132]
+    assert [persistent_grid({"cluster": 2, "schedule": "streamk"}, t, 132) for t in (16, 64, 2048)] == [
+        128, 128, 132]
+    assert persistent_grid({"cluster": 2}, 16, 132) == 16
+
+
+
 def test_space_count_and_defaults():
     specs = list(FAM.space("sm_90"))
     print(f"wgmma space on sm_90a: {len(specs)} specs")
@@ -576,6 +616,10 @@ STREAMK_CASES = [
     ({}, [(2048, 2560, 1024)]),
     # 16 x 9 = 144 tiles, 12 left of 1 or 2 K steps: fewer steps than CTAs, so most take none
     ({}, [(2048, 2304, 256)]),
+    # fewer tiles than SMs (persistent_grid): 8 x 8 = 64 tiles of 64 x 64 on 128 CTAs (2 each, split K);
+    # 4 x 4 = 16 tiles of 128 x 128 on 128 CTAs: 8 each, 1 K step (16-bit) or none (8-bit: 4 steps)
+    ({"bn": 64, "consumers": 1}, [(512, 512, 512)]),
+    ({"bn": 128}, [(512, 512, 512)]),
     # 64 x 64 tiles: 256 tiles, 124 left
     ({"bn": 64, "consumers": 1, "producer": "false", "order": "row"}, [(1024, 1024, 512)]),
     # clusters: 8 pair rows x 10 = 80 pair tiles for 66 clusters; TMA epilogue for the owners
@@ -600,6 +644,34 @@ def test_gpu_streamk(precision, opts, shape):
             assert res.max_error == 0
     ws = prep.launch.operands[1][0]
     assert int(ws[:FLAG_BYTES].view("uint32").max()) == 0      # flags back to zero
+
+
+@pytest.mark.gpu
+def test_gpu_tile_auto_runs_each_chosen_tile(tmp_path):
+    """run.py family=wgmma tile=auto at 512 and 1024 on the GPU: two runs, each verified (int8 exactly)
+    with the tile chosen for the GPU's SMs (on an H200, 132: 64x64 and 64x128) in its params."""
+    import cupy
+    import mlflow
+    from experiments.families.gpu import sm_count
+    db = tmp_path / "m.db"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "family=wgmma", "tile=auto", "precision=int8",
+         "problem.sizes=[512,1024]", f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    want = sorted((str(spec.p["consumers"]), str(spec.p["bn"]), f"[{n}]") for n in (512, 1024)
+                  for _, spec in [auto_tile(FAM, "int8", {}, n, n, n, sm_count())])
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("tensor-core-ablations").experiment_id])
+            if "problem.m" in r.data.params]
+    got = sorted((r.data.params["family.consumers"], r.data.params["family.bn"], r.data.params["problem.sizes"])
+                 for r in runs)
+    assert got == want, proc.stdout
+    for r in runs:
+        assert r.data.tags["verified"] == "true" and r.data.metrics["verify_max_error"] == 0
+        assert r.data.tags["tile_auto"] == "true" and r.data.metrics["throughput"] > 0
+    if cupy.cuda.Device().attributes["MultiProcessorCount"] == 132:
+        assert want == [("1", "128", "[1024]"), ("1", "64", "[512]")]
 
 
 def test_gpu_cases_are_valid():

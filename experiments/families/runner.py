@@ -19,10 +19,11 @@ from ..spec import PRECISIONS, SpecError, misfit_message, resolve_arch
 from . import get
 from .base import Build, Family, FamilySpec
 
-__all__ = ["MMA_SYNC", "family_name", "family_options", "family_spec", "family_shapes", "resources",
+__all__ = ["MMA_SYNC", "WGMMA", "family_name", "family_options", "family_spec", "family_shapes", "resources",
            "sass_subject", "NvccError"]
 
 MMA_SYNC = "mma_sync"
+WGMMA = "wgmma"
 
 
 class NvccError(RuntimeError):

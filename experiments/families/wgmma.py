@@ -13,6 +13,7 @@ specialization) or thread 0 of the consumers (``producer=false``). ``swizzle`` s
 shared-memory row, hence BK (BK x element bytes = swizzle), the TMA swizzle mode and the
 descriptors' layout field together. ``persistent=true`` launches one block per SM, each walking
 tiles b, b + grid, ...; ``order`` maps a linear tile index to (tile row, tile column) in both modes.
+``tile=auto`` (:func:`auto_tile`) chooses ``consumers`` and ``bn`` per problem size.
 
 ``epilogue`` says how the accumulators reach C. ``registers``: ``st.global.v2`` straight from the
 fragments; the warps wait until every store has left the SM. ``tma``: each consumer warpgroup writes
@@ -39,7 +40,9 @@ persistent mode, to the next tile's wgmma); before the block exits it waits for 
 ``schedule=streamk`` (persistent only): whole tiles fill the full waves (T / grid tiles per block), and
 the K steps of the tiles left over are split evenly among all blocks (stream-K, Osama et al., PPoPP 2023:
 its data-parallel + one stream-K wave form), so the last wave does not leave SMs idle; at N = 8192 the
-default 128 x 256 tile gives 2048 tiles, 15.5 waves of the H200's 132 SMs. A block whose segment starts
+default 128 x 256 tile gives 2048 tiles, 15.5 waves of the H200's 132 SMs. With fewer tiles than SMs the
+grid is T x floor(SMs / T) blocks (:func:`persistent_grid`): no whole tiles, every tile's K steps split
+evenly among floor(SMs / T) blocks, i.e. split-K. A block whose segment starts
 past k = 0 stores its partial sums to its slot of a workspace and adds its step count to the tile's flag
 (a release at GPU scope); the block whose segment starts at k = 0 waits for the flag (acquire), resets it
 for the next launch and adds the slots before its epilogue. The workspace (:data:`FLAG_BYTES` of flags,
@@ -74,7 +77,8 @@ from ..spec import ARCHS, NO_TAILS_ADVICE, check_no_tails
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
 
 __all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
-           "encode_tiled", "C_TMAP", "C_BOX_COLS", "CHUNK_BOXES", "OMITTED_DEFAULTS"]
+           "encode_tiled", "persistent_grid", "auto_tile", "AUTO_TILES", "C_TMAP", "C_BOX_COLS",
+           "CHUNK_BOXES", "OMITTED_DEFAULTS"]
 
 ARCH = "sm_90a"             # wgmma and setmaxnreg exist only for the arch-specific target
 # precision -> (bytes per element, K of one wgmma, wgmma type suffix (dtype.atype.btype), operands after
@@ -138,6 +142,56 @@ def smem_bytes(precision: str, p: dict) -> int:
     staging (epilogue=tma: consumers x 2 x 4 boxes x 2048) + the barriers (2 x 8 bytes per stage)."""
     g = geometry(precision, p)
     return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + g["stg_bytes"] + 16 * g["STAGES"]
+
+
+def persistent_grid(p: dict, tiles: int, sms: int) -> int:
+    """Blocks of a persistent launch (``persistent=true``) for ``tiles`` block tiles on ``sms`` SMs:
+    one per SM, at most one per tile (clusters of ``p['cluster']`` CTAs: an even count with 2). With
+    ``schedule=streamk`` and fewer tiles (pair tiles) than SM slots, T x floor(slots / T) blocks
+    instead: stream-K then has no whole tiles (T / G = 0) and splits every tile's K steps evenly
+    among floor(slots / T) blocks, split-K, so small problems still occupy the GPU."""
+    cl = p.get("cluster", 1)
+    units, slots = tiles // cl, sms // cl
+    if p.get("schedule") == "streamk" and 0 < units < slots:
+        return cl * units * (slots // units)
+    return cl * min(units, slots)
+
+
+# tile=auto (conf/tile/auto.yaml): the block tiles it chooses among, name -> (consumers, bn), largest first
+AUTO_TILES = {"128x256": (2, 256), "128x128": (2, 128), "64x128": (1, 128), "64x64": (1, 64)}
+
+
+def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int, k: int,
+              sms: int) -> tuple[str, FamilySpec]:
+    """tile=auto for the wgmma family: the block tile (consumers, bn) of :data:`AUTO_TILES` for an
+    M x N x K problem on ``sms`` SMs, the other axes as ``options`` set them. Of the tiles that make a
+    valid kernel (its rules: shared memory) and fit the size (:meth:`WgmmaFamily.check_problem`), the
+    one of least estimated time: waves x BM x BN x (1 + G (1/BM + 1/BN)), G =
+    :data:`experiments.spec.AUTO_GLOBAL_COST` (the copies per K step against the MMA work), waves =
+    ceil(tiles / SMs) with one block per SM (a producer and two consumer warpgroups hold 168
+    registers a thread from the launch on); ties go to the larger tile. So a size gets the largest
+    tile that still fills about one wave: on an H200 (132 SMs) 64x64 at 512 (64 tiles), 64x128 at
+    1024 (128 tiles), 128x256 from 2048 on, the fastest of the four at each of these sizes for fp16,
+    bf16, fp8_e4m3 and int8 (results/h200/generations.md).
+
+    Returns (name, spec). Raises SpecError when no tile fits, with each tile's reason."""
+    from ..spec import AUTO_GLOBAL_COST
+    fits, why = [], []
+    for name, (consumers, bn) in AUTO_TILES.items():
+        try:
+            spec = family.spec(precision, {**options, "consumers": consumers, "bn": bn}, ARCH)
+            family.check_problem(spec, m, n, k)
+        except SpecError as exc:
+            why.append(f"{name}: {exc}")
+            continue
+        g = geometry(precision, spec.p)
+        waves = -(-(m // g["BM"]) * (n // g["BN"]) // sms)
+        cost = waves * g["BM"] * g["BN"] * (1 + AUTO_GLOBAL_COST * (1 / g["BM"] + 1 / g["BN"]))
+        fits.append((round(cost, 6), -g["BM"] * g["BN"], name, spec))
+    if not fits:
+        raise SpecError(f"tile=auto: no wgmma block tile fits {m}x{n}x{k}: " + " | ".join(why))
+    _, _, name, spec = min(fits, key=lambda f: f[:3])
+    return name, spec
 
 
 def _smem_rule(precision, p, arch):
@@ -285,8 +339,8 @@ class WgmmaFamily(Family):
         swz = SWIZZLES[p["swizzle"]][0]
         tmap_a = encode_tiled(ops.a.data.ptr, m, k, g["BM"], g["BK"], dtype, nbytes, swz)
         tmap_b = encode_tiled(ops.b.data.ptr, n, k, g["BN"] // g["CL"], g["BK"], dtype, nbytes, swz)
-        tiles, cl = (m // g["BM"]) * (n // g["BN"]), g["CL"]
-        grid = cl * min(tiles // cl, gpu.sm_count() // cl) if p["persistent"] == "true" else tiles
+        tiles = (m // g["BM"]) * (n // g["BN"])
+        grid = persistent_grid(p, tiles, gpu.sm_count()) if p["persistent"] == "true" else tiles
         if p.get("epilogue") == "tma":
             out = encode_tiled(c.data.ptr, m, n, 64, C_BOX_COLS, C_TMAP[acc], 4, 0)
         else:
