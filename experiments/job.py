@@ -153,13 +153,31 @@ def ignored_keys(overrides: str, family: str) -> list[str]:
             and f"{k}={v}" not in auto and k not in auto]
 
 
+# what tile=auto sets per problem size, by family: a value given for one of these is replaced
+AUTO_KEYS = {MMA_SYNC: ("tile.block", "tile.warps"), WGMMA: ("family.bn", "family.consumers")}
+
+
+def auto_replaced_keys(overrides: str, family: str) -> list[str]:
+    """The keys among the job's command-line ``overrides`` that tile=auto sets itself for ``family``
+    (:data:`AUTO_KEYS`): their values would not be used."""
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides.split()]
+    return [k for k in keys if k in AUTO_KEYS.get(family, ())]
+
+
 def _run(cfg, job: _Job) -> dict:
     check_settings(cfg)
     if ignored := ignored_keys(job.overrides, family_name(cfg)):
         one = len(ignored) == 1
+        tile = (" (of the tile keys family=wgmma reads tile=auto and tile.sms only: the block tile chosen "
+                "per size)" if family_name(cfg) == WGMMA and any(k.split(".")[0] == "tile" for k in ignored)
+                else "")
         console.print(f"{job.label} [yellow]note:[/] {', '.join(ignored)} appl{'ies' if one else 'y'} to "
-                      f"family=mma_sync only; family={family_name(cfg)} ignores {'it' if one else 'them'} "
-                      f"(its options are family.*: `python run.py family={family_name(cfg)} --help`)")
+                      f"family=mma_sync only; family={family_name(cfg)} ignores "
+                      f"{'it' if one else 'them'}{tile} (its options are family.*: "
+                      f"`python run.py family={family_name(cfg)} --help`)")
+    if replaced := auto_replaced_keys(job.overrides, family_name(cfg)) if tile_is_auto(cfg) else []:
+        console.print(f"{job.label} [yellow]note:[/] tile=auto chooses {', '.join(replaced)} per problem "
+                      "size; the value given is not used (a fixed tile: drop tile=auto)")
     if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) in (MMA_SYNC, WGMMA):
         console.print(f"{job.label} [yellow]note:[/] tile.sms plans tile=auto only; with a fixed tile it "
                       "changes nothing")

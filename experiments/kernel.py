@@ -19,7 +19,9 @@ from .families.runner import (MMA_SYNC, WGMMA, NvccError, family_name, family_op
                               family_spec, resources, sass_subject)
 from .families.wgmma import auto_tile as wgmma_auto_tile
 from .render import ptx_sha256
-from .spec import AutoTile, KernelSpec, SpecError, auto_tile, misfit_message, spec_from_config
+from .families import get as get_family
+from .spec import (AutoTile, KernelSpec, SpecError, auto_tile, misfit_message, resolve_arch, spec_from_config,
+                   value)
 from .timing import tflops
 from .toolchain import toolchain_tags
 
@@ -93,11 +95,15 @@ def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, lis
     from omegaconf import read_write
     plans: dict = {}
     wgmma = family_name(cfg) == WGMMA
+    shapes = shapes_of(cfg)
+    if not shapes:
+        raise SpecError("problem.sizes and problem.shapes are both empty; give at least one size")
     if wgmma:
-        fam, base = family_spec(cfg, gpu_cc)       # a target.arch the family lacks fails here
-    for shape in shapes_of(cfg):
+        fam, precision = get_family(WGMMA), value(cfg.precision)
+        arch = resolve_arch(str(cfg.target.arch), gpu_cc)
+    for shape in shapes:
         if wgmma:
-            name, spec = wgmma_auto_tile(fam, base.precision, family_options(cfg), *shape, sms=sms)
+            name, spec = wgmma_auto_tile(fam, precision, family_options(cfg), *shape, sms=sms, arch=arch)
             choice = AutoTile(name, spec, 0.0, 1, 0)
         else:
             choice = auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)

@@ -193,6 +193,26 @@ def test_static_run_of_wgmma_tile_auto_sets_consumers_and_bn(tmp_path):
                    ("2", "256", "[2048, 8192]", "true", "static")]
 
 
+@pytest.mark.usefixtures("need_ptxas")
+def test_wgmma_tile_auto_with_a_deep_pipeline_and_given_tile_keys(tmp_path):
+    """family=wgmma tile=auto family.stages=6: the default 128x256 tile's shared memory was checked before
+    the choice and the job failed, though 64x64 fits (6 x 128 rows x 128 B); family.bn and tile.group_m,
+    given beside tile=auto, are named as not used; an empty size list is an error, not an empty success."""
+    from test_cli import all_runs, run_cli, store_args
+    rc, out = run_cli(tmp_path, "family=wgmma", "tile=auto", "family.stages=6", "family.bn=192", "tile.group_m=4",
+                      "problem.sizes=[512]", *store_args(tmp_path, multirun=False))
+    assert rc == 0, out
+    assert "512x512x512 -> 64x64" in out
+    assert "tile=auto chooses family.bn per problem size; the value given is not used" in out
+    assert "tile.group_m applies to family=mma_sync only; family=wgmma ignores it (of the tile keys " \
+           "family=wgmma reads tile=auto and tile.sms only" in " ".join(out.split())
+    _, runs = all_runs(tmp_path)
+    assert [(r.data.params["family.bn"], r.data.params["family.stages"]) for r in runs] == [("64", "6")]
+    rc, out = run_cli(tmp_path, "family=wgmma", "tile=auto", "problem.sizes=[]",
+                      *store_args(tmp_path, multirun=False))
+    assert rc != 0 and "problem.sizes and problem.shapes are both empty; give at least one size" in out, out
+
+
 # ----------------------------------------------------------------------------- the performance check
 GPU = {"backend": "gpu", "gpu": "NVIDIA H200", "driver": "580.159.04", "outcome": "verified"}
 # (family, precision, N, throughput, spread, tile_auto, tile.block); peak runs ignore N.

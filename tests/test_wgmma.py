@@ -61,12 +61,21 @@ def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
     _, spec = auto_tile(FAM, "int8", {"stages": 3, "producer": "false", "cluster": 2}, 512, 512, 512, 132)
     assert (spec.p["consumers"], spec.p["bn"], spec.p["stages"], spec.p["producer"], spec.p["cluster"]) == (
         1, 64, 3, "false", 2)
-    # M = 192: 3 tile rows of 64, not pairs, so with cluster=2 no tile fits
+    # the options' own consumers and bn are replaced: 8 stages (too deep for the default tile) still choose
+    assert auto_tile(FAM, "fp16", {"stages": 8, "bn": 256, "consumers": 2}, 512, 512, 512, 132)[0] == "64x64"
+    # M = 192: 3 tile rows of 64, not pairs, so with cluster=2 no tile fits: one sentence with sizes that fit
     with pytest.raises(SpecError) as err:
         auto_tile(FAM, "fp16", {"cluster": 2}, 192, 512, 512, 132)
-    msg = str(err.value)
-    assert msg.startswith("tile=auto: no wgmma block tile fits 192x512x512: 128x256: ")
-    assert all(f"{t}: " in msg for t in ("128x128", "64x128", "64x64")) and "multiple of cluster=2" in msg
+    assert str(err.value) == (
+        "tile=auto: no wgmma block tile fits 192x512x512: M must be a multiple of a tile's BM (2 BM with "
+        "cluster=2), N of its BN and K of BK; the smallest square sizes a tile takes are multiples of 128 "
+        "(64x64), e.g. problem.sizes=[512]")
+    # a reason every tile shares (the arch) is said once, as without tile=auto
+    with pytest.raises(SpecError) as err:
+        auto_tile(FAM, "fp16", {}, 512, 512, 512, 132, arch="sm_89")
+    assert str(err.value) == str(pytest.raises(SpecError, _spec, arch="sm_89").value)
+    with pytest.raises(SpecError, match="^family=wgmma precision=int8 sm_90a: schedule=streamk splits the last"):
+        auto_tile(FAM, "int8", {"schedule": "streamk"}, 512, 512, 512, 132)
 
 
 def test_persistent_grid_splits_k_when_tiles_are_fewer_than_sms():

@@ -71,6 +71,8 @@ swizzle at most the swizzle span; no limit on the inner bytes without one).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..spec import ARCHS, NO_TAILS_ADVICE, check_no_tails
@@ -162,36 +164,51 @@ AUTO_TILES = {"128x256": (2, 256), "128x128": (2, 128), "64x128": (1, 128), "64x
 
 
 def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int, k: int,
-              sms: int) -> tuple[str, FamilySpec]:
+              sms: int, arch: str = ARCH) -> tuple[str, FamilySpec]:
     """tile=auto for the wgmma family: the block tile (consumers, bn) of :data:`AUTO_TILES` for an
-    M x N x K problem on ``sms`` SMs, the other axes as ``options`` set them. Of the tiles that make a
-    valid kernel (its rules: shared memory) and fit the size (:meth:`WgmmaFamily.check_problem`), the
-    one of least estimated time: waves x BM x BN x (1 + G (1/BM + 1/BN)), G =
-    :data:`experiments.spec.AUTO_GLOBAL_COST` (the copies per K step against the MMA work), waves =
-    ceil(tiles / SMs) with one block per SM (a producer and two consumer warpgroups hold 168
-    registers a thread from the launch on); ties go to the larger tile. So a size gets the largest
-    tile that still fills about one wave: on an H200 (132 SMs) 64x64 at 512 (64 tiles), 64x128 at
-    1024 (128 tiles), 128x256 from 2048 on, the fastest of the four at each of these sizes for fp16,
-    bf16, fp8_e4m3 and int8 (results/h200/generations.md).
+    M x N x K problem on ``sms`` SMs, the other axes as ``options`` set them (``options``' own
+    consumers and bn are replaced). Of the tiles that make a valid kernel (its rules: shared memory)
+    and fit the size (:meth:`WgmmaFamily.check_problem`), the one of least estimated time: waves x
+    BM x BN x (1 + G (1/BM + 1/BN)), G = :data:`experiments.spec.AUTO_GLOBAL_COST` (the copies per K
+    step against the MMA work), waves = ceil(tiles / SMs) with one block per SM (a producer and two
+    consumer warpgroups hold 168 registers a thread from the launch on); ties go to the larger tile.
+    So a size gets the largest tile that still fills about one wave: on an H200 (132 SMs) 64x64 at
+    512 (64 tiles), 64x128 at 1024 (128 tiles), 128x256 from 2048 on, the fastest of the four at each
+    of these sizes for fp16, bf16, fp8_e4m3 and int8 (results/h200/generations.md).
 
-    Returns (name, spec). Raises SpecError when no tile fits, with each tile's reason."""
+    Returns (name, spec). Raises SpecError when no tile fits: the one reason when every tile has it (a
+    target.arch or an option the family does not have), else the sizes that fit when the size is
+    what no valid tile takes, else each tile's reason."""
     from ..spec import AUTO_GLOBAL_COST
-    fits, why = [], []
+    fits, rules, sizes = [], [], []
     for name, (consumers, bn) in AUTO_TILES.items():
         try:
-            spec = family.spec(precision, {**options, "consumers": consumers, "bn": bn}, ARCH)
-            family.check_problem(spec, m, n, k)
+            spec = family.spec(precision, {**options, "consumers": consumers, "bn": bn}, arch)
         except SpecError as exc:
-            why.append(f"{name}: {exc}")
+            rules.append((name, str(exc)))
+            continue
+        try:
+            family.check_problem(spec, m, n, k)
+        except SpecError:
+            sizes.append((math.lcm(*family.multiples(spec)), consumers * bn, name))
             continue
         g = geometry(precision, spec.p)
         waves = -(-(m // g["BM"]) * (n // g["BN"]) // sms)
         cost = waves * g["BM"] * g["BN"] * (1 + AUTO_GLOBAL_COST * (1 / g["BM"] + 1 / g["BN"]))
         fits.append((round(cost, 6), -g["BM"] * g["BN"], name, spec))
-    if not fits:
-        raise SpecError(f"tile=auto: no wgmma block tile fits {m}x{n}x{k}: " + " | ".join(why))
-    _, _, name, spec = min(fits, key=lambda f: f[:3])
-    return name, spec
+    if fits:
+        _, _, name, spec = min(fits, key=lambda f: f[:3])
+        return name, spec
+    if rules and not sizes and len({why for _, why in rules}) == 1:
+        raise SpecError(rules[0][1])
+    if sizes:
+        lcm, _, name = min(sizes)
+        raise SpecError(f"tile=auto: no wgmma block tile fits {m}x{n}x{k}: M must be a multiple of a tile's "
+                        "BM (2 BM with cluster=2), N of its BN and K of BK; the smallest square sizes a "
+                        f"tile takes are multiples of {lcm} ({name}), e.g. "
+                        f"problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]")
+    raise SpecError("tile=auto: no wgmma block tile makes a valid kernel with these options: "
+                    + " | ".join(f"{name}: {why}" for name, why in rules))
 
 
 def _smem_rule(precision, p, arch):
