@@ -93,19 +93,20 @@ def test_persistent_grid_splits_k_when_tiles_are_fewer_than_sms():
 def test_space_count_and_defaults():
     specs = list(FAM.space("sm_90"))
     print(f"wgmma space on sm_90a: {len(specs)} specs")
-    # 5 precisions x 4 bn x 2 consumers x 2 producer x 7 stages x 3 swizzle x 2 persistent x 2 orders
-    # = 6720 per epilogue and cluster size, less the stage counts that do not fit 227 KiB: 6240 with
-    # registers, 6120 with tma (its C staging takes consumers x 16 KiB); cluster=2 needs no more shared
-    # memory per CTA. schedule=streamk adds the persistent half once more: 24720 + 12360
-    assert len(specs) == 37080 == len({s.entry for s in specs})
+    # 5 precisions x 4 bn x 2 consumers x 2 producer x 7 stages x 3 swizzle x 2 persistent x 4 orders
+    # (grouped by 8, 16 or 32 tile rows, row) = 13440 per epilogue and cluster size, less the stage counts
+    # that do not fit 227 KiB: 12480 with registers, 12240 with tma (its C staging takes consumers x 16 KiB);
+    # cluster=2 needs no more shared memory per CTA. schedule=streamk adds the persistent half once more:
+    # 49440 + 24720
+    assert len(specs) == 74160 == len({s.entry for s in specs})
     points = [(s.p.get("epilogue", "(registers)"), s.p.get("cluster", "(1)")) for s in specs
               if "schedule" not in s.p]
     assert [points.count(e) for e in [("(registers)", "(1)"), ("tma", "(1)"), ("(registers)", 2), ("tma", 2)]] == [
-        6240, 6120, 6240, 6120]
+        12480, 12240, 12480, 12240]
     streamk = [s for s in specs if s.p.get("schedule") == "streamk"]
-    assert len(streamk) == 12360 and all(s.p["persistent"] == "true" for s in streamk)
+    assert len(streamk) == 24720 and all(s.p["persistent"] == "true" for s in streamk)
     assert all(s.arch == "sm_90a" and smem_bytes(s.precision, s.p) <= 232448 for s in specs)
-    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 37080
+    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 74160
     s = _spec()
     assert s.p == {**DEFAULT, "bk": 64} and s.arch == "sm_90a"
     assert _spec(epilogue="registers", cluster=1, schedule="tiles") == s
@@ -116,6 +117,13 @@ def test_space_count_and_defaults():
     assert FAM.threads(s) == 384 and FAM.dyn_smem(s) == 1024 + 4 * 49152 + 64
     assert _spec("int8").p["bk"] == 128 and _spec("fp8_e5m2", swizzle=32).p["bk"] == 32
     assert FAM.unit(_spec("int8")) == "TOP/s" and FAM.unit(_spec("fp8_e4m3")) == "TFLOP/s"
+    # group: 8 (the default) stays out of the params and the name; with clusters the PTX walks pairs of rows
+    assert _spec(group=8) == s
+    g16 = _spec(group=16, cluster=2)
+    assert g16.p["group"] == 16 and "_group16_ordergrouped_" in g16.entry
+    assert "mul.lo.u32      %q0, %tiles_n, 8;" in FAM.build(g16).source        # 8 pair rows
+    assert "mul.lo.u32      %q0, %tiles_n, 8;" in FAM.build(s).source          # 8 tile rows
+    assert "mul.lo.u32      %q0, %tiles_n, 32;" in FAM.build(_spec(group=32)).source
     # Hydra gives booleans; they validate as the axis' text
     assert _spec(producer=False, persistent=True).p["producer"] == "false"
 
@@ -139,6 +147,10 @@ def test_space_count_and_defaults():
                                         "wave's K steps among the persistent blocks: it needs persistent=true"),
     (lambda: _spec(schedule="splitk"), "family=wgmma schedule='splitk' is not valid; valid: tiles, streamk"),
     (lambda: _spec(cluster=4), "family=wgmma cluster=4 is not valid; valid: 1, 2"),
+    (lambda: _spec(group=16, order="row"), "family=wgmma precision=fp16 sm_90a: group=16 sets the tile rows that "
+                                           "order=grouped walks together; order=row has no groups: use "
+                                           "order=grouped, or leave group at its default"),
+    (lambda: _spec(group=12), "family=wgmma group=12 is not valid; valid: 8, 16, 32"),
     (lambda: _spec(bn=96), "family=wgmma bn=96 is not valid; valid: 256, 192, 128, 64"),
     (lambda: _spec("int4"), "no wgmma GEMM for precision=int4; valid: fp16, bf16, fp8_e4m3, fp8_e5m2, int8"),
     (lambda: _spec(swizzle=16), "swizzle=16 is not valid; valid: 128, 64, 32"),
@@ -617,6 +629,25 @@ def test_gpu_cluster(precision, opts, shape):
     _same_c(precision, opts, {"cluster": 2}, shape)
 
 
+# group (tile rows walked together by order=grouped): 24 tile rows of 128 (12 pair rows with cluster=2), so
+# groups of 16 and 32 end in a partial group; persistent blocks walk several tiles each. (Not with stream-K:
+# the order decides which tiles are split, hence the order of a split tile's f32 sums.)
+GROUP_CASES = [
+    ({}, [(3072, 1024, 256)]),
+    ({"cluster": 2, "persistent": "true", "epilogue": "tma"}, [(3072, 1024, 256)]),
+    ({"bn": 64, "consumers": 1, "persistent": "true", "producer": "false"}, [(3072, 1024, 256)]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts, shape", [(o, s) for o, shapes in GROUP_CASES for s in shapes], ids=_ids)
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_gpu_group(precision, group, opts, shape):
+    """group=16 and 32 verify and write the C of group=8, bit for bit (the same tiles, in another order)."""
+    _same_c(precision, opts, {"group": group}, shape)
+
+
 # schedule=streamk on the GPU (132 SMs): (options besides persistent and schedule, shapes); tiles beyond
 # the full waves are split into K-step segments that cross tile boundaries, each partial tile summed by its
 # owner from the slots of the next CTAs. Shapes a multiple of BK = 128 (8-bit) too.
@@ -687,7 +718,7 @@ def test_gpu_cases_are_valid():
     """The GPU cases above validate for every precision and their shapes fit the tiles (CPU check, so a
     typo fails here rather than on the GPU); the persistent ones at 1024 x 2048 walk 512 tiles (256
     pairs) with the H200's 132 blocks (66 clusters)."""
-    for cases, change in ((TMA_CASES, {"epilogue": "tma"}), (CLUSTER_CASES, {"cluster": 2}),
+    for cases, change in ((TMA_CASES, {"epilogue": "tma"}), (CLUSTER_CASES, {"cluster": 2}), (GROUP_CASES, {"group": 32}),
                           (STREAMK_CASES, {"persistent": "true", "schedule": "streamk"})):
         for precision in TYPES:
             for opts, shapes in cases:
