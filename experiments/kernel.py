@@ -15,12 +15,12 @@ from pathlib import Path
 
 from . import record, track
 from .assemble import SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble, sass_summary
+from .families import get as get_family
 from .families.runner import (MMA_SYNC, WGMMA, NvccError, family_name, family_options, family_shapes,
                               family_spec, resources, sass_subject)
 from .families.wgmma import auto_tile as wgmma_auto_tile
 from .render import ptx_sha256
-from .families import get as get_family
-from .spec import (AutoTile, KernelSpec, SpecError, auto_tile, misfit_message, resolve_arch, spec_from_config,
+from .spec import (KernelSpec, SpecError, auto_tile, misfit_message, resolve_arch, spec_from_config,
                    value)
 from .timing import tflops
 from .toolchain import toolchain_tags
@@ -103,8 +103,7 @@ def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, lis
         arch = resolve_arch(str(cfg.target.arch), gpu_cc)
     for shape in shapes:
         if wgmma:
-            name, spec = wgmma_auto_tile(fam, precision, family_options(cfg), *shape, sms=sms, arch=arch)
-            choice = AutoTile(name, spec, 0.0, 1, 0)
+            choice = wgmma_auto_tile(fam, precision, family_options(cfg), *shape, sms=sms, arch=arch)
         else:
             choice = auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)
         plans.setdefault(choice.name, []).append((shape, choice))

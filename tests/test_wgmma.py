@@ -48,7 +48,7 @@ def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
     it in waves x area and loses on the copies). The other options stay; a tile that breaks a rule or does
     not fit the size is passed over, and none fitting names each one's reason."""
     def name(n, opts=None, m=None, sms=132):
-        return auto_tile(FAM, "fp16", opts or {}, m or n, n, n, sms)[0]
+        return auto_tile(FAM, "fp16", opts or {}, m or n, n, n, sms).name
     assert [name(n) for n in (512, 1024, 2048, 4096, 8192)] == ["64x64", "64x128", "128x256", "128x256",
                                                                 "128x256"]
     # 58 SMs (tile.sms plans for another GPU): 512 fills a wave with 64x128 (32 tiles), 1024 with 128x256
@@ -58,11 +58,11 @@ def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
     # only the 64-row tiles fit
     assert name(2048, {"stages": 6}) == "128x128"
     assert name(2048, {"stages": 8}) == "64x128"
-    _, spec = auto_tile(FAM, "int8", {"stages": 3, "producer": "false", "cluster": 2}, 512, 512, 512, 132)
+    spec = auto_tile(FAM, "int8", {"stages": 3, "producer": "false", "cluster": 2}, 512, 512, 512, 132).spec
     assert (spec.p["consumers"], spec.p["bn"], spec.p["stages"], spec.p["producer"], spec.p["cluster"]) == (
         1, 64, 3, "false", 2)
     # the options' own consumers and bn are replaced: 8 stages (too deep for the default tile) still choose
-    assert auto_tile(FAM, "fp16", {"stages": 8, "bn": 256, "consumers": 2}, 512, 512, 512, 132)[0] == "64x64"
+    assert auto_tile(FAM, "fp16", {"stages": 8, "bn": 256, "consumers": 2}, 512, 512, 512, 132).name == "64x64"
     # M = 192: 3 tile rows of 64, not pairs, so with cluster=2 no tile fits: one sentence with sizes that fit
     with pytest.raises(SpecError) as err:
         auto_tile(FAM, "fp16", {"cluster": 2}, 192, 512, 512, 132)
@@ -700,7 +700,7 @@ def test_gpu_tile_auto_runs_each_chosen_tile(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     want = sorted((str(spec.p["consumers"]), str(spec.p["bn"]), f"[{n}]") for n in (512, 1024)
-                  for _, spec in [auto_tile(FAM, "int8", {}, n, n, n, sm_count())])
+                  for spec in [auto_tile(FAM, "int8", {}, n, n, n, sm_count()).spec])
     client = mlflow.MlflowClient(f"sqlite:///{db}")
     runs = [r for r in client.search_runs([client.get_experiment_by_name("tensor-core-ablations").experiment_id])
             if "problem.m" in r.data.params]

@@ -168,7 +168,7 @@ AUTO_TILES = {"128x256": (2, 256), "128x128": (2, 128), "64x128": (1, 128), "64x
 
 
 def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int, k: int,
-              sms: int, arch: str = ARCH) -> tuple[str, FamilySpec]:
+              sms: int, arch: str = ARCH):
     """tile=auto for the wgmma family: the block tile (consumers, bn) of :data:`AUTO_TILES` for an
     M x N x K problem on ``sms`` SMs, the other axes as ``options`` set them (``options``' own
     consumers and bn are replaced). Of the tiles that make a valid kernel (its rules: shared memory)
@@ -180,10 +180,11 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
     512 (64 tiles), 64x128 at 1024 (128 tiles), 128x256 from 2048 on, the fastest of the four at each
     of these sizes for fp16, bf16, fp8_e4m3 and int8 (results/h200/generations.md).
 
-    Returns (name, spec). Raises SpecError when no tile fits: the one reason when every tile has it (a
+    Returns an :class:`experiments.spec.AutoTile` (name, spec, estimated time, 1 block per SM,
+    tiles). Raises SpecError when no tile fits: the one reason when every tile has it (a
     target.arch or an option the family does not have), else the sizes that fit when the size is
     what no valid tile takes, else each tile's reason."""
-    from ..spec import AUTO_GLOBAL_COST
+    from ..spec import AUTO_GLOBAL_COST, AutoTile
     fits, rules, sizes = [], [], []
     for name, (consumers, bn) in AUTO_TILES.items():
         try:
@@ -197,12 +198,11 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
             sizes.append((math.lcm(*family.multiples(spec)), consumers * bn, name))
             continue
         g = geometry(precision, spec.p)
-        waves = -(-(m // g["BM"]) * (n // g["BN"]) // sms)
-        cost = waves * g["BM"] * g["BN"] * (1 + AUTO_GLOBAL_COST * (1 / g["BM"] + 1 / g["BN"]))
-        fits.append((round(cost, 6), -g["BM"] * g["BN"], name, spec))
+        tiles = (m // g["BM"]) * (n // g["BN"])
+        cost = -(-tiles // sms) * g["BM"] * g["BN"] * (1 + AUTO_GLOBAL_COST * (1 / g["BM"] + 1 / g["BN"]))
+        fits.append((round(cost, 6), -g["BM"] * g["BN"], name, AutoTile(name, spec, cost, 1, tiles)))
     if fits:
-        _, _, name, spec = min(fits, key=lambda f: f[:3])
-        return name, spec
+        return min(fits, key=lambda f: f[:3])[3]
     if rules and not sizes and len({why for _, why in rules}) == 1:
         raise SpecError(rules[0][1])
     if sizes:
