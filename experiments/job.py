@@ -168,16 +168,16 @@ def _run(cfg, job: _Job) -> dict:
     check_settings(cfg)
     if ignored := ignored_keys(job.overrides, family_name(cfg)):
         one = len(ignored) == 1
-        tile = (" (of the tile keys family=wgmma reads tile=auto and tile.sms only: the block tile chosen "
-                "per size)" if family_name(cfg) == WGMMA and any(k.split(".")[0] == "tile" for k in ignored)
-                else "")
+        tile = ("; of the tile keys it reads tile=auto and tile.sms only (tile rows per group: family.group)"
+                if family_name(cfg) == WGMMA and any(k.split(".")[0] == "tile" for k in ignored) else "")
         console.print(f"{job.label} [yellow]note:[/] {', '.join(ignored)} appl{'ies' if one else 'y'} to "
-                      f"family=mma_sync only; family={family_name(cfg)} ignores "
-                      f"{'it' if one else 'them'}{tile} (its options are family.*: "
-                      f"`python run.py family={family_name(cfg)} --help`)")
+                      f"family=mma_sync only; family={family_name(cfg)} ignores {'it' if one else 'them'} "
+                      f"(its options are family.*: `python run.py family={family_name(cfg)} --help`{tile})")
     if replaced := auto_replaced_keys(job.overrides, family_name(cfg)) if tile_is_auto(cfg) else []:
-        console.print(f"{job.label} [yellow]note:[/] tile=auto chooses {', '.join(replaced)} per problem "
-                      "size; the value given is not used (a fixed tile: drop tile=auto)")
+        many = len(replaced) > 1
+        console.print(f"{job.label} [yellow]note:[/] tile=auto chooses {' and '.join(replaced)} per problem "
+                      f"size; the value{'s' if many else ''} given {'are' if many else 'is'} not used "
+                      "(a fixed tile: drop tile=auto)")
     if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) in (MMA_SYNC, WGMMA):
         console.print(f"{job.label} [yellow]note:[/] tile.sms plans tile=auto only; with a fixed tile it "
                       "changes nothing")

@@ -247,8 +247,9 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
             if "throughput" in r.data.metrics and "problem.m" in r.data.params]
     if not any(family_of(r) == WGMMA for r in runs):
-        raise NothingMeasured(f"no verified wgmma run in {_holdings(tr, parent)}. --generations reads a "
-                              "sweep of `python run.py -m experiment=generations` measured on a GPU.")
+        raise NothingMeasured(f"no wgmma run measured and verified on a GPU in {_holdings(tr, parent)}. "
+                              "--generations reads a sweep of `python run.py -m experiment=generations` "
+                              "measured on a GPU.")
     groups: dict = {}
     for r in runs:
         p = r.data.params

@@ -16,7 +16,7 @@ tiles b, b + grid, ...; ``order`` maps a linear tile index to (tile row, tile co
 ``grouped`` walks ``group`` tile rows (8, 16 or 32) column by column, so the blocks running together
 share A and B panels in L2; on an H200 at N = 8192 groups of 16 rows read 20 % less from DRAM per wave
 than 8 (132 tiles over 16 x 8.25 instead of 8 x 16.5 tiles: A and B panels of 2 and 4 MB per tile row
-and column at K = 8192) and were 0.6-1.5 % faster.
+and column at K = 8192) and were 1-4 % faster (nothing at 2048).
 ``tile=auto`` (:func:`auto_tile`) chooses ``consumers`` and ``bn`` per problem size.
 
 ``epilogue`` says how the accumulators reach C. ``registers``: ``st.global.v2`` straight from the
