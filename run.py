@@ -148,6 +148,8 @@ def check_override_keys(argv: list) -> str | None:
     known = set(nodes) | groups
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), None)
+    if family and dirs and (problem := _variant_of_another_family(family, overrides, dirs)) is not None:
+        return problem
     family = family or (_preset_family(overrides, dirs) if dirs else None) or MMA_SYNC
     for arg in overrides:
         key, value = arg.split("=", 1)
@@ -345,6 +347,31 @@ def _preset_family(overrides: list, dirs: tuple) -> str | None:
     from experiments.config import MMA_SYNC
     return ",".join(sorted({v or e or MMA_SYNC for v in chosen.get("variant", [None])
                             for e in chosen.get("experiment", [None])}))
+
+
+def _variant_of_another_family(family: str, overrides: list, dirs: tuple) -> str | None:
+    """The message for a ``family=`` on the command line beside a ``variant=`` that chooses another
+    family and sets its options (``variant=gen_wgmma_group_16 family=mma_sync``): Hydra stopped with
+    "Key 'group' not in 'MmaSyncConf'". None otherwise, or when a preset cannot be read."""
+    import yaml
+    files = presets("variant", dirs)
+    for arg in overrides:
+        if arg.partition("=")[0] != "variant" or (names := _values(arg)) is None:
+            continue
+        for name in names:
+            try:
+                y = yaml.safe_load(files[name.strip()].read_text()) or {}
+            except (KeyError, OSError, yaml.YAMLError):
+                return None
+            own = next((d["override /family"] for d in y.get("defaults") or []
+                        if isinstance(d, dict) and "override /family" in d), None)
+            options = sorted((y.get("family") or {}) if isinstance(y.get("family"), dict) else {})
+            if own and options and {f.strip() for f in family.split(",")} != {own}:
+                sets = ", ".join(f"family.{o}" for o in options)
+                return (f"variant={name.strip()} is a variant of family={own} (it sets {sets}); "
+                        f"family={family} on the command line replaces its family, which has no such option: "
+                        f"drop family={family}, or choose a variant of that family (conf/variant/)")
+    return None
 
 
 def _check_family_option(family: str, option: str, arg: str) -> str | None:

@@ -405,6 +405,16 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "wgmma): each job's family takes only its own options; sweep the families separately (or put the option "
      "in a variant per family)"),
     (["-m", "experiment=generations", "variant=gen_wgmma,gen_wgmma_best", "family.schedule=streamk"], None),
+    # a variant that sets another family's options, its family replaced on the command line: Hydra's
+    # "Key 'group' not in 'MmaSyncConf'" with HYDRA_FULL_ERROR advice
+    (["variant=gen_wgmma_group_16", "family=mma_sync"], "variant=gen_wgmma_group_16 is a variant of family=wgmma "
+     "(it sets family.group); family=mma_sync on the command line replaces its family, which has no such "
+     "option: drop family=mma_sync, or choose a variant of that family (conf/variant/)"),
+    (["-m", "variant=gen_wgmma,gen_wgmma_best", "family=mma_sync"], "variant=gen_wgmma_best is a variant of "
+     "family=wgmma (it sets family.cluster, family.epilogue, family.group, family.persistent); family=mma_sync "
+     "on the command line replaces its family, which has no such option: drop family=mma_sync, or choose a "
+     "variant of that family (conf/variant/)"),
+    (["variant=gen_wgmma_group_16", "family=wgmma"], None),
     # a family without options: no word of mma_sync's root keys
     (["family=cublas", "family.schedule=streamk"], "family=cublas has no option 'schedule' "
      "('family.schedule=streamk'); valid options: (none); schedule is an option of family=wgmma"),
