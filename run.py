@@ -313,6 +313,12 @@ def _preset_problem(group: str, arg: str, dirs: tuple) -> str | None:
     return f"{group}={bad} is not a preset ({arg!r}); valid: {', '.join(names)} (conf/{group}/)"
 
 
+def _family_of_preset(y: dict) -> str | None:
+    """The family a preset's YAML (loaded) chooses by ``override /family: X`` in its defaults, or None."""
+    return next((d["override /family"] for d in y.get("defaults") or []
+                 if isinstance(d, dict) and "override /family" in d), None)
+
+
 def _preset_family(overrides: list, dirs: tuple) -> str | None:
     """The family the presets named on the command line choose: a ``variant=`` wins over an
     ``experiment=``, each by ``override /family: X`` in its defaults (its file in ``dirs``), else the
@@ -327,12 +333,10 @@ def _preset_family(overrides: list, dirs: tuple) -> str | None:
 
     def family_of(group, name):
         y = yaml.safe_load(files[group][name.strip()].read_text()) or {}
-        defaults = y.get("defaults") or []
         params = ((y.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
         if group == "experiment" and "variant" in params:
             swept.extend(str(params["variant"]).replace(" ", "").split(","))
-        return next((d["override /family"] for d in defaults
-                     if isinstance(d, dict) and "override /family" in d), None)
+        return _family_of_preset(y)
     try:
         for arg in overrides:
             group = arg.partition("=")[0]
@@ -363,8 +367,7 @@ def _variant_of_another_family(family: str, overrides: list, dirs: tuple) -> str
                 y = yaml.safe_load(files[name.strip()].read_text()) or {}
             except (KeyError, OSError, yaml.YAMLError):
                 return None
-            own = next((d["override /family"] for d in y.get("defaults") or []
-                        if isinstance(d, dict) and "override /family" in d), None)
+            own = _family_of_preset(y)
             options = sorted((y.get("family") or {}) if isinstance(y.get("family"), dict) else {})
             if own and options and {f.strip() for f in family.split(",")} != {own}:
                 sets = ", ".join(f"family.{o}" for o in options)

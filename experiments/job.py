@@ -147,10 +147,14 @@ def ignored_keys(overrides: str, family: str) -> list[str]:
     family reads tile=auto (with ``tile.auto``, ``tile.sms``): it chooses its own block tile then."""
     if family == MMA_SYNC:
         return []
-    pairs = [o.lstrip("+~").split("=", 1) + [""] for o in overrides.split()]
-    auto = {"tile=auto", "tile.auto", "tile.sms"} if family == WGMMA else set()
-    return [k for k, v, *_ in pairs if k.split(".", 1)[0] in MMA_SYNC_KEYS
+    auto = {"tile=auto", "tile.auto", "tile.sms"} if family in AUTO_KEYS else set()
+    return [k for k, v in _override_pairs(overrides) if k.split(".", 1)[0] in MMA_SYNC_KEYS
             and f"{k}={v}" not in auto and k not in auto]
+
+
+def _override_pairs(overrides: str) -> list[tuple[str, str]]:
+    """(key, value) of each space-separated ``key=value`` override, without a leading + or ~."""
+    return [(k, v) for k, _, v in (o.lstrip("+~").partition("=") for o in overrides.split())]
 
 
 # what tile=auto sets per problem size, by family: a value given for one of these is replaced
@@ -160,8 +164,7 @@ AUTO_KEYS = {MMA_SYNC: ("tile.block", "tile.warps"), WGMMA: ("family.bn", "famil
 def auto_replaced_keys(overrides: str, family: str) -> list[str]:
     """The keys among the job's command-line ``overrides`` that tile=auto sets itself for ``family``
     (:data:`AUTO_KEYS`): their values would not be used."""
-    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides.split()]
-    return [k for k in keys if k in AUTO_KEYS.get(family, ())]
+    return [k for k, _ in _override_pairs(overrides) if k in AUTO_KEYS.get(family, ())]
 
 
 def _run(cfg, job: _Job) -> dict:
@@ -178,7 +181,7 @@ def _run(cfg, job: _Job) -> dict:
         console.print(f"{job.label} [yellow]note:[/] tile=auto chooses {' and '.join(replaced)} per problem "
                       f"size; the value{'s' if many else ''} given {'are' if many else 'is'} not used "
                       "(a fixed tile: drop tile=auto)")
-    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) in (MMA_SYNC, WGMMA):
+    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) in AUTO_KEYS:
         console.print(f"{job.label} [yellow]note:[/] tile.sms plans tile=auto only; with a fixed tile it "
                       "changes nothing")
     backend = value(cfg.backend)

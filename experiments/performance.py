@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .compare import MMA_SYNC, family_of, feed_of, peak_of, verified_runs
+from .families.runner import WGMMA
 from .ncu import PREFIX
 from .record import PEAK
 from .report import AT_MAX, CLOCK, _fmt, sweep_run
@@ -220,8 +221,6 @@ def _auto_lines(groups: dict, res: Check) -> list[str]:
     return lines or ["- no tile=auto run beside a tile preset run at "
                      + ", ".join(map(str, AUTO_SIZES)) + ": tile=auto is not checked"]
 
-
-WGMMA = "wgmma"
 
 
 def _share(value, peak):

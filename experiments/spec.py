@@ -373,11 +373,18 @@ def tile_cost(s: KernelSpec, m: int, n: int, sms: int) -> tuple[float, int, int]
     b = theoretical_occupancy(s.arch, s.threads, _registers(s), s.smem_bytes)[1]
     if b < 1:
         return float("inf"), 0, blocks
-    per_sm = -(-blocks // sms)
     wm, wn = s.warp_tile
-    block = s.bm * s.bn * (1 + AUTO_GLOBAL_COST * (1 / s.bm + 1 / s.bn)
-                           + AUTO_SHARED_COST * (1 / wm + 1 / wn))
-    return -(-per_sm // b) * min(b, per_sm) * block, b, blocks
+    return waves_cost(s.bm, s.bn, blocks, sms, b, AUTO_SHARED_COST * (1 / wm + 1 / wn)), b, blocks
+
+
+def waves_cost(bm: int, bn: int, blocks: int, sms: int, b: int = 1, shared: float = 0.0) -> float:
+    """The estimate of :func:`tile_cost` (in units of one C element's MMA work per K step) for
+    ``blocks`` blocks of BM x BN on ``sms`` SMs holding ``b`` blocks each: ceil(ceil(blocks / SMs) / b)
+    waves x min(b, ceil(blocks / SMs)) blocks sharing an SM x BM BN (1 + G (1/BM + 1/BN) + shared),
+    ``shared`` the shared -> register term (0 where the operands stay in shared memory: wgmma)."""
+    per_sm = -(-blocks // sms)
+    block = bm * bn * (1 + AUTO_GLOBAL_COST * (1 / bm + 1 / bn) + shared)
+    return -(-per_sm // b) * min(b, per_sm) * block
 
 
 @dataclass(frozen=True)

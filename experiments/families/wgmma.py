@@ -172,8 +172,8 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
     """tile=auto for the wgmma family: the block tile (consumers, bn) of :data:`AUTO_TILES` for an
     M x N x K problem on ``sms`` SMs, the other axes as ``options`` set them (``options``' own
     consumers and bn are replaced). Of the tiles that make a valid kernel (its rules: shared memory)
-    and fit the size (:meth:`WgmmaFamily.check_problem`), the one of least estimated time: waves x
-    BM x BN x (1 + G (1/BM + 1/BN)), G = :data:`experiments.spec.AUTO_GLOBAL_COST` (the copies per K
+    and fit the size (:meth:`WgmmaFamily.check_problem`), the one of least estimated time
+    (:func:`experiments.spec.waves_cost`: waves x BM x BN x (1 + G (1/BM + 1/BN)), the copies per K
     step against the MMA work), waves = ceil(tiles / SMs) with one block per SM (a producer and two
     consumer warpgroups hold 168 registers a thread from the launch on); ties go to the larger tile.
     So a size gets the largest tile that still fills about one wave: on an H200 (132 SMs) 64x64 at
@@ -184,7 +184,7 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
     tiles). Raises SpecError when no tile fits: the one reason when every tile has it (a
     target.arch or an option the family does not have), else the sizes that fit when the size is
     what no valid tile takes, else each tile's reason."""
-    from ..spec import AUTO_GLOBAL_COST, AutoTile
+    from ..spec import AutoTile, waves_cost
     fits, rules, sizes = [], [], []
     for name, (consumers, bn) in AUTO_TILES.items():
         try:
@@ -199,7 +199,7 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
             continue
         g = geometry(precision, spec.p)
         tiles = (m // g["BM"]) * (n // g["BN"])
-        cost = -(-tiles // sms) * g["BM"] * g["BN"] * (1 + AUTO_GLOBAL_COST * (1 / g["BM"] + 1 / g["BN"]))
+        cost = waves_cost(g["BM"], g["BN"], tiles, sms)
         fits.append((round(cost, 6), -g["BM"] * g["BN"], name, AutoTile(name, spec, cost, 1, tiles)))
     if fits:
         return min(fits, key=lambda f: f[:3])[3]
