@@ -140,6 +140,15 @@ def test_auto_tile_fills_the_gpu_on_132_sms():
                               "multiples of 64 (64x64), e.g. problem.sizes=[128]")
 
 
+def test_tile_auto_with_no_size_is_an_error():
+    """mma_sync tile=auto with problem.sizes=[] "succeeded" with nothing tracked (the wgmma case runs
+    run.py: test_wgmma_tile_auto_with_a_deep_pipeline_and_given_tile_keys)."""
+    from experiments.kernel import auto_tile_plans
+    cfg = OmegaConf.merge(auto_cfg(), OmegaConf.from_dotlist(["problem.sizes=[]"]))
+    with pytest.raises(Exception, match="problem.sizes and problem.shapes are both empty; give at least one"):
+        auto_tile_plans(cfg, None, 132)
+
+
 def test_sm_count_sources():
     assert sm_count("NVIDIA H200", 132) == (132, "from the GPU")
     assert sm_count("NVIDIA L4") == (58, "table entry 'L4'")
