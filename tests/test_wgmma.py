@@ -68,7 +68,7 @@ def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
         auto_tile(FAM, "fp16", {"cluster": 2}, 192, 512, 512, 132)
     assert str(err.value) == (
         "tile=auto: no wgmma block tile fits 192x512x512: M must be a multiple of a tile's BM (2 BM with "
-        "cluster=2), N of its BN and K of BK; the smallest square sizes a tile takes are multiples of 128 "
+        "cluster=2 or 4), N of its BN (2 BN with cluster=4) and K of BK; the smallest square sizes a tile takes are multiples of 128 "
         "(64x64), e.g. problem.sizes=[512]")
     # a reason every tile shares (the arch) is said once, as without tile=auto
     with pytest.raises(SpecError) as err:
@@ -87,6 +87,10 @@ def test_persistent_grid_splits_k_when_tiles_are_fewer_than_sms():
     assert [persistent_grid({"cluster": 2, "schedule": "streamk"}, t, 132) for t in (16, 64, 2048)] == [
         128, 128, 132]
     assert persistent_grid({"cluster": 2}, 16, 132) == 16
+    # clusters of 4: whole clusters, no more than run at once (an H200 runs 32 clusters of 4, not 33)
+    assert persistent_grid({"cluster": 4}, 2048, 132, 32) == 128 and persistent_grid({"cluster": 4}, 2048, 132) == 132
+    assert persistent_grid({"cluster": 4, "schedule": "streamk"}, 16, 132, 32) == 128   # 4 quads x 8 clusters each
+    assert persistent_grid({"cluster": 4, "schedule": "streamk"}, 32, 132, 30) == 96     # 8 quads x 3 clusters
 
 
 
@@ -96,17 +100,16 @@ def test_space_count_and_defaults():
     # 5 precisions x 4 bn x 2 consumers x 2 producer x 7 stages x 3 swizzle x 2 persistent x 4 orders
     # (grouped by 8, 16 or 32 tile rows, row) = 13440 per epilogue and cluster size, less the stage counts
     # that do not fit 227 KiB: 12480 with registers, 12240 with tma (its C staging takes consumers x 16 KiB);
-    # cluster=2 needs no more shared memory per CTA. schedule=streamk adds the persistent half once more:
-    # 49440 + 24720
-    assert len(specs) == 74160 == len({s.entry for s in specs})
+    # clusters of 2 and 4 need no more shared memory per CTA. schedule=streamk adds the persistent half once
+    # more: 3 x 24720 + 3 x 12360
+    assert len(specs) == 111240 == len({s.entry for s in specs})
     points = [(s.p.get("epilogue", "(registers)"), s.p.get("cluster", "(1)")) for s in specs
               if "schedule" not in s.p]
-    assert [points.count(e) for e in [("(registers)", "(1)"), ("tma", "(1)"), ("(registers)", 2), ("tma", 2)]] == [
-        12480, 12240, 12480, 12240]
+    assert [points.count((e, c)) for c in ("(1)", 2, 4) for e in ("(registers)", "tma")] == [12480, 12240] * 3
     streamk = [s for s in specs if s.p.get("schedule") == "streamk"]
-    assert len(streamk) == 24720 and all(s.p["persistent"] == "true" for s in streamk)
+    assert len(streamk) == 37080 and all(s.p["persistent"] == "true" for s in streamk)
     assert all(s.arch == "sm_90a" and smem_bytes(s.precision, s.p) <= 232448 for s in specs)
-    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 74160
+    assert list(FAM.space("sm_89")) == [] and len(list(FAM.space("sm_90a"))) == 111240
     s = _spec()
     assert s.p == {**DEFAULT, "bk": 64} and s.arch == "sm_90a"
     assert _spec(epilogue="registers", cluster=1, schedule="tiles") == s
@@ -146,7 +149,7 @@ def test_space_count_and_defaults():
     (lambda: _spec(schedule="streamk"), "family=wgmma precision=fp16 sm_90a: schedule=streamk splits the last "
                                         "wave's K steps among the persistent blocks: it needs persistent=true"),
     (lambda: _spec(schedule="splitk"), "family=wgmma schedule='splitk' is not valid; valid: tiles, streamk"),
-    (lambda: _spec(cluster=4), "family=wgmma cluster=4 is not valid; valid: 1, 2"),
+    (lambda: _spec(cluster=3), "family=wgmma cluster=3 is not valid; valid: 1, 2, 4"),
     (lambda: _spec(group=16, order="row"), "family=wgmma precision=fp16 sm_90a: group=16 sets the tile rows that "
                                            "order=grouped walks together; order=row has no groups: use "
                                            "order=grouped, or leave group at its default"),
@@ -165,8 +168,11 @@ def test_validation_messages(call, message):
     ({}, (512, 512, 96), "K=96 is not a multiple of BK=64"),
     ({"consumers": 1}, (96, 512, 64), "M=96 is not a multiple of BM=64"),
     ({"bn": 192}, (512, 512, 512), "N=512 is not a multiple of BN=192"),
-    ({"cluster": 2}, (384, 512, 512), "M=384 is 3 tile row(s) of BM=128, not a multiple of cluster=2 (the CTAs "
-                                      "of a cluster take adjacent tile rows): M must be a multiple of 256"),
+    ({"cluster": 2}, (384, 512, 512), "M=384 is 3 tile rows of BM=128, not a multiple of 2 (cluster=2: the "
+                                      "CTAs of a cluster take adjacent tile rows): M must be a multiple of 256"),
+    ({"cluster": 4}, (384, 512, 512), "M=384 is 3 tile rows of BM=128, not a multiple of 2 (cluster=4"),
+    ({"cluster": 4}, (512, 768, 512), "N=768 is 3 tile columns of BN=256, not a multiple of 2 (cluster=4: the "
+                                      "CTAs of a cluster take adjacent tile columns): N must be a multiple of 512"),
     ({"cluster": 2}, (320, 512, 512), "M=320 is not a multiple of BM=128"),
 ])
 def test_check_problem(opts, mnk, message):
@@ -264,11 +270,12 @@ def test_cluster_contract():
     assert ".reqnctapercluster 2, 1, 1" in src and ".reqnctapercluster" not in FAM.build(_spec()).source
     assert "mov.u32         %bid, %clusterid.x;" in src and "mov.u32         %nblocks, %nclusterid.x;" in src
     assert "shr.u32         %tiles_m, %tiles_m, 1;" in src
-    assert src.count("mad.lo.u32      %ltm, %ltm, 2, %crank;") == 1           # one tile, producer
-    assert src.count("mad.lo.u32      %ctm, %ctm, 2, %crank;") == 1
+    assert src.count("mad.lo.u32      %ltm, %ltm, 2, %crm;") == 1             # one tile, producer
+    assert src.count("mad.lo.u32      %ctm, %ctm, 2, %crm;") == 1
+    assert "and.b32         %crm, %crank, 1;" in src and "%crn" not in src
     assert "mbarrier.init.shared::cta.b64 [%empty+24], 4;" in src            # 2 consumers x 2 CTAs
-    assert "mul.lo.u32      %brow, %crank, 128;" in src and "mov.u16         %mask, 3;" in src
-    assert "mad.lo.u32      %q6, %crank, 16384, %q6;" in src                  # 128 rows x 128 bytes
+    assert "mul.lo.u32      %brow, %crm, 128;" in src and "mov.u16         %mask, 3;" in src
+    assert "mad.lo.u32      %q6, %crm, 16384, %q6;" in src                  # 128 rows x 128 bytes
     assert src.count("complete_tx::bytes.multicast::cluster [%q6], [%tmap_b_gen, { %q7, %q8 }], [%q5], %mask;") == 1
     assert src.count("complete_tx::bytes [%q6], [%tmap_a_gen") == 1
     assert "mbarrier.arrive.expect_tx.shared::cta.b64 %rd_state, [%q5], 49152;" in src   # the whole stage
@@ -282,9 +289,51 @@ def test_cluster_contract():
     assert src.index("barrier.cluster.arrive.release;", end) < src.index("barrier.cluster.wait.acquire;", end)
     assert src.index("barrier.cluster.wait.acquire;", end) < src.index("EXIT:", end)
     # the B half of bn=192 starts 96 rows in: a multiple of the 1024-byte swizzle atom
-    assert "mad.lo.u32      %q6, %crank, 12288, %q6;" in FAM.build(_spec(cluster=2, bn=192)).source
+    assert "mad.lo.u32      %q6, %crm, 12288, %q6;" in FAM.build(_spec(cluster=2, bn=192)).source
     nop = FAM.build(_spec(cluster=2, producer="false", persistent="true")).source
     assert nop.count("multicast::cluster") == 3 and "CLUSTER_END:" in nop and "bra  CLUSTER_END" not in nop
+
+
+def test_cluster_4_contract():
+    """cluster=4 (2 x 2): tile row and column from the rank, the A half multicast along the tile row and
+    the B half along the tile column (masks from the rank), the whole stage expected, releases on all four
+    CTAs' empty barriers, quad tiles (pairs of rows and of columns), groups counted in pair rows."""
+    s = _spec(cluster=4, group=16)
+    assert FAM.multiples(s) == (256, 512, 64) and FAM.dyn_smem(s) == FAM.dyn_smem(_spec())
+    src = FAM.build(s).source
+    assert ".reqnctapercluster 4, 1, 1" in src
+    assert "shr.u32         %tiles_m, %tiles_m, 1;" in src and "shr.u32         %tiles_n, %tiles_n, 1;" in src
+    for t in ("l", "c"):
+        assert src.count(f"mad.lo.u32      %{t}tm, %{t}tm, 2, %crm;") == 1
+        assert src.count(f"mad.lo.u32      %{t}tn, %{t}tn, 2, %crn;") == 1
+    assert "mul.lo.u32      %q0, %tiles_n, 8;" in src                         # group 16 = 8 pair rows
+    assert "and.b32         %crm, %crank, 1;" in src and "shr.u32         %crn, %crank, 1;" in src
+    assert "mul.lo.u32      %arow, %crn, 64;" in src and "mul.lo.u32      %brow, %crm, 128;" in src
+    assert "mad.lo.u32      %q4, %crn, 8192, %q6;" in src                     # 64 rows x 128 bytes
+    assert "mad.lo.u32      %q6, %crm, 16384, %q6;" in src                    # 128 rows x 128 bytes
+    assert src.count("multicast::cluster [%q4], [%tmap_a_gen, { %q7, %q8 }], [%q5], %amask;") == 1
+    assert src.count("multicast::cluster [%q6], [%tmap_b_gen, { %q7, %q8 }], [%q5], %mask;") == 1
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64 %rd_state, [%q5], 49152;" in src
+    assert "mbarrier.init.shared::cta.b64 [%empty+24], 8;" in src             # 2 consumers x 4 CTAs
+    for r in range(4):
+        assert src.count(f"@%pt0 mapa.shared::cluster.u32 %q5, %q4, {r};") == 2
+    assert "mov.u16         %mask, 3;" not in FAM.build(s).source and "mov.u16         %mask, 3;" in FAM.build(
+        _spec(cluster=2)).source
+
+
+def test_cluster_4_masks():
+    """The multicast masks that the PTX computes from the rank r = rm + 2 rn: B to the CTAs of the tile
+    column (ranks 2 rn, 2 rn + 1), A to those of the tile row (rm, rm + 2); each CTA receives A from one
+    partner and B from another, and every CTA gets each half exactly once."""
+    for r in range(4):
+        rm, rn = r & 1, r >> 1
+        mask_b, mask_a = 3 << (r & 2), 5 << rm
+        assert [q for q in range(4) if mask_b >> q & 1] == [2 * rn, 2 * rn + 1]
+        assert [q for q in range(4) if mask_a >> q & 1] == [rm, rm + 2]
+    for dest in range(4):
+        b_from = [(r & 1) for r in range(4) if (3 << (r & 2)) >> dest & 1]      # the B halves dest receives
+        a_from = [(r >> 1) for r in range(4) if (5 << (r & 1)) >> dest & 1]     # the A halves
+        assert sorted(b_from) == [0, 1] and sorted(a_from) == [0, 1]
 
 
 def test_run_names_and_identity():
@@ -610,6 +659,24 @@ def test_gpu_tma_epilogue(precision, opts, shape):
     _same_c(precision, opts, {"epilogue": "tma"}, shape)
 
 
+def test_cluster_4_assembles(tmp_path, need_ptxas):
+    """cluster=4 with every producer x persistent (two consumers, the TMA epilogue, stream-K where
+    persistent) and the smallest tile: assembled, no C75xx info, no spill; SASS: both loads multicast at
+    every load site, no plain TMA load, one remote-capable arrival per CTA of the four and release site."""
+    from experiments.assemble import sass_opcodes
+    specs = [_most_stages("int8", cluster=4, producer=p, persistent=q, epilogue="tma",
+                          **({"schedule": "streamk"} if q == "true" else {}))
+             for p in ("true", "false") for q in ("true", "false")]
+    specs.append(_spec("fp8_e4m3", cluster=4, bn=64, consumers=1, swizzle=32))
+    results = _assemble_checked(specs, tmp_path, lambda s: True)
+    print(f"assembled {len(results)} wgmma kernels with cluster=4 for sm_90a")
+    for s, a in results:
+        ops = sass_opcodes(a.sass)
+        sites = 1 if s.p["producer"] == "true" else 3
+        assert ops.get("UTMALDG.2D.MULTICAST") == 2 * sites and "UTMALDG.2D" not in ops, (s.entry, ops)
+        assert ops.get("SYNCS.ARRIVE.TRANS64.RED.A1T0") == 8, (s.entry, ops)
+
+
 # cluster=2 on the GPU: M a multiple of 2 BM; the persistent ones walk about 4 pair tiles per cluster
 CLUSTER_CASES = [
     ({}, [(256, 256, 128), (512, 512, 512), (1024, 1024, 1024)]),
@@ -627,6 +694,44 @@ CLUSTER_CASES = [
 def test_gpu_cluster(precision, opts, shape):
     """cluster=2 (B shared by TMA multicast) verifies and writes the C of cluster=1, bit for bit."""
     _same_c(precision, opts, {"cluster": 2}, shape)
+
+
+# cluster=4 on the GPU: M a multiple of 2 BM, N of 2 BN; persistent ones walk several quad tiles per cluster
+# (stream-K: not bit-identical to whole tiles, it adds split tiles' sums in another order; checked alone)
+CLUSTER4_CASES = [
+    ({}, [(256, 512, 128), (1024, 1024, 1024)]),
+    ({"persistent": "true", "epilogue": "tma", "group": 16}, [(3072, 2048, 256)]),
+    ({"bn": 64, "consumers": 1, "persistent": "true", "producer": "false", "swizzle": 32}, [(1024, 2048, 256)]),
+    ({"bn": 192, "stages": 3, "order": "row"}, [(768, 1536, 384)]),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts, shape", [(o, s) for o, shapes in CLUSTER4_CASES for s in shapes], ids=_ids)
+@pytest.mark.parametrize("precision", list(TYPES))
+def test_gpu_cluster_4(precision, opts, shape):
+    """cluster=4 (2 x 2 CTAs sharing A and B by TMA multicast) verifies and writes the C of cluster=1, bit
+    for bit."""
+    _same_c(precision, opts, {"cluster": 4}, shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("shape", [(8192, 8192, 1024), (512, 512, 2048)])
+def test_gpu_cluster_4_streamk(precision, shape):
+    """cluster=4 with stream-K, persistent, TMA epilogue, group 16: the grid is whole clusters that all run at
+    once (a spinning owner needs its contributors resident), verified twice (flags left zero)."""
+    from experiments.families import gpu
+    spec, prep = _prepared(precision, {"cluster": 4, "persistent": "true", "schedule": "streamk",
+                                       "epilogue": "tma", "group": 16}, shape)
+    for _ in range(2):
+        prep.launch()
+        _finish(spec.entry)
+        res = prep.verify()
+        assert res.ok, f"{spec.entry} at {shape}: {res.message()}"
+        if precision == "int8":
+            assert res.max_error == 0
+    assert "persistent:" in prep.note and gpu.sm_count() >= 4
 
 
 # group (tile rows walked together by order=grouped): 24 tile rows of 128 (12 pair rows with cluster=2), so

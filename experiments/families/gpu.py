@@ -16,8 +16,8 @@ import numpy as np
 from ..spec import SpecError
 from .base import Build, FamilySpec, sm_of
 
-__all__ = ["device_sm", "sm_count", "check_device", "cuda_include_dirs", "compile_cuda", "load_ptx",
-           "poisoned", "exact_check"]
+__all__ = ["device_sm", "sm_count", "max_active_clusters", "check_device", "cuda_include_dirs",
+           "compile_cuda", "load_ptx", "poisoned", "exact_check"]
 
 _CHUNK = 1 << 24     # elements per step of exact_check (bounded temporary memory)
 
@@ -32,6 +32,30 @@ def sm_count() -> int:
     """Streaming multiprocessors of the current device."""
     import cupy
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def max_active_clusters(kern, threads: int, dyn_smem: int, cluster: int) -> int:
+    """Clusters of ``cluster`` CTAs of ``kern`` (a CuPy RawKernel whose PTX sets .reqnctapercluster)
+    that the current device runs at once, with ``threads`` per CTA and ``dyn_smem`` bytes of dynamic
+    shared memory (CUDA Driver API, Occupancy: cuOccupancyMaxActiveClusters). A cluster's CTAs share one
+    GPC, so this can be fewer than SMs / cluster: an H200's 132 SMs hold 66 clusters of 2 but fewer of 4.
+    Raises RuntimeError with the CUresult when the driver refuses the query."""
+    import ctypes
+    u32 = ctypes.c_uint
+
+    class LaunchConfig(ctypes.Structure):        # CUlaunchConfig
+        _fields_ = [("grid", u32 * 3), ("block", u32 * 3), ("shared_mem_bytes", u32),
+                    ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", u32)]
+
+    cfg = LaunchConfig((u32 * 3)(cluster, 1, 1), (u32 * 3)(threads, 1, 1), dyn_smem, None, None, 0)
+    count = ctypes.c_int()
+    func = getattr(kern, "kernel", kern).ptr
+    rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(
+        ctypes.byref(count), ctypes.c_void_p(func), ctypes.byref(cfg))
+    if rc:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters(cluster {cluster}, {threads} threads, "
+                           f"{dyn_smem} bytes of shared memory) returned CUresult {rc}")
+    return count.value
 
 
 def check_device(spec: FamilySpec) -> None:

@@ -58,6 +58,12 @@ own A and one half of the B box with ``.multicast::cluster`` into both CTAs; eac
 still expects the whole stage. A consumer warpgroup releases a stage on both CTAs' empty barriers
 (``mapa`` + a remote ``mbarrier.arrive``; the empty count doubles), since either producer writes into
 both. ``barrier.cluster`` arrive / wait after the barrier init and, by every thread, before exit.
+``cluster=4``: 2 x 2 CTAs compute tiles (2i + a, 2j + b) (M a multiple of 2 BM, N of 2 BN); each loads
+one half of its B box into the two CTAs of its tile column and one half of its A box into the two of
+its tile row, so a CTA reads half of A and half of B from L2 (cluster=2: all of A, half of B), and
+releases each stage on the empty barriers of all four. Clusters of 4 must fit one GPC: the persistent
+grid is as many as the GPU runs at once (``cuOccupancyMaxActiveClusters``), which on an H200 is fewer
+than 132 / 4.
 
 Sources: PTX ISA 9.0, 9.7.15 (wgmma.mma_async, its shared-memory matrix descriptor and the D
 register fragments), 9.7.9.25.5 (cp.async.bulk.tensor), 9.7.13.15 (mbarrier), 9.7.19.6 (setmaxnreg);
@@ -150,14 +156,16 @@ def smem_bytes(precision: str, p: dict) -> int:
     return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + g["stg_bytes"] + 16 * g["STAGES"]
 
 
-def persistent_grid(p: dict, tiles: int, sms: int) -> int:
+def persistent_grid(p: dict, tiles: int, sms: int, clusters: int | None = None) -> int:
     """Blocks of a persistent launch (``persistent=true``) for ``tiles`` block tiles on ``sms`` SMs:
-    one per SM, at most one per tile (clusters of ``p['cluster']`` CTAs: an even count with 2). With
-    ``schedule=streamk`` and fewer tiles (pair tiles) than SM slots, T x floor(slots / T) blocks
-    instead: stream-K then has no whole tiles (T / G = 0) and splits every tile's K steps evenly
-    among floor(slots / T) blocks, split-K, so small problems still occupy the GPU."""
+    one per SM, at most one per tile, in clusters of ``p['cluster']`` CTAs, at most ``clusters`` of
+    them (those the GPU runs at once: :func:`experiments.families.gpu.max_active_clusters`; default
+    sms / cluster). Every block is resident, which stream-K's waits need. With ``schedule=streamk``
+    and fewer tiles (pair or quad tiles) than cluster slots, T x floor(slots / T) clusters instead:
+    stream-K then has no whole tiles (T / G = 0) and splits every tile's K steps evenly among
+    floor(slots / T) clusters, split-K, so small problems still occupy the GPU."""
     cl = p.get("cluster", 1)
-    units, slots = tiles // cl, sms // cl
+    units, slots = tiles // cl, sms // cl if clusters is None else min(clusters, sms // cl)
     if p.get("schedule") == "streamk" and 0 < units < slots:
         return cl * units * (slots // units)
     return cl * min(units, slots)
@@ -208,8 +216,8 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
     if sizes:
         lcm, _, name = min(sizes)
         raise SpecError(f"tile=auto: no wgmma block tile fits {m}x{n}x{k}: M must be a multiple of a tile's "
-                        "BM (2 BM with cluster=2), N of its BN and K of BK; the smallest square sizes a "
-                        f"tile takes are multiples of {lcm} ({name}), e.g. "
+                        "BM (2 BM with cluster=2 or 4), N of its BN (2 BN with cluster=4) and K of BK; the "
+                        f"smallest square sizes a tile takes are multiples of {lcm} ({name}), e.g. "
                         f"problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]")
     raise SpecError("tile=auto: no wgmma block tile makes a valid kernel with these options: "
                     + " | ".join(f"{name}: {why}" for name, why in rules))
@@ -257,14 +265,15 @@ class WgmmaFamily(Family):
     producer (a loading warpgroup with setmaxnreg, or thread 0), stages (ring depth), swizzle (bytes
     per smem row; BK follows), persistent (one block per SM), order (tile order), group (tile rows
     per group of order=grouped), epilogue (C from registers, or through shared memory and TMA
-    stores), cluster (1, or 2 CTAs along M sharing B by TMA multicast) and schedule (whole tiles, or
-    stream-K with persistent=true). Sizes: multiples of BM (2 x BM with cluster=2), BN and BK."""
+    stores), cluster (1; 2 CTAs along M sharing B by TMA multicast; 2 x 2 CTAs sharing A and B) and
+    schedule (whole tiles, or stream-K with persistent=true). Sizes: multiples of BM (2 x BM with
+    cluster=2 or 4), BN (2 x BN with cluster=4) and BK."""
     name = "wgmma"
     title = "wgmma GEMM"
     axes = {"precision": tuple(TYPES), "bn": (256, 192, 128, 64), "consumers": (2, 1),
             "producer": ("true", "false"), "stages": tuple(range(2, 9)), "swizzle": (128, 64, 32),
             "persistent": ("false", "true"), "order": ("grouped", "row"), "group": (8, 16, 32),
-            "epilogue": ("registers", "tma"), "cluster": (1, 2), "schedule": ("tiles", "streamk")}
+            "epilogue": ("registers", "tma"), "cluster": (1, 2, 4), "schedule": ("tiles", "streamk")}
     defaults = {"bn": 256, "consumers": 2, "producer": "true", "stages": 4, "swizzle": 128,
                 "persistent": "false", "order": "grouped", "group": GROUP, "epilogue": "registers",
                 "cluster": 1, "schedule": "tiles"}
@@ -300,20 +309,24 @@ class WgmmaFamily(Family):
         return params
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
-        """(BM, BN, BK) of the block tile; (2 BM, BN, BK) with cluster=2 (a cluster takes two tile rows)."""
+        """(BM, BN, BK) of the block tile; (2 BM, BN, BK) with cluster=2 (a cluster takes two tile rows),
+        (2 BM, 2 BN, BK) with cluster=4 (2 x 2 tiles)."""
         g = geometry(spec.precision, spec.p)
-        return g["CL"] * g["BM"], g["BN"], g["BK"]
+        return g["BM"] * min(g["CL"], 2), g["BN"] * (2 if g["CL"] == 4 else 1), g["BK"]
 
     def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
         """Raise SpecError unless M, N, K are multiples of BM, BN, BK, and with cluster=2 the tile rows
-        (M / BM) are even: the two CTAs of a cluster compute tile rows 2i and 2i + 1 of one column."""
+        (M / BM) are even: the two CTAs of a cluster compute tile rows 2i and 2i + 1 of one column;
+        with cluster=4 the tile columns (N / BN) too (tiles (2i + a, 2j + b), a, b in 0, 1)."""
         g = geometry(spec.precision, spec.p)
         check_no_tails(spec.entry, (m, n, k), (g["BM"], g["BN"], g["BK"]))
-        rows, cl = m // g["BM"], g["CL"]
-        if rows % cl:
-            raise SpecError(f"{spec.entry} handles no tails: M={m} is {rows} tile row(s) of BM={g['BM']}, "
-                            f"not a multiple of cluster={cl} (the CTAs of a cluster take adjacent tile "
-                            f"rows): M must be a multiple of {cl * g['BM']}" + NO_TAILS_ADVICE)
+        for dim, size, tile, pairs in (("M", m, g["BM"], g["CL"] > 1), ("N", n, g["BN"], g["CL"] == 4)):
+            if pairs and (size // tile) % 2:
+                what = "rows" if dim == "M" else "columns"
+                raise SpecError(f"{spec.entry} handles no tails: {dim}={size} is {size // tile} tile {what} "
+                                f"of B{dim}={tile}, not a multiple of 2 (cluster={g['CL']}: the CTAs of a "
+                                f"cluster take adjacent tile {what}): {dim} must be a multiple of {2 * tile}"
+                                + NO_TAILS_ADVICE)
 
     def threads(self, spec: FamilySpec) -> int:
         """128 x (consumers + 1 with a producer warpgroup)."""
@@ -333,7 +346,7 @@ class WgmmaFamily(Family):
         src = render_template(
             "wgmma_gemm.ptx.j2", entry=spec.entry, version="%d.%d" % ARCHS[ARCH].min_ptx, arch=ARCH,
             producer=producer, consumers=p["consumers"], persistent=p["persistent"] == "true",
-            grouped=p["order"] == "grouped", group=p.get("group", GROUP) // g["CL"],
+            grouped=p["order"] == "grouped", group=p.get("group", GROUP) // min(g["CL"], 2),
             desc_hi=f"0x{desc_hi:016X}",
             wgmma_op=f"wgmma.mma_async.sync.aligned.m64n{g['BN']}k{kk}.{types}", wgmma_tail=tail,
             acc_t=acc, nacc=g["BN"] // 2, bk_shift=g["BK"].bit_length() - 1,
@@ -350,7 +363,8 @@ class WgmmaFamily(Family):
         (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
         dynamic shared memory allowed; with epilogue=tma a third map for C (f32 / s32, box
         :data:`C_BOX_COLS` x 64, no swizzle) replaces the C pointer; with cluster=2 B's box is BN / 2
-        rows and a persistent grid is an even number of blocks (one cluster per 2 SMs); with
+        rows, with cluster=4 A's BM / 2 rows as well, and a persistent grid is whole clusters, as many
+        as run at once (:func:`persistent_grid`, :func:`~experiments.families.gpu.max_active_clusters`); with
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and :data:`FP8_RTOL`, int8
         exactly. Raises SpecError (a size that does not fit, a GPU older than sm_90)."""
@@ -367,10 +381,15 @@ class WgmmaFamily(Family):
         smem = smem_bytes(spec.precision, p)
         kern = gpu.load_ptx(build, dyn_smem=smem)
         swz = SWIZZLES[p["swizzle"]][0]
-        tmap_a = encode_tiled(ops.a.data.ptr, m, k, g["BM"], g["BK"], dtype, nbytes, swz)
-        tmap_b = encode_tiled(ops.b.data.ptr, n, k, g["BN"] // g["CL"], g["BK"], dtype, nbytes, swz)
+        cl = g["CL"]
+        tmap_a = encode_tiled(ops.a.data.ptr, m, k, g["BM"] // (2 if cl == 4 else 1), g["BK"], dtype, nbytes,
+                              swz)
+        tmap_b = encode_tiled(ops.b.data.ptr, n, k, g["BN"] // min(cl, 2), g["BK"], dtype, nbytes, swz)
         tiles = (m // g["BM"]) * (n // g["BN"])
-        grid = persistent_grid(p, tiles, gpu.sm_count()) if p["persistent"] == "true" else tiles
+        grid = tiles
+        if p["persistent"] == "true":
+            resident = gpu.max_active_clusters(kern, g["T"], smem, cl) if cl > 1 else None
+            grid = persistent_grid(p, tiles, gpu.sm_count(), resident)
         if p.get("epilogue") == "tma":
             out = encode_tiled(c.data.ptr, m, n, 64, C_BOX_COLS, C_TMAP[acc], 4, 0)
         else:
