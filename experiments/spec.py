@@ -47,8 +47,9 @@ def check_no_tails(entry: str, size: tuple, tile: tuple) -> None:
 def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None = None) -> str:
     """One message for the problem sizes ``bad`` ([(M, N, K), reason]) of ``shapes`` that kernel
     ``entry`` cannot run: each size with its reason (the kernel's name and the advice said once),
-    then, given the kernel's ``multiples`` (BM, BN, BK), the square sizes that fit: multiples of
-    their least common multiple L, each requested size rounded up to one."""
+    then, given the kernel's ``multiples`` (what M, N, K must be multiples of: BM, BN, BK, or a
+    cluster's tiles), the square sizes that fit: multiples of their least common multiple L, each
+    requested size rounded up to one."""
     lines = []
     for (m, n, k), why in bad:
         why = str(why).removeprefix(f"{entry} handles no tails: ").removesuffix(NO_TAILS_ADVICE)
@@ -58,7 +59,7 @@ def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None 
         lcm = math.lcm(*multiples)
         fit = sorted({-(-max(shape) // lcm) * lcm for shape in shapes})
         tile = ", ".join(map(str, multiples))
-        text += (f". Square sizes must be multiples of {lcm} (BM, BN, BK = {tile}), "
+        text += (f". Square sizes must be multiples of {lcm} (M, N, K: multiples of {tile}), "
                  f"e.g. problem.sizes=[{','.join(map(str, fit))}]")
     return text
 

@@ -187,7 +187,7 @@ def test_problem_sizes_are_checked_before_any_work(tmp_path, multirun):
     rc, out = run_cli(tmp_path, *(["-m"] if multirun else []), *args)
     reason = ("1 of 2 problem sizes do not fit gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_256x128_w4x2_g8: "
               "1000x1000x1000 (M=1000 is not a multiple of BM=256; N=1000 is not a multiple of BN=128; "
-              "K=1000 is not a multiple of BK=32). Square sizes must be multiples of 256 (BM, BN, BK = 256, 128, "
+              "K=1000 is not a multiple of BK=32). Square sizes must be multiples of 256 (M, N, K: multiples of 256, 128, "
               "32), e.g. problem.sizes=[1024,2048]")
     assert reason in out, out
     parents, children = all_runs(tmp_path)

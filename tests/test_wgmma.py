@@ -78,6 +78,16 @@ def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
         auto_tile(FAM, "int8", {"schedule": "streamk"}, 512, 512, 512, 132)
 
 
+def test_tile_auto_counts_waves_of_whole_clusters():
+    """With cluster=4, tile=auto counts the clusters that fit: at 1024 the 64x128 tile is 32 clusters of
+    4, one wave of 33 on 132 SMs but two of 30 (an H200 runs 30 clusters of 4: tile.sms=120), so 128x128
+    (16 clusters) wins there."""
+    name = lambda sms, *mnk, **o: auto_tile(FAM, "fp16", o, *mnk, sms).name      # noqa: E731
+    assert name(132, 1024, 1024, 1024, cluster=4) == "64x128"
+    assert name(120, 1024, 1024, 1024, cluster=4) == "128x128"
+    assert name(132, 1024, 1024, 1024) == "64x128"
+
+
 def test_persistent_grid_splits_k_when_tiles_are_fewer_than_sms():
     """One block per SM and at most one per tile; stream-K with fewer tiles than SMs takes T x floor(SMs / T)
     blocks (split K evenly), pairs of CTAs with cluster=2 counted as one."""
@@ -173,6 +183,10 @@ def test_validation_messages(call, message):
     ({"cluster": 4}, (384, 512, 512), "M=384 is 3 tile rows of BM=128, not a multiple of 2 (cluster=4"),
     ({"cluster": 4}, (512, 768, 512), "N=768 is 3 tile columns of BN=256, not a multiple of 2 (cluster=4: the "
                                       "CTAs of a cluster take adjacent tile columns): N must be a multiple of 512"),
+    # both at once, and one tile: each violation named, in the singular where it is one
+    ({"cluster": 4}, (384, 256, 512), "M=384 is 3 tile rows of BM=128, not a multiple of 2 (cluster=4: the CTAs "
+                                      "of a cluster take adjacent tile rows): M must be a multiple of 256; N=256 is "
+                                      "1 tile column of BN=256, not a multiple of 2"),
     ({"cluster": 2}, (320, 512, 512), "M=320 is not a multiple of BM=128"),
 ])
 def test_check_problem(opts, mnk, message):

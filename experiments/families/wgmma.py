@@ -183,7 +183,10 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
     and fit the size (:meth:`WgmmaFamily.check_problem`), the one of least estimated time
     (:func:`experiments.spec.waves_cost`: waves x BM x BN x (1 + G (1/BM + 1/BN)), the copies per K
     step against the MMA work), waves = ceil(tiles / SMs) with one block per SM (a producer and two
-    consumer warpgroups hold 168 registers a thread from the launch on); ties go to the larger tile.
+    consumer warpgroups hold 168 registers a thread from the launch on), with ``cluster`` c > 1
+    ceil((tiles / c) / floor(SMs / c)); ties go to the larger tile. A GPU may run fewer clusters of 4
+    than SMs / 4 (a cluster stays in one GPC: an H200 runs 30, not 33): ``tile.sms`` = 4 x that count
+    plans for it.
     So a size gets the largest tile that still fills about one wave: on an H200 (132 SMs) 64x64 at
     512 (64 tiles), 64x128 at 1024 (128 tiles), 128x256 from 2048 on, the fastest of the four at each
     of these sizes for fp16, bf16, fp8_e4m3 and int8 (results/h200/generations.md).
@@ -206,8 +209,8 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
             sizes.append((math.lcm(*family.multiples(spec)), consumers * bn, name))
             continue
         g = geometry(precision, spec.p)
-        tiles = (m // g["BM"]) * (n // g["BN"])
-        cost = waves_cost(g["BM"], g["BN"], tiles, sms)
+        tiles, cl = (m // g["BM"]) * (n // g["BN"]), g["CL"]
+        cost = waves_cost(g["BM"], g["BN"], tiles // cl, sms // cl)      # waves of whole clusters
         fits.append((round(cost, 6), -g["BM"] * g["BN"], name, AutoTile(name, spec, cost, 1, tiles)))
     if fits:
         return min(fits, key=lambda f: f[:3])[3]
@@ -320,13 +323,15 @@ class WgmmaFamily(Family):
         with cluster=4 the tile columns (N / BN) too (tiles (2i + a, 2j + b), a, b in 0, 1)."""
         g = geometry(spec.precision, spec.p)
         check_no_tails(spec.entry, (m, n, k), (g["BM"], g["BN"], g["BK"]))
+        bad = []
         for dim, size, tile, pairs in (("M", m, g["BM"], g["CL"] > 1), ("N", n, g["BN"], g["CL"] == 4)):
             if pairs and (size // tile) % 2:
-                what = "rows" if dim == "M" else "columns"
-                raise SpecError(f"{spec.entry} handles no tails: {dim}={size} is {size // tile} tile {what} "
-                                f"of B{dim}={tile}, not a multiple of 2 (cluster={g['CL']}: the CTAs of a "
-                                f"cluster take adjacent tile {what}): {dim} must be a multiple of {2 * tile}"
-                                + NO_TAILS_ADVICE)
+                what = "row" if dim == "M" else "column"
+                bad.append(f"{dim}={size} is {size // tile} tile {what}{'s' if size // tile > 1 else ''} of "
+                           f"B{dim}={tile}, not a multiple of 2 (cluster={g['CL']}: the CTAs of a cluster "
+                           f"take adjacent tile {what}s): {dim} must be a multiple of {2 * tile}")
+        if bad:
+            raise SpecError(f"{spec.entry} handles no tails: " + "; ".join(bad) + NO_TAILS_ADVICE)
 
     def threads(self, spec: FamilySpec) -> int:
         """128 x (consumers + 1 with a producer warpgroup)."""
