@@ -216,17 +216,18 @@ def sass_summary(asm: Assembly, spec) -> tuple[dict, dict]:
     native = {op: n for op, n in ops.items() if op.split(".")[0] in (opcode, opcode[0] + "GMMA")
               and (not need or need in op.split(".")[1:]) and not set(avoid) & set(op.split(".")[1:])}
     want = f"{opcode}{'.*.' + need if need else ''}"
+    mma = {op: n for op, n in ops.items()
+           if op.split(".")[0] in ("HMMA", "IMMA", "QMMA", "HGMMA", "IGMMA", "QGMMA")}
+    inst = "wgmma" if any(op.split(".")[0].endswith("GMMA") for op in mma) else "mma.sync"
     if native:
         found = ", ".join(f"{n} x {op}" for op, n in sorted(native.items()))
         return metrics, {"mma_native": "true",
-                         "mma_native_reason": f"{found}: mma.sync .{spec.prec.ptx} runs on the tensor cores"}
-    mma = {op: n for op, n in ops.items()
-           if op.split(".")[0] in ("HMMA", "IMMA", "QMMA", "HGMMA", "IGMMA", "QGMMA")}
+                         "mma_native_reason": f"{found}: {inst} .{spec.prec.ptx} runs on the tensor cores"}
     other = ", ".join(f"{n} x {op}" for op, n in sorted(mma.items())) or "no tensor-core instruction"
     conv = f", {base.get('F2FP', 0)} x F2FP conversions" if base.get("F2FP") else ""
     calls = f", {base['CALL']} x CALL" if base.get("CALL") else ""
     return metrics, {"mma_native": "false",
-                     "mma_native_reason": f"no {want} in the SASS for mma.sync .{spec.prec.ptx} on "
+                     "mma_native_reason": f"no {want} in the SASS for {inst} .{spec.prec.ptx} on "
                                           f"{asm.arch}: ptxas emulates it with {other}{conv}{calls}"}
 
 

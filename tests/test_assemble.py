@@ -305,6 +305,10 @@ def test_sass_summary_fp8_converted_on_sm90_native_on_sm89():
     b16 = KernelSpec("bf16", 32, 16, 128, 128, 2, 4, 2, "cg", "sm_90")
     assert sass_summary(_asm(bf), f16)[1]["mma_native"] == "false"
     assert sass_summary(_asm(bf), b16)[1]["mma_native"] == "true"
+    # a warpgroup MMA (wgmma on sm_90a) is named as such, not as mma.sync
+    hg = _line(0, "HGMMA.64x256x16.F32 R24, gdesc[UR4], RZ, !UPT")
+    assert sass_summary(_asm(hg, "sm_90a"), f16)[1] == {
+        "mma_native": "true", "mma_native_reason": "1 x HGMMA.64x256x16.F32: wgmma .f16 runs on the tensor cores"}
 
 
 def test_sass_summary_without_sass_is_missing_not_zero():

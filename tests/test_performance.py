@@ -184,6 +184,18 @@ def test_static_run_of_tile_auto_builds_one_kernel_per_tile(tmp_path):
 
 
 @pytest.mark.usefixtures("need_ptxas")
+def test_wgmma_tile_auto_with_clusters_says_the_waves(tmp_path):
+    """tile=auto with family.cluster=4 plans in waves of whole clusters and says so, with what a GPU that runs
+    fewer clusters of 4 needs; tile.sms below the cluster size is one cluster at a time (it divided by zero)."""
+    from test_cli import run_cli, store_args
+    rc, out = run_cli(tmp_path, "family=wgmma", "family.cluster=4", "tile=auto", "tile.sms=3", "problem.sizes=[2048]",
+                      *store_args(tmp_path, multirun=False))
+    assert rc == 0, out
+    assert ("tile=auto on 3 SMs (tile.sms): 2048x2048x2048 -> 128x256 (waves of 1 cluster of 4; a GPU may run "
+            "fewer clusters of 4, an H200 30: tile.sms = 4 x that plans for them)") in out
+
+
+@pytest.mark.usefixtures("need_ptxas")
 def test_static_run_of_wgmma_tile_auto_sets_consumers_and_bn(tmp_path):
     """family=wgmma tile=auto over 512 ... 8192 without a GPU: one kernel per chosen tile (64x64 at 512,
     64x128 at 1024, 128x256 from 2048 on), its consumers and bn in the params, tag tile_auto, and no note

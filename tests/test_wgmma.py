@@ -86,6 +86,7 @@ def test_tile_auto_counts_waves_of_whole_clusters():
     assert name(132, 1024, 1024, 1024, cluster=4) == "64x128"
     assert name(120, 1024, 1024, 1024, cluster=4) == "128x128"
     assert name(132, 1024, 1024, 1024) == "64x128"
+    assert name(3, 2048, 2048, 2048, cluster=4) == name(1, 2048, 2048, 2048, cluster=2) == "128x256"
 
 
 def test_persistent_grid_splits_k_when_tiles_are_fewer_than_sms():

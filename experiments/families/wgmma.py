@@ -210,7 +210,7 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
             continue
         g = geometry(precision, spec.p)
         tiles, cl = (m // g["BM"]) * (n // g["BN"]), g["CL"]
-        cost = waves_cost(g["BM"], g["BN"], tiles // cl, sms // cl)      # waves of whole clusters
+        cost = waves_cost(g["BM"], g["BN"], tiles // cl, max(1, sms // cl))     # waves of whole clusters
         fits.append((round(cost, 6), -g["BM"] * g["BN"], name, AutoTile(name, spec, cost, 1, tiles)))
     if fits:
         return min(fits, key=lambda f: f[:3])[3]
