@@ -213,12 +213,8 @@ def _auto_tiles(cfg, job, gpu) -> list[tuple[object, dict]]:
     plans = auto_tile_plans(cfg, gpu["compute_capability"] if gpu else None, sms)
     chosen = "; ".join(", ".join("x".join(map(str, shape)) for shape, _ in group) + f" -> {group[0][1].name}"
                        for _, group in plans)
-    cl = int(OmegaConf.select(cfg, "family.cluster", default=1) or 1) if family_name(cfg) == WGMMA else 1
-    if cl > 1:
-        at_once = max(1, sms // cl)
-        chosen += (f" (waves of {at_once} cluster{'s' if at_once > 1 else ''} of {cl}" + (
-            "; a GPU may run fewer clusters of 4, an H200 30: tile.sms = 4 x that plans for them)" if cl == 4
-            else ")"))
+    notes = dict.fromkeys(choice.note for _, group in plans for _, choice in group if choice.note)
+    chosen += "".join(f" ({note})" for note in notes)
     console.print(f"{job.label} tile=auto on {sms} SMs ({source}): {chosen}")
     return [(sub, {"tile_auto": "true", "tile_auto_sms": f"{sms} ({source})"}) for sub, _ in plans]
 

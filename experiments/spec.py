@@ -391,12 +391,14 @@ def waves_cost(bm: int, bn: int, blocks: int, sms: int, b: int = 1, shared: floa
 @dataclass(frozen=True)
 class AutoTile:
     """tile=auto's choice for one problem size: the preset's name, its spec, the estimated time
-    (:func:`tile_cost`), blocks per SM and blocks."""
+    (:func:`tile_cost`), blocks per SM and blocks; ``note``: what the estimate assumed that the user
+    should know (the planning line shows it), or ''."""
     name: str
     spec: KernelSpec
     cost: float
     blocks_per_sm: int
     blocks: int
+    note: str = ""
 
 
 def auto_tile(cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None = None,

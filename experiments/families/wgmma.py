@@ -210,8 +210,12 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
             continue
         g = geometry(precision, spec.p)
         tiles, cl = (m // g["BM"]) * (n // g["BN"]), g["CL"]
-        cost = waves_cost(g["BM"], g["BN"], tiles // cl, max(1, sms // cl))     # waves of whole clusters
-        fits.append((round(cost, 6), -g["BM"] * g["BN"], name, AutoTile(name, spec, cost, 1, tiles)))
+        at_once = max(1, sms // cl)
+        cost = waves_cost(g["BM"], g["BN"], tiles // cl, at_once)       # waves of whole clusters
+        note = "" if cl == 1 else f"waves of {at_once} cluster{'s' if at_once > 1 else ''} of {cl}" + (
+            "; a GPU may run fewer clusters of 4, an H200 30: tile.sms = 4 x that plans for them" if cl == 4
+            else "")
+        fits.append((round(cost, 6), -g["BM"] * g["BN"], name, AutoTile(name, spec, cost, 1, tiles, note)))
     if fits:
         return min(fits, key=lambda f: f[:3])[3]
     if rules and not sizes and len({why for _, why in rules}) == 1:
