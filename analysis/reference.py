@@ -120,6 +120,8 @@ def load_into_mlflow(uri: str, ref_dir: str | Path = DEFAULT_DIR, claims: str | 
     again returns the existing parent and adds nothing."""
     import mlflow
     from mlflow.entities import Metric, Param, RunTag
+
+    from experiments.track import sqlite_path
     spec = load_spec(claims)
     ref = spec["reference"]
     recs = study_records(ref_dir, spec)
@@ -127,7 +129,9 @@ def load_into_mlflow(uri: str, ref_dir: str | Path = DEFAULT_DIR, claims: str | 
                             .encode()).hexdigest()[:16]
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(ref["experiment"])
-    exp_id = exp.experiment_id if exp else client.create_experiment(ref["experiment"])
+    db = sqlite_path(uri)          # artifacts beside the database, as run.py keeps them (not ./mlruns)
+    exp_id = exp.experiment_id if exp else client.create_experiment(
+        ref["experiment"], artifact_location=(db.parent / "artifacts").as_uri() if db else None)
     found = client.search_runs([exp_id], f"tags.kind = 'reference-study' and tags.source_sha = '{digest}'",
                                max_results=1)
     if found:

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -307,7 +308,7 @@ class SweepCallback(Callback):
                 print(busy_line, flush=True)
             tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
             page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
-            print(f"Browse the results:  mlflow ui --backend-store-uri {uri}\n"
+            print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
                   f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
