@@ -199,6 +199,28 @@ def check_override_keys(argv: list) -> str | None:
         members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
         if members and values is not None and (bad := _outside(values, tuple(members))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
+        if (problem := _value_problem(key, arg, family)) is not None:
+            return problem
+    return None
+
+
+def _value_problem(key: str, arg: str, family: str) -> str | None:
+    """check_override_keys for a value no kernel of the chosen family (or of any family a sweep over
+    families names) can take (experiments.kernel.value_problem: precision, target.arch, a size <= 0,
+    a shape that is not [M, N, K]): an error before any work, also in a sweep, where each job would
+    otherwise be a skipped run. A combination of valid values is left to the jobs."""
+    from experiments.kernel import VALUE_KEYS, value_problem
+    override = _parsed(arg) if key in VALUE_KEYS and "${" not in arg else None
+    if override is None:
+        return None
+    try:
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    except Exception:  # noqa: BLE001 - glob(...), interval(...): Hydra decides
+        return None
+    families = _values(f"family={family}")
+    for v in values:
+        if problem := value_problem(key, v, families):
+            return f"{problem} ({arg!r})"
     return None
 
 
@@ -402,6 +424,44 @@ def _check_family_option(family: str, option: str, arg: str) -> str | None:
     return None
 
 
+def check_preset_sweep(argv: list) -> str | None:
+    """The message for a preset that defines a sweep (``hydra.sweeper.params`` of conf/experiment/)
+    given without ``-m``: Hydra then ignores the sweep and runs one job with the defaults of the swept
+    keys, which belongs to no job of the sweep. None with ``-m``, with --help, when the command line
+    sets every swept key (one job of the sweep), or without such a preset. The message gives the
+    ``-m`` command and the command of the sweep's first job; with ``--cfg`` it is a YAML comment line
+    saying where the sweep is shown (``--cfg hydra``)."""
+    import re
+
+    import yaml
+    if any(a in ("-m", "--multirun", "--help", "-h", "--hydra-help") for a in argv):
+        return None
+    dirs = _config_dirs(argv)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
+    preset = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "experiment"), None)
+    try:
+        y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) if dirs and preset else None
+    except (KeyError, OSError, yaml.YAMLError):
+        return None                        # no such preset: check_override_keys (or Hydra) says so
+    params = (((y or {}).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    folded = {k: re.sub(r",\s+", ",", str(v).strip()) for k, v in params.items()}   # YAML's ">-" values
+    missing = {k: _values(f"{k}={v}") or [v] for k, v in folded.items() if k not in given}
+    if not missing:
+        return None
+    swept = ", ".join(f"{k} ({len(v)} values)" for k, v in missing.items())
+    rest = " ".join(a for a in argv if not a.startswith(("--cfg", "-c")) and a not in ("job", "hydra", "all"))
+    first = " ".join(f"{k}={v[0]}" for k, v in missing.items())
+    if any(a in ("-c", "--cfg") or a.startswith("--cfg=") for a in argv):
+        return (f"# experiment={preset} sweeps {swept}; this is one job's config with them at their "
+                f"defaults. The sweep: python run.py --cfg hydra experiment={preset} "
+                f"(hydra.sweeper.params); run it: python run.py -m {rest}")
+    keys = " and ".join(missing)
+    return (f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run "
+            f"a single job with {keys} at the config's default: nothing was run. Run the sweep: "
+            f"python run.py -m {rest}   or one of its jobs: python run.py {rest} {first}")
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt(signum)
 
@@ -413,6 +473,11 @@ if __name__ == "__main__":
     if problem := check_override_keys(sys.argv[1:]) or check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)
+    if problem := check_preset_sweep(sys.argv[1:]):
+        if not problem.startswith("#"):            # --cfg shows the config after this comment line
+            print(problem, file=sys.stderr)
+            sys.exit(2)
+        print(problem, flush=True)
     try:
         main()
     except KeyboardInterrupt as exc:

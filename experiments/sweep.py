@@ -266,14 +266,16 @@ class SweepCallback(Callback):
 
     def _close(self, failed_job: bool = False) -> None:
         """End the parent run(s) this sweep added runs to (one per store and experiment: a sweep over
-        ``tracking.*`` keys writes to several), with a summary; exit 1 when a job could not run."""
-        crashed, closed, emulated = [], 0, []
+        ``tracking.*`` keys writes to several), with a summary; exit 1 when a job could not run, 2 when
+        every job of the sweep was skipped (a combination that cannot exist)."""
+        crashed, closed, emulated, outcomes = [], 0, [], collections.Counter()
         stores = {(self.uri, self.experiment)} | {(t.uri, t.experiment) for t in trackers()}
         for uri, experiment in sorted(stores):
             tracker = get_tracker(uri, experiment)
             parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
             runs = tracker.children(parent) if parent else []
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
+            outcomes.update(outcome_of(r) for r in runs)
             if parent is not None and not runs:          # made at the start, nothing joined it
                 tracker.end(parent, "KILLED", "no run joined this sweep")
                 tracker.client.delete_run(parent)
@@ -322,6 +324,13 @@ class SweepCallback(Callback):
                              + "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in crashed[:3]))
         if failed:
             raise SystemExit(failed)
+        if set(outcomes) == {"skipped"}:
+            # nothing the command asks for can exist: exit 2, as for a value no kernel takes (run.py),
+            # apart from 1, a run or job that failed
+            print(f"Every job of this sweep was skipped ({outcomes['skipped']} combination(s) that cannot "
+                  "exist; see their runs' skip_reason): nothing was built or measured. Exit status 2.",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
     def _benchmark(self) -> str | None:
         """The performance check of this sweep (``benchmark``); returns why it failed, or None."""

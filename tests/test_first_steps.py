@@ -1,0 +1,162 @@
+"""What a new user meets on a fresh clone without a GPU: presets without -m, values no kernel can take
+(an error before any work) beside combinations a sweep cannot run (skipped runs), sizes too large for
+the kernels' 32-bit offsets, the printed `mlflow ui` line, read-only folders, non-ASCII values.
+
+Each test runs ``run.py`` as a user would (the static path) and asserts on the exit status, the
+message and the store.
+"""
+import shlex
+
+import pytest
+from test_cli import _run_module, all_runs, run_cli, store_args
+
+pytestmark = pytest.mark.usefixtures("need_ptxas")
+
+
+@pytest.mark.parametrize("preset, swept, keys, first", [
+    ("l4_run4_int4_k64_ablation", "variant (6 values)", "variant", "variant=int4_ptx_mma_k64_x4_x2nontrans_ca"),
+    ("generations", "precision (4 values), variant (22 values)", "precision and variant",
+     "precision=fp16 variant=gen_mma_sync"),
+])
+def test_preset_sweep_without_multirun_stops_and_gives_the_command(tmp_path, preset, swept, keys, first):
+    """Without -m Hydra ignored the preset's sweep and tracked one default fp16 kernel, exit 0."""
+    args = [f"experiment={preset}", *store_args(tmp_path, False, new_store=True)]
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 2 and "Traceback" not in out, out
+    given = " ".join(args)
+    assert out.strip() == (
+        f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run a single "
+        f"job with {keys} at the config's default: nothing was run. Run the sweep: python run.py -m {given}   "
+        f"or one of its jobs: python run.py {given} {first}")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
+def test_one_job_of_a_preset_sweep_runs_without_multirun(tmp_path):
+    """Every swept key given: one job of the sweep, as the message suggests."""
+    rc, out = run_cli(tmp_path, "experiment=l4_run4_int4_k64_ablation", "variant=int4_ptx_mma_k64_x4_x2nontrans_ca",
+                      "problem.sizes=[512]", *store_args(tmp_path, False))
+    assert rc == 0 and "Traceback" not in out, out
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1 and len(children) == 1
+    assert children[0].data.tags["study_kernel"] == "int4_ptx_mma_k64_x4_x2nontrans_ca"
+    assert children[0].data.tags["outcome"] == "static"
+
+
+def test_cfg_job_of_a_preset_says_where_its_sweep_is(tmp_path):
+    rc, out = run_cli(tmp_path, "--cfg", "job", "experiment=generations")
+    assert rc == 0, out
+    lines = out.splitlines()
+    assert lines[0] == ("# experiment=generations sweeps precision (4 values), variant (22 values); this is one "
+                        "job's config with them at their defaults. The sweep: python run.py --cfg hydra "
+                        "experiment=generations (hydra.sweeper.params); run it: python run.py -m "
+                        "experiment=generations")
+    assert "precision: fp16" in lines and "ktile: 64" in lines
+    import yaml
+    assert yaml.safe_load(out)["ktile"] == 64          # the comment keeps the output YAML
+    rc, out = run_cli(tmp_path, "--cfg", "job", "experiment=generations", "precision=int8", "variant=gen_peak")
+    assert rc == 0 and not out.startswith("#") and "precision: int8" in out.splitlines(), out
+    assert list(tmp_path.iterdir()) == []
+
+
+VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a precision of family=peak)"
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+@pytest.mark.parametrize("args, message", [
+    (["target.arch=sm_75"], "target.arch=sm_75 is not valid for family=mma_sync; valid: auto, sm_80, sm_86, "
+                            "sm_89, sm_90, sm_90a, sm_100, sm_120 ('target.arch=sm_75')"),
+    (["precision=copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC} ('precision=copy')"),
+    (["problem.sizes=[0]"], "problem.sizes=[0] is not valid: square sizes M=N=K must be positive integers, e.g. "
+                            "problem.sizes=[512,1024] ('problem.sizes=[0]')"),
+    (["problem.shapes=[[512,512]]"], "problem.shapes=[[512,512]] is not valid: entry [512,512] is not [M, N, K] "
+                                     "of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]] "
+                                     "('problem.shapes=[[512,512]]')"),
+    (["family=wgmma", "target.arch=sm_80"], "target.arch=sm_80 is not valid for family=wgmma; valid: auto, sm_90, "
+                                            "sm_90a ('target.arch=sm_80')"),
+])
+def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, args, message, multirun):
+    """These became green skipped runs in a sweep (exit 0) and errors after the store was opened in a
+    single run (exit 1), while precision=int5 stopped at once with exit 2: now all stop at once."""
+    rc, out = run_cli(tmp_path, *(["-m", "pipeline.stages=2,3"] if multirun else []), *args,
+                      *store_args(tmp_path, multirun, new_store=True))
+    assert rc == 2 and "Traceback" not in out, out
+    assert out.strip() == message
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-m", "precision=fp16,copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC} "
+                                    "('precision=fp16,copy')"),
+    (["-m", "problem.sizes=[512],[-512]"], "problem.sizes=[-512] is not valid: square sizes M=N=K must be positive "
+                                          "integers, e.g. problem.sizes=[512,1024] ('problem.sizes=[512],[-512]')"),
+    (["-m", "problem.shapes=[[512,512,512,1]]"], "problem.shapes=[[512,512,512,1]] is not valid: entry "
+     "[512,512,512,1] is not [M, N, K] of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]] "
+     "('problem.shapes=[[512,512,512,1]]')"),
+    (["family=wgmma", "precision=int4"], "precision=int4 is not valid for family=wgmma; valid: fp16, bf16, fp8_e4m3, "
+     "fp8_e5m2, int8 (int4 is a precision of family=mma_sync or wmma or peak) ('precision=int4')"),
+    # a value some family of a sweep over families takes: each job decides (a skipped run where it cannot)
+    (["-m", "family=mma_sync,peak", "precision=copy"], None),
+    (["-m", "family=wmma,cublas", "precision=int4"], None),
+    # a valid arch that some precision cannot use: a combination, decided per job
+    (["-m", "target.arch=sm_80,sm_90", "precision=fp8_e4m3"], None),
+    (["variant=h200_perf_peak", "precision=copy"], None),      # the variant chooses family=peak
+    (["problem.sizes=[46336]", "problem.shapes=[[256,128,32]]", "target.arch=auto"], None),
+])
+def test_values_of_every_family_are_checked_before_hydra(argv, message):
+    assert _run_module().check_override_keys(argv) == message
+
+
+def test_sweep_whose_every_job_is_skipped_exits_2(tmp_path):
+    """A sweep of combinations that cannot exist tracked its skipped runs and exited 0."""
+    args = ["-m", "precision=int8", "mma=m16n8k64", "ktile=32,64", *store_args(tmp_path)]
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 2 and "Traceback" not in out, out
+    assert out.strip().endswith("Every job of this sweep was skipped (2 combination(s) that cannot exist; see their "
+                                "runs' skip_reason): nothing was built or measured. Exit status 2.")
+    parents, children = all_runs(tmp_path)
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    assert sorted((c.info.status, c.data.tags["outcome"]) for c in children) == [("FINISHED", "skipped")] * 2
+    # the same command again: nothing new, the same answer
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 2 and out.count("already recorded") == 2 and "Every job of this sweep was skipped" in out, out
+    assert len(all_runs(tmp_path)[1]) == 2
+
+
+@pytest.mark.parametrize("size, reason", [
+    (50000, "M=50000 is not a multiple of BM=256"),
+    (1048576, "too large for 32-bit offsets in gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_256x128_w4x2_g8: A and B "
+              "must each stay below 2^32 bytes, C below 2^40 bytes"),
+])
+def test_too_large_size_suggests_one_that_fits(tmp_path, size, reason):
+    """The hint rounded up past the 32-bit offset limit: [50000] suggested [50176], [1048576] itself."""
+    rc, out = run_cli(tmp_path, f"problem.sizes=[{size}]", *store_args(tmp_path, False))
+    assert rc == 1 and "Traceback" not in out, out
+    assert reason in out
+    assert out.strip().endswith("Square sizes must be multiples of 256 (M, N, K: multiples of 256, 128, 32) and at "
+                                "most 46336 (the largest this kernel takes), e.g. problem.sizes=[46336]"), out
+    assert all_runs(tmp_path) == ([], [])
+
+
+def test_suggested_sizes_are_taken():
+    """The suggestion is the largest multiple the kernel takes, for every precision's element size."""
+    from omegaconf import OmegaConf
+
+    from experiments.config import Config
+    from experiments.kernel import _check_shapes
+    from experiments.spec import SpecError, spec_from_config
+    for precision, largest in (("fp16", 46336), ("int8", 65280), ("int4", 92672)):
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist([f"precision={precision}"]))
+        spec = spec_from_config(cfg)
+        _check_shapes(spec, [(largest,) * 3])
+        with pytest.raises(SpecError, match=rf"at most {largest} .*e\.g\. problem\.sizes=\[512,{largest}\]$"):
+            _check_shapes(spec, [(512,) * 3, (largest + 256,) * 3])
+
+
+def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(tmp_path):
+    folder = tmp_path / "my runs"
+    folder.mkdir()
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "problem.sizes=[512]", f"tracking.uri=sqlite:///{folder}/m.db",
+                      "tracking.experiment=cli-tests", f"hydra.sweep.dir={tmp_path}/out")
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if "mlflow ui" in x)
+    assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/m.db"]
