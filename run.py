@@ -131,7 +131,9 @@ def check_override_keys(argv: list) -> str | None:
     value outside its values (``family.bn=100``, ``family.persistent=2``), a family option in a sweep
     over several families, a value that is not an integer for an integer key (``ktile=32.5``), one
     other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true)
-    and one that is not a member of an enum key (``precision=int5``, also with --help).
+    and one that is not a member of an enum key (``precision=int5``, also with --help); a value no
+    kernel of the chosen family can take (:func:`_value_problem`); a non-ASCII value not quoted
+    (:func:`_unquoted_problem`).
     The values of a sweep are checked one by one as Hydra's parser expands them (a,b; ``choice(...)``;
     ``range(...)``: :func:`_values`); ``glob(...)`` and ``interval(...)`` are left to Hydra, but for a
     sweep that cannot be expanded (:func:`_sweep_problem`)."""
@@ -153,6 +155,8 @@ def check_override_keys(argv: list) -> str | None:
     family = family or (_preset_family(overrides, dirs) if dirs else None) or MMA_SYNC
     for arg in overrides:
         key, value = arg.split("=", 1)
+        if (problem := _unquoted_problem(arg)) is not None:
+            return problem
         key = key.lstrip("+~")
         if key.startswith("hydra") or "/" in key:
             continue
@@ -222,6 +226,22 @@ def _value_problem(key: str, arg: str, family: str) -> str | None:
         if problem := value_problem(key, v, families):
             return f"{problem} ({arg!r})"
     return None
+
+
+def _unquoted_problem(arg: str) -> str | None:
+    """The message for an override whose value holds characters Hydra's override grammar takes only
+    quoted (any non-ASCII letter: ``tracking.experiment=tëst`` ended in LexerNoViableAltException),
+    with the quoted override to give instead; None otherwise (also where quoting would not help)."""
+    import re
+    key, _, value = arg.partition("=")
+    if value.isascii() or not key.isascii() or _parsed(arg) is not None:
+        return None
+    # each word of the grammar (between , [ ] ( ) { } and spaces) that holds such a character, quoted
+    quoted = f"{key}=" + re.sub(r"""[^\s,\[\](){}'"]*[^\x00-\x7f][^\s,\[\](){}'"]*""", r"'\g<0>'", value)
+    if _parsed(quoted) is None:
+        return None                            # quoting is not enough: Hydra's message follows
+    return (f"{arg!r}: Hydra reads a value with non-ASCII characters only in quotes; give {quoted} "
+            f"(in the shell: \"{quoted}\")")
 
 
 def _parsed(arg: str):

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
 from .kernel import resolved
 from .spec import value
-from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
+from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers, unwritable
 
 __all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
 
@@ -195,6 +195,27 @@ def _hand_to_jobs(config: DictConfig, env: dict) -> None:
         config.hydra.overrides.hydra.extend([f"++hydra.job.env_set.{k}={v}" for k, v in quoted.items()])
 
 
+def _unwritable_output(config: DictConfig, multirun: bool) -> str | None:
+    """The message for a Hydra output folder (``hydra.sweep.dir``, ``hydra.run.dir`` of one run) that
+    this process cannot make or write, before anything is tracked (Hydra's own error is a traceback
+    after the sweep has started), with the store's error where it cannot be written either; None when
+    the folder can be written, or when its path cannot be resolved (Hydra says so)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder = Path(str(OmegaConf.select(config, key, throw_on_missing=True)))
+    except Exception:  # noqa: BLE001 - an interpolation that fails: left to Hydra
+        return None
+    if (blocked := unwritable(folder)) is None:
+        return None
+    problem = (f"{key}={folder} cannot be made or written: {blocked} is read-only for this user. Give a "
+               f"writable folder for Hydra's job configs and logs: {key}=PATH")
+    try:                                  # a read-only project folder holds the default store too
+        resolve_uri(config.tracking.uri)
+    except StoreError as exc:
+        problem += f"\nStore error: {exc}"
+    return problem
+
+
 class SweepCallback(Callback):
     """Resolves the store once, prints the GPU and where results go, and closes the parent run.
 
@@ -217,6 +238,8 @@ class SweepCallback(Callback):
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
+        if problem := _unwritable_output(config, multirun):
+            raise SystemExit(problem)
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
             raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "

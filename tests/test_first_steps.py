@@ -8,7 +8,7 @@ message and the store.
 import shlex
 
 import pytest
-from test_cli import _run_module, all_runs, run_cli, store_args
+from test_cli import ROOT, _empty_store, _run_module, all_runs, run_cli, store_args
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -160,3 +160,107 @@ def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(tmp_path):
     assert rc == 0, out
     line = next(x for x in out.splitlines() if "mlflow ui" in x)
     assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/m.db"]
+
+
+def _as_user(*command):
+    """``command`` as a user that read-only modes hold: root ignores them, so root runs it in a user
+    namespace of its own (``unshare --user``), where the files it owns obey their modes."""
+    import os
+    import shutil
+    import subprocess
+    if os.geteuid() != 0:
+        return list(command)
+    if not shutil.which("unshare") or subprocess.run(["unshare", "--user", "true"]).returncode:
+        pytest.skip("running as root without user namespaces: read-only folders cannot be made")
+    return ["unshare", "--user", *command]
+
+
+def _run_as_user(cwd, script, *args):
+    """``python script ARGS`` in ``cwd`` as :func:`_as_user`, every GPU hidden; stdout and stderr."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(_as_user(sys.executable, str(script), *args), cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    return proc.returncode, proc.stdout
+
+
+def test_read_only_store_folder_names_the_folder(tmp_path):
+    """A store in a read-only folder: "attempt to write a readonly database" (or a lock-file
+    PermissionError) with no word of which file, after the sweep had started."""
+    import shutil
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(_empty_store(), ro / "mlflow.db")
+    ro.chmod(0o555)
+    try:
+        for db in (ro / "mlflow.db", ro / "new" / "mlflow.db"):
+            rc, out = _run_as_user(tmp_path, ROOT / "run.py", "precision=int8", f"tracking.uri=sqlite:///{db}",
+                                   f"hydra.run.dir={tmp_path}/out")
+            assert rc == 1 and "Traceback" not in out, out
+            assert out.strip() == (f"Store error: the store {db} cannot be written: {ro} is read-only for this user "
+                                   "(SQLite writes the database and its journal beside it, the artifacts go there "
+                                   "too); give a writable place: tracking.uri=sqlite:////PATH/mlflow.db, or "
+                                   "MLFLOW_TRACKING_URI"), out
+    finally:
+        ro.chmod(0o755)
+    assert sorted(p.name for p in ro.iterdir()) == ["mlflow.db"] and not (tmp_path / "out").exists()
+    assert all_runs(ro) == ([], [])
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_read_only_project_folder_names_both_folders(tmp_path, multirun):
+    """run.py from a read-only copy of the project: Hydra's 15-line traceback for the output folder,
+    and the default store (outputs/mlflow.db of the project) could not be written either."""
+    import shutil
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("run.py", "conf", "experiments", "kernels_ptx"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, project / name)
+    modes = {p: p.stat().st_mode for p in (project, *project.rglob("*")) if p.is_dir()}
+    for p in modes:
+        p.chmod(0o555)
+    try:
+        rc, out = _run_as_user(project, project / "run.py", *(["-m"] if multirun else []), "precision=int8")
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+    key = "hydra.sweep.dir=outputs/multirun/" if multirun else "hydra.run.dir=outputs/runs/"
+    lines = out.strip().splitlines()
+    assert rc == 1 and "Traceback" not in out and len(lines) == 2, out
+    assert lines[0].startswith(key) and lines[0].endswith(
+        f" cannot be made or written: {project} is read-only for this user. Give a writable folder for Hydra's "
+        f"job configs and logs: {key.split('=')[0]}=PATH"), out
+    assert lines[1].startswith(f"Store error: the store {project}/outputs/mlflow.db cannot be written: {project} is "
+                               "read-only for this user"), out
+    assert not (project / "outputs").exists() and not (project / "multirun").exists()
+
+
+@pytest.mark.parametrize("arg, quoted", [
+    ("tracking.experiment=tëst", "tracking.experiment='tëst'"),
+    ("study_kernel=café", "study_kernel='café'"),
+    ("tracking.experiment=ü,a", "tracking.experiment='ü',a"),
+    ("hydra.sweep.dir=/tmp/é", "hydra.sweep.dir='/tmp/é'"),
+])
+def test_unquoted_non_ascii_value_says_how_to_quote_it(tmp_path, arg, quoted):
+    """Hydra's answer was LexerNoViableAltException with no hint to quote the value."""
+    rc, out = run_cli(tmp_path, "-m", arg, *store_args(tmp_path, new_store=True))
+    assert rc == 2 and "Traceback" not in out and "LexerNoViableAltException" not in out, out
+    assert out.strip() == (f"{arg!r}: Hydra reads a value with non-ASCII characters only in quotes; give {quoted} "
+                           f"(in the shell: \"{quoted}\")")
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_quoted_non_ascii_values_are_tracked(tmp_path):
+    """The quoted form the message gives works: the experiment, the store folder and study_kernel."""
+    import mlflow
+    db = tmp_path / "résultats" / "mlflow.db"
+    rc, out = run_cli(tmp_path, "precision=int8", "problem.sizes=[512]", "tracking.experiment='tëst'",
+                      "study_kernel='café'", f"tracking.uri='sqlite:///{db}'", f"hydra.run.dir={tmp_path}/out")
+    assert rc == 0, out
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("tëst").experiment_id])
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert child.data.params["study_kernel"] == "café" and child.data.tags["outcome"] == "static"
