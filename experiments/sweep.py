@@ -25,6 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
+from .report import static_command
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers, unwritable
@@ -335,6 +336,8 @@ class SweepCallback(Callback):
             page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
             print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
                   f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
+            if not self.measured:                    # no GPU: the resources of its static runs
+                print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
         if emulated:
