@@ -264,3 +264,34 @@ def test_quoted_non_ascii_values_are_tracked(tmp_path):
     runs = client.search_runs([client.get_experiment_by_name("tëst").experiment_id])
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert child.data.params["study_kernel"] == "café" and child.data.tags["outcome"] == "static"
+
+
+def test_without_a_gpu_every_next_step_points_to_the_static_table(tmp_path):
+    """experiments.report, experiments.performance and analysis.report exited 2 on a sweep of static
+    runs and the notebooks printed "0 runs": each now names what the sweep holds and the command that
+    tables its static runs, which the sweep prints too."""
+    import subprocess
+    import sys
+
+    from analysis.runs import load_runs, unmeasured_note
+    rc, out = run_cli(tmp_path, "-m", "precision=int8,int4", "problem.sizes=[512]", *store_args(tmp_path))
+    assert rc == 0, out
+    parents, children = all_runs(tmp_path)
+    uri, parent = f"sqlite:///{tmp_path}/mlflow.db", parents[0].info.run_id
+    command = f"python -m experiments.report --static --uri {uri} --experiment cli-tests --sweep {parent}"
+    assert f"  as a table: {command}" in out.splitlines()
+    table = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.startswith("| gemm_")]
+    assert len(rows) == 2
+    for r in children:
+        row = next(line for line in rows if line.startswith(f"| {r.data.tags['kernel']} | sm_90 |"))
+        assert f"| {r.data.metrics['registers']:.0f} |" in row and row.endswith(f"| {r.data.tags['mma_native']} |")
+    for module in ("experiments.report", "experiments.performance", "analysis.report"):
+        args = ["--uri", uri, "--experiment", "cli-tests"] + (["--no-log"] if module == "analysis.report" else [])
+        proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 2 and "2 static" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert "python -m experiments.report --static --uri " + uri in proc.stderr, (module, proc.stderr)
+    note = unmeasured_note(load_runs(uri, "cli-tests", "latest"))
+    assert note == (f"sweep {parent} of experiment 'cli-tests' in {uri} holds no run measured on a GPU (2 static): "
+                    f"static runs are rendered and assembled only; their table: {command}")
