@@ -449,8 +449,8 @@ def check_preset_sweep(argv: list) -> str | None:
     given without ``-m``: Hydra then ignores the sweep and runs one job with the defaults of the swept
     keys, which belongs to no job of the sweep. None with ``-m``, with --help, when the command line
     sets every swept key (one job of the sweep), or without such a preset. The message gives the
-    ``-m`` command and the command of the sweep's first job; with ``--cfg`` it is a YAML comment line
-    saying where the sweep is shown (``--cfg hydra``)."""
+    ``-m`` command and the command of the sweep's first job; with ``--cfg job`` (or ``all``) it is a
+    YAML comment line saying where the sweep is shown (``--cfg hydra``, which needs none)."""
     import re
 
     import yaml
@@ -470,12 +470,17 @@ def check_preset_sweep(argv: list) -> str | None:
     if not missing:
         return None
     swept = ", ".join(f"{k} ({len(v)} values)" for k, v in missing.items())
-    rest = " ".join(a for a in argv if not a.startswith(("--cfg", "-c")) and a not in ("job", "hydra", "all"))
+    cfg = [i for i, a in enumerate(argv) if a in ("-c", "--cfg") or a.startswith("--cfg=")]
+    shown = [argv[i].partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "") for i in cfg]
+    if "hydra" in shown:                   # --cfg hydra shows the sweep itself
+        return None
+    skip = set(cfg) | {i + 1 for i in cfg if "=" not in argv[i]}          # --cfg and its value
+    rest = " ".join(a for i, a in enumerate(argv) if i not in skip)
     first = " ".join(f"{k}={v[0]}" for k, v in missing.items())
-    if any(a in ("-c", "--cfg") or a.startswith("--cfg=") for a in argv):
+    if cfg:
         return (f"# experiment={preset} sweeps {swept}; this is one job's config with them at their "
-                f"defaults. The sweep: python run.py --cfg hydra experiment={preset} "
-                f"(hydra.sweeper.params); run it: python run.py -m {rest}")
+                f"defaults. The sweep: python run.py --cfg hydra {rest} (hydra.sweeper.params); "
+                f"run it: python run.py -m {rest}")
     keys = " and ".join(missing)
     return (f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run "
             f"a single job with {keys} at the config's default: nothing was run. Run the sweep: "

@@ -295,3 +295,22 @@ def test_without_a_gpu_every_next_step_points_to_the_static_table(tmp_path):
     note = unmeasured_note(load_runs(uri, "cli-tests", "latest"))
     assert note == (f"sweep {parent} of experiment 'cli-tests' in {uri} holds no run measured on a GPU (2 static): "
                     f"static runs are rendered and assembled only; their table: {command}")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cfg=all", "-cd", "conf", "experiment=l4_run1_fp16"],
+     "# experiment=l4_run1_fp16 sweeps variant (6 values); this is one job's config with them at their defaults. "
+     "The sweep: python run.py --cfg hydra -cd conf experiment=l4_run1_fp16 (hydra.sweeper.params); run it: "
+     "python run.py -m -cd conf experiment=l4_run1_fp16"),
+    (["-c", "hydra", "experiment=generations"], None),          # shows the sweep itself
+    (["--help", "experiment=generations"], None),
+    (["-m", "experiment=generations"], None),
+    (["experiment=generations", "variant=gen_wgmma", "precision=fp16"], None),
+    (["experiment=h200_performance", "variant=h200_perf_peak"],
+     "experiment=h200_performance defines a sweep over precision (3 values); without -m Hydra would ignore it and "
+     "run a single job with precision at the config's default: nothing was run. Run the sweep: python run.py -m "
+     "experiment=h200_performance variant=h200_perf_peak   or one of its jobs: python run.py "
+     "experiment=h200_performance variant=h200_perf_peak precision=fp16"),
+])
+def test_preset_sweep_check(argv, message):
+    assert _run_module().check_preset_sweep(argv) == message
