@@ -95,7 +95,8 @@ def test_unlaunched_output_fails_verification(family, precision, opts):
 
 def test_peaks_verify_and_time():
     """Every peak of this GPU verifies and is timed; the MMA loops also print their exact figures of the
-    last timed launch (MMA instructions per SM per cycle, the SM clock of that launch)."""
+    last timed launch (MMA instructions per SM per cycle, the SM clock of that launch), every SM's below
+    the 4 instructions per cycle its schedulers can issue."""
     fam = families.get("peak")
     print(f"\npeaks on {_arch()}:")
     for spec in fam.space(_arch()):
@@ -112,6 +113,8 @@ def test_peaks_verify_and_time():
               f"  spread {t['spread']:.1%}{cycles}  {prep.note}")
         assert 50 < t["median_us"] < 20_000, "one launch should last about 1 ms"
         assert rate > 0
+        # an SM's 4 schedulers issue at most one instruction a cycle each: a bound on any SM's record
+        assert not exact or 0 < exact["mma_per_sm_cycle_min"] <= exact["mma_per_sm_cycle_max"] < 4, exact
 
 
 def test_throughput_table_at_4096():
