@@ -380,7 +380,7 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
     line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
     job.end("verified", line if sized else kern.entry + line[line.index(":"):])
-    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock else ""
+    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock.get("sm_clock_mhz_mean") else ""
     console.print(f"{job.label} {label}: {t['median_us']:10.1f} us  {thr:8.1f} {kern.unit}  "
                   f"spread {t['spread']:.1%}{sm}  [green]verified[/]")
     return True

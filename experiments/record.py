@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
-           "PCT_OF_PEAK", "family_params"]
+           "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -43,11 +43,19 @@ METRICS = {
     "power_w_mean": "W (mean of the power samples)", "power_w_max": "W (highest power sample)",
     "power_limit_w": "W (the enforced power limit, NVML)",
     "throughput_per_w": "throughput / power_w_mean: throughput's unit per W (TFLOP/J for TFLOP/s)",
+    # the kernel's own cycle record of its last timed launch (the peak family's MMA loops; absent elsewhere)
+    "mma_per_sm_cycle": "MMA instructions per SM per cycle of the SM's own clock (exact: the SMs' "
+                        "instruction counts / the cycles they counted)",
+    "sm_clock_mhz_kernel": "MHz (the SMs' cycles / their ns during the last timed launch, from the kernel)",
+    "kernel_cycles": "cycles (the longest SM's span of the last timed launch)",
 }
 
 # timing fields of experiments.timing.time_launches logged as metrics under the same names
 CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
                 "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w")
+# fields of experiments.families.peak.kernel_clock (a Prepared's clocks(), merged into the timing dict)
+# logged as metrics under the same names
+KERNEL_CLOCK_FIELDS = ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles")
 
 TAGS = {
     "kernel": "PTX entry name, derived from the spec",
@@ -133,11 +141,18 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
     :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / mean clock in GHz) and
     ``throughput_at_max_clock`` (throughput x max possible / mean clock), both in throughput's unit,
     rounded like throughput; with power samples ``throughput_per_w`` (throughput / mean W) and the
-    power fields rounded to 0.1 W. Returns {} when the clock was not read (no NVML): never invented."""
+    power fields rounded to 0.1 W; the :data:`KERNEL_CLOCK_FIELDS` it holds (a kernel's own cycle
+    record), with or without NVML. Returns {} when no clock was read: never invented."""
+    kernel = {f: timing[f] for f in KERNEL_CLOCK_FIELDS if timing.get(f) is not None}
+    if "mma_per_sm_cycle" in kernel:
+        kernel["mma_per_sm_cycle"] = round(kernel["mma_per_sm_cycle"], 5)
+    if "sm_clock_mhz_kernel" in kernel:
+        kernel["sm_clock_mhz_kernel"] = round(kernel["sm_clock_mhz_kernel"], 1)
     out = {f: timing[f] for f in CLOCK_FIELDS if timing.get(f) is not None}
     mean = out.get("sm_clock_mhz_mean")
     if not mean:
-        return {}
+        return kernel
+    out.update(kernel)
     out["sm_clock_mhz_mean"] = round(mean, 1)
     out["throughput_per_ghz"] = round(throughput / (mean / 1000.0), 2)
     if out.get("sm_clock_mhz_max_possible"):
@@ -154,7 +169,7 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
                 clock: dict | None = None) -> str:
     """One-line result of a verified run, for its description; ``clock``: :func:`clock_metrics`
     (the mean SM clock during timing and the GPU's highest, MHz; the mean power draw and the limit,
-    W), left out when empty."""
+    W; a kernel's own MMA instructions per SM per cycle and clock), left out when empty."""
     m, n, k = size
     sm = ""
     if clock and clock.get("sm_clock_mhz_mean"):
@@ -163,6 +178,9 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
         if clock.get("power_w_mean"):
             cap = clock.get("power_limit_w")
             sm += f", {clock['power_w_mean']:.0f} W" + (f" of {cap:.0f}" if cap else "")
+    if clock and clock.get("mma_per_sm_cycle") and clock.get("sm_clock_mhz_kernel"):
+        sm += (f"; {clock['mma_per_sm_cycle']:.4f} MMA per SM and cycle at "
+               f"{clock['sm_clock_mhz_kernel']:.0f} MHz (the kernel's own count)")
     return (f"{m}x{n}x{k}: {median_us:.1f} us, {throughput:.1f} {unit} (spread {spread:.1%}), verified{sm}; "
             f"clock-event reasons during timing: {clocks}")
 
