@@ -130,13 +130,14 @@ def load_into_mlflow(uri: str, ref_dir: str | Path = DEFAULT_DIR, claims: str | 
     tr = Tracker(uri, ref["experiment"])
     client, exp_id = tr.client, tr.experiment_id
     with store_lock(uri):
-        found = client.search_runs([exp_id], f"tags.kind = 'reference-study' and tags.source_sha = '{digest}'",
-                                   max_results=1)
+        found = client.search_runs(
+            [exp_id], f"tags.kind = 'reference-study' and tags.source_sha = '{digest}'", max_results=1)
         if found:
             return found[0].info.run_id
         parent = client.create_run(exp_id, run_name=f"study: {spec['study']}", tags={
             "kind": "reference-study", "source_sha": digest, "gpu": ref["gpu"],
-            "compute_capability": str(ref["compute_capability"]), "source": spec.get("source", "")}).info.run_id
+            "compute_capability": str(ref["compute_capability"]),
+            "source": spec.get("source", "")}).info.run_id
         for r in recs:
             rid = client.create_run(exp_id, run_name=r["name"],
                                     tags={**r["tags"], "mlflow.parentRunId": parent}).info.run_id

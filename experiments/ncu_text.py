@@ -166,8 +166,8 @@ def import_reports(paths, uri: str, experiment: str, gpu: str | None = None, rer
                 echo(f"{path.name}: {kept}, already imported (--rerun to import again)")
                 continue
             parent = client.create_run(exp_id, run_name=path.name, tags={
-                "kind": "reference-study", "source": "ncu_text", "source_file": str(path), "source_sha256": sha,
-                "ncu.blocks_kept": kept}).info.run_id
+                "kind": "reference-study", "source": "ncu_text", "source_file": str(path),
+                "source_sha256": sha, "ncu.blocks_kept": kept}).info.run_id
             now = int(time.time() * 1000)
             for params, tags, values in todo:
                 name = f"{path.stem} #{params['source.block']} {params['kernel']} {tuple(params['grid'])}"

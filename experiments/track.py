@@ -17,6 +17,7 @@ On a SQLite store the read-check-write steps run under a file lock beside the da
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import numbers
@@ -171,6 +172,7 @@ def _revision(db: Path) -> str | None:
     return row[0] if row else None
 
 
+@functools.lru_cache(maxsize=1)
 def _schema_head() -> str:
     """The schema revision of the installed MLflow (the head of its alembic migrations)."""
     from mlflow.store.db.utils import _get_latest_schema_revision
@@ -220,8 +222,8 @@ def check_schema(uri: str, write: bool = True) -> bool:
                          "give the URI that run.py printed")
     if not _schema_known(rev):
         raise StoreError(f"{db} was written by a newer MLflow than the installed {mlflow.__version__} (its "
-                         f"schema revision {rev} is unknown to this one): pip install 'mlflow>{mlflow.__version__}'"
-                         ", or open it with the MLflow that wrote it")
+                         f"schema revision {rev} is unknown to this one): pip install "
+                         f"'mlflow>{mlflow.__version__}', or open it with the MLflow that wrote it")
     older = (f"{db} was written by an older MLflow (schema revision {rev}; MLflow {mlflow.__version__} "
              f"needs {head})")
     if not write:
@@ -259,9 +261,11 @@ def _upgrade(db: Path, rev: str, older: str) -> None:
         _upgrade_db(engine)
     except Exception as exc:  # noqa: BLE001 - alembic's and SQLAlchemy's errors
         engine.dispose()
-        shutil.copyfile(backup, db)
+        if _revision(db) != rev:                    # migrated part of the way: back to the copy
+            shutil.copyfile(backup, db)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StoreError(f"{older}; upgrading it failed ({first}); the store is left as it was") from None
+        raise StoreError(f"{older}; upgrading it failed ({first}); the store is left as it was (its copy: "
+                         f"{backup})") from None
     engine.dispose()
     print(f"{older}: upgraded in place; the old file is kept as {backup} (the MLflow that wrote it "
           "opens that copy).", flush=True)
@@ -336,7 +340,6 @@ class _Guarded:
         self._client, self._db, self._wait, self._stop = client, db, wait, stop
 
     def __getattr__(self, name):
-        import functools
         attr = getattr(self._client, name)
         if not callable(attr):
             return attr
