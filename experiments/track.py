@@ -213,6 +213,10 @@ def check_schema(uri: str, write: bool = True) -> bool:
     if db is None:
         return True
     rev, head = _revision(db), _schema_head()
+    if rev != head and not write and Path(f"{db}.lock").is_file():
+        with contextlib.suppress(Exception):      # another command may be making or upgrading it now
+            with store_lock(uri):
+                rev = _revision(db)
     if rev == head:
         return True
     if rev is None:

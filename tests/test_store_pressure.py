@@ -199,15 +199,19 @@ def test_full_disk_mid_sweep_ends_in_one_line_and_the_next_command_closes_what_w
 
 @pytest.mark.skipif(not TCP.is_dir(), reason="shared/reference/tensorcoreptx (third-party reports) not present")
 def test_concurrent_imports_and_a_sweep_make_one_new_store_once(tmp_path):
-    """Three imports of one report and a sweep, all at once into a store that does not exist yet."""
+    """Three imports of one report, a sweep and a report, all at once on a store that does not exist yet."""
     import mlflow
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     report = str(TCP / "run2__int8_wmma_ncu_8192.txt")
     imports = [subprocess.Popen([sys.executable, "-m", "experiments.profile", "--import-text", report, "--uri", uri],
                                 cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for _ in range(3)]
+    reader = subprocess.Popen([sys.executable, "-m", "experiments.report", "--uri", uri], cwd=ROOT, env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32,64", *store_args(tmp_path, new_store=True))
     outs = [p.communicate(timeout=240)[0] for p in imports]
+    read = reader.communicate(timeout=240)[0]       # a table, or the store or experiment not there yet
+    assert "Traceback" not in read and (reader.returncode == 0 or "Store error:" in read), read
     assert rc == 0 and "Traceback" not in out, out
     assert [p.returncode for p in imports] == [0, 0, 0] and not any("Traceback" in o for o in outs), outs
     assert sum("already imported" in o for o in outs) == 2, outs
