@@ -129,6 +129,28 @@ def _hold_write_lock(db: Path, seconds: float = 60) -> subprocess.Popen:
     return proc
 
 
+def test_a_write_held_up_past_the_wait_ends_in_one_line_while_reads_go_on(tmp_path):
+    from experiments.track import StoreUnavailable, Tracker
+    shutil.copy(_empty_store(), tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tr = Tracker(uri, "e", wait=0.5)
+    holder = _hold_write_lock(tmp_path / "mlflow.db")
+    try:
+        t0 = time.time()
+        with pytest.raises(StoreUnavailable) as err:
+            tr.start("r", {}, {})
+        took = time.time() - t0
+        reader = Tracker(uri, "e", create=False)
+        assert reader.client.search_runs([reader.experiment_id]) == []         # reading is not held up
+    finally:
+        holder.kill()
+        holder.wait()
+    assert 0.5 <= took < 5 and tr.open == set(), took
+    assert str(err.value).startswith(f"the store {tmp_path}/mlflow.db stayed locked by another process "
+                                     f"(pid {holder.pid}: ") and "\n" not in str(err.value)
+    assert tr.client.search_runs([tr.experiment_id]) == []                     # nothing half-written
+
+
 def test_store_locked_by_another_process_waits_its_bound_and_says_who(tmp_path):
     args = ["-m", "precision=int4,int8", "ktile=64", "tracking.wait=2", *store_args(tmp_path)]
     holder = _hold_write_lock(tmp_path / "mlflow.db")
