@@ -156,7 +156,7 @@ def main(argv=None) -> None:
     ap.add_argument("--claims", default=str(DEFAULT_CLAIMS),
                     help="claims file whose `reference` section applies")
     args = ap.parse_args(argv)
-    from experiments.track import StoreError, resolve_uri
+    from experiments.track import StoreError, StoreUnavailable, resolve_uri
     uri = resolve_uri(args.uri)
     if not (Path(args.dir) / "durations.csv").is_file():
         raise SystemExit(f"no study CSVs (durations.csv, ablation_int4_k64.csv) in {args.dir}; "
@@ -165,6 +165,8 @@ def main(argv=None) -> None:
         parent = load_into_mlflow(uri, args.dir, args.claims)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
+    except StoreUnavailable as exc:                # locked by another process, or a full disk
+        raise SystemExit(f"Store unavailable: {exc}") from None
     flagged = read_study(args.dir, load_spec(args.claims)).dropna(subset=["implausible"])
     print(f"Study loaded into {uri}, experiment {load_spec(args.claims)['reference']['experiment']!r} "
           f"(parent run {parent}).")
