@@ -408,7 +408,7 @@ def _terminate(signum, frame):
 
 if __name__ == "__main__":
     from experiments.sweep import release_job_processes
-    from experiments.track import abort_open_runs, close_runs_of_ended_processes
+    from experiments.track import StoreUnavailable, abort_open_runs, close_runs_of_ended_processes, trackers
     signal.signal(signal.SIGTERM, _terminate)
     if problem := check_override_keys(sys.argv[1:]) or check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
@@ -428,6 +428,20 @@ if __name__ == "__main__":
               f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "
               "runs are skipped, the sweep continues).", file=sys.stderr, flush=True)
         sys.exit(143 if term else 130)
+    except StoreUnavailable as exc:      # locked by another process past tracking.wait, or a full disk
+        release_job_processes()
+        ended, sweeps, kept = abort_open_runs("KILLED", f"the store became unavailable: {exc}")
+        left = [rid in t.parents.values() for t in trackers() for rid in t.open]
+        for t in trackers():
+            t.open.clear()               # runs it would not take now: the next command closes them
+        done = [f"{kept} run(s) finished in this command are kept"]
+        done += [f"{ended} run(s) in progress marked KILLED (outcome=interrupted)"] * bool(ended)
+        done += ["the sweep is marked KILLED"] * bool(sweeps)
+        done += [f"{len(left)} run(s) ({left.count(True)} of them the sweep's parent) stay RUNNING until the "
+                 "next command on this store closes them"] * bool(left)
+        print(f"\nStore unavailable: {exc}. {'; '.join(done)}. Run the same command again once the store "
+              "takes writes to resume.", file=sys.stderr, flush=True)
+        sys.exit(1)
     finally:
         release_job_processes()           # a parallel launcher's processes, however the command ends
         abort_open_runs("FAILED", "the command ended without closing this run")

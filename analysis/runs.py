@@ -191,10 +191,14 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     """
     import mlflow
 
-    from experiments.track import resolve_uri
+    from experiments.track import StoreError, check_schema, resolve_uri
     uri = resolve_uri(uri, create=False)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise RunsError(f"no MLflow store at {uri}: run a sweep first (python run.py ...) or pass --uri")
+    try:
+        check_schema(uri, write=False)            # MLflow would migrate another version's store
+    except StoreError as exc:
+        raise RunsError(str(exc)) from None
     client = mlflow.MlflowClient(tracking_uri=uri)
     all_exps = {e.name: e.experiment_id for e in client.search_experiments()}
     names = (list(all_exps) if experiment is None

@@ -53,7 +53,8 @@ class _Job:
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
         data = resolved(cfg)
-        self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment)
+        self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment,
+                                    float(cfg.tracking.wait))
         self.params = {**record.params_of(track.flatten(data), {}), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .ncu import NcuConfigError, NcuParseError, canonical, load_set, load_table
 from .ncu_launch import kernel_filter, ncu_command, plan_item, profile_items
-from .track import PROJECT_ROOT, resolve_uri
+from .track import PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, resolve_uri
 
 __all__ = ["ProfileError", "open_store", "select_runs", "triage", "main"]
 
@@ -54,6 +54,10 @@ def open_store(uri: str | None, experiment: str):
     db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
     if db is not None and not db.is_file():
         raise ProfileError(f"no store at {db}: give the tracking URI that run.py printed (--uri)")
+    try:
+        check_schema(uri, write=True)         # an older store is copied before MLflow upgrades it
+    except StoreError as exc:
+        raise ProfileError(str(exc)) from None
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -188,9 +192,12 @@ def main(argv=None) -> int:
             import_reports(a.import_text, resolve_uri(a.uri), a.experiment or "ncu-reference", a.gpu, a.rerun)
             return 0
         return _main(a)
-    except (ProfileError, NcuConfigError, NcuParseError) as exc:
+    except (ProfileError, NcuConfigError, NcuParseError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except StoreUnavailable as exc:         # locked by another process, or a full disk
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _main(a) -> int:

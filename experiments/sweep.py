@@ -228,7 +228,7 @@ class SweepCallback(Callback):
                              "use backend=auto or backend=static")
         try:
             uri = resolve_uri(config.tracking.uri)
-            tracker = get_tracker(uri, config.tracking.experiment)
+            tracker = get_tracker(uri, config.tracking.experiment, float(config.tracking.wait))
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
         self.uri, self.experiment = uri, config.tracking.experiment
