@@ -16,8 +16,8 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   ceiling). The runs of a sweep are those it measured and those it reused from earlier sweeps
   (experiments.track.sweep_runs); a report of one sweep takes that sweep's peak. A peak run that
   arrives later updates the GEMM runs its own sweep measured that divide by its generation (a reused
-  run keeps what the sweep that measured it logged). Peak runs fed from shared memory (param ``spec.feed=ldmatrix``) are the ceiling of a
-  main loop, not of the instruction: they divide nothing.
+  run keeps what the sweep that measured it logged). Peak runs fed from shared memory (param
+  ``spec.feed=ldmatrix``) are the ceiling of a main loop, not of the instruction: they divide nothing.
 Runs tracked before the family param existed count as mma_sync.
 """
 from __future__ import annotations

@@ -137,8 +137,8 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
         res.shares[(prec, size)] = share
         m = ours.data.metrics if ours is not None else {}
         out.append(f"| {prec} | {'x'.join(map(str, size))} | {_thr(ours)} | "
-                   f"{ours.data.tags.get('kernel', '?') + _mark(ours, parent) if ours else '-'} | {_thr(cublas)} | "
-                   f"{_thr(peak)} | "
+                   f"{ours.data.tags.get('kernel', '?') + _mark(ours, parent) if ours else '-'} | "
+                   f"{_thr(cublas)} | {_thr(peak)} | "
                    f"{_fmt(share, '.1%')} | {_thr(ceiling)} | "
                    f"{_fmt(_share(thr, ceiling.data.metrics['throughput'] if ceiling else None), '.1%')} | "
                    f"{_fmt(m.get(CLOCK), '.0f')} | {_fmt(m.get(AT_MAX), '.1f')} |")
