@@ -192,7 +192,8 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     """
     import mlflow
 
-    from experiments.track import resolve_uri, reused_in, sweep_runs
+    from experiments.record import reused_in
+    from experiments.track import resolve_uri, sweep_runs
     uri = resolve_uri(uri, create=False)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise RunsError(f"no MLflow store at {uri}: run a sweep first (python run.py ...) or pass --uri")
@@ -236,7 +237,7 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     df = tidy_from_runs([]) if not frames else pd.concat(frames, ignore_index=True)
     if backends is not None:
         df = df[df["backend"].isin(list(backends))]
-    df = df.assign(reused=df["run_id"].isin({r.info.run_id for r in runs if sweep and reused_in(r, sweep)}))
+    df = df.assign(reused=df["run_id"].isin({r.info.run_id for r in runs if reused_in(r, sweep)}))
     df = _dedupe(df.reset_index(drop=True))
     df.attrs.update(uri=uri, experiments=names, sweep=sweep, filter=filter_string)
     return df

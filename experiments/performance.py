@@ -37,7 +37,7 @@ from pathlib import Path
 from .compare import MMA_SYNC, VERIFIED, family_of, feed_of, peak_of
 from .families.runner import WGMMA
 from .ncu import PREFIX
-from .record import PEAK, reused_count
+from .record import PEAK, reused_count, reused_in
 from .report import AT_MAX, CLOCK, _fmt, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
@@ -86,7 +86,7 @@ def _reused(runs: list, parent: str) -> str:
 
 def _mark(run, parent: str) -> str:
     """' (reused)' after the kernel of a run the sweep ``parent`` reused, else ''."""
-    return " (reused)" if reused_count([run], parent) else ""
+    return " (reused)" if reused_in(run, parent) else ""
 
 
 def _best(runs: list):

@@ -9,7 +9,7 @@ __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_re
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
            "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS",
-           "MEMBER", "NEW", "REUSED", "reused_count"]
+           "MEMBER", "NEW", "REUSED", "reused_in", "reused_count"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -210,9 +210,15 @@ def outcome_of(run) -> str:
     return run.data.tags.get("outcome", run.info.status.lower())
 
 
+def reused_in(run, parent: str | None) -> bool:
+    """Whether the sweep ``parent`` reused ``run`` (found it measured by an earlier sweep: tag
+    in_sweep.<parent> = reused); False for no sweep (None)."""
+    return parent is not None and run.data.tags.get(MEMBER.format(parent)) == REUSED
+
+
 def reused_count(runs: list, parent: str | None) -> int:
-    """How many of ``runs`` the sweep ``parent`` reused (tag in_sweep.<parent> = reused)."""
-    return sum(r.data.tags.get(MEMBER.format(parent)) == REUSED for r in runs) if parent else 0
+    """How many of ``runs`` the sweep ``parent`` reused (:func:`reused_in`)."""
+    return sum(reused_in(r, parent) for r in runs)
 
 
 def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
@@ -238,7 +244,7 @@ def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
         lines += ["", "| precision | M x N x K | best kernel | median us | throughput |",
                   "| --- | --- | --- | ---: | ---: |"]
         for (prec, m, n, k), r in sorted(best.items()):
-            mark = " (reused)" if reused_count([r], parent) else ""
+            mark = " (reused)" if reused_in(r, parent) else ""
             lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)}{mark} | "
                          f"{r.data.metrics['median_us']:.1f} | {r.data.metrics['throughput']:.1f} "
                          f"{r.data.tags.get('throughput_unit', '')} |")

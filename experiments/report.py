@@ -34,7 +34,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .track import StoreError, Tracker, resolve_uri, reused_in, sqlite_path
+from .record import reused_in
+from .track import StoreError, Tracker, resolve_uri, sqlite_path
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
 __all__ = ["results_table", "families_table", "against_table", "sweep_run", "main"]

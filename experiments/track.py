@@ -35,8 +35,7 @@ from pathlib import Path
 from .record import MEMBER, NEW, REUSED
 
 __all__ = ["PROJECT_ROOT", "StoreError", "resolve_uri", "store_lock", "Tracker", "flatten", "run_key",
-           "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of",
-           "reused_in"]
+           "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
@@ -398,7 +397,8 @@ class Tracker:
     def claim(self, key: str, name: str, params: dict, tags: dict, parent) -> tuple[str, str]:
         """Start the run of measurement ``key`` unless it is done or under way elsewhere.
 
-        ``parent`` is a callable returning the parent run id (called only when a run is created).
+        ``parent`` is a callable returning the parent run id (called only when a run is created or
+        joins the sweep).
         Returns ("done", id) for a FINISHED run, ("busy", id) for a run RUNNING in a live process,
         or ("new", id) for a run started here. A done or busy run of another sweep joins this one as
         reused (:meth:`join`; its id is then in :attr:`reused`). A RUNNING run whose process on this
@@ -504,11 +504,6 @@ def sweeps_of(run) -> set:
     prefix = MEMBER.format("")
     own = {tags["mlflow.parentRunId"]} if tags.get("mlflow.parentRunId") else set()
     return own | {k[len(prefix):] for k in tags if k.startswith(prefix)}
-
-
-def reused_in(run, parent: str) -> bool:
-    """Whether the sweep ``parent`` reused ``run`` (found it measured by an earlier sweep)."""
-    return run.data.tags.get(MEMBER.format(parent)) == REUSED
 
 
 _TRACKERS: dict = {}     # one Tracker per (store, experiment) and process: jobs share its connection

@@ -98,6 +98,12 @@ def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, caps
     thr = lambda n, us: f"{round(2 * n ** 3 / us / 1e6, 2):.1f} TFLOP/s"  # noqa: E731 - as the runner rounds
     assert gens[4].startswith(f"| fp16 | 512 | {thr(512, 100)} | {thr(512, 100)} | {thr(512, 100)} |")
     assert gens[5].startswith(f"| fp16 | 1024 | {thr(1024, 100)} | {thr(1024, 50)} | {thr(1024, 100)} |")
+    # the performance check of the second sweep: ours and cuBLAS at both sizes, ours marked reused
+    check = [line for line in performance.check(tr.uri, EXPERIMENT, second).markdown.splitlines()
+             if line.startswith("| fp16 | ")][:2]
+    for line, n in zip(check, (512, 1024), strict=True):
+        assert line.startswith(f"| fp16 | {n}x{n}x{n} | {thr(n, 100)} | gemm_fp16_"), line
+        assert line.split(" | ")[3].endswith(" (reused)") and line.split(" | ")[4] == thr(n, 100), line
     # the analysis' tidy table of the sweep
     df = load_runs(tr.uri, EXPERIMENT, sweep=second)
     assert set(df["run_id"]) == set(runs) and df["reused"].sum() == 5
