@@ -74,6 +74,11 @@ class _Job:
             self.rid, self.started = rid, self.started + 1
         return state, rid
 
+    def reuse(self, rid: str) -> str:
+        """What the run ``rid`` that claim found is to this sweep: ', reused by this sweep' when an
+        earlier sweep measured it (it joins this one, track.Tracker.join), else '' (this sweep's own)."""
+        return ", reused by this sweep" if rid in self.tr.reused else ""
+
     def end(self, outcome: str, note: str, reason: str | None = None, stage: str | None = None) -> None:
         """End the run in progress with its outcome (record.OUTCOMES) and its one-line description."""
         tags = {"outcome": outcome, "mlflow.note.content": note}
@@ -100,7 +105,8 @@ def run_job(cfg) -> dict:
         key = track.run_key("skipped", sorted(job.params.items()))     # the combination, once per store
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
-            console.print(f"{job.label} skipped {job.overrides}: already recorded (run {rid})")
+            console.print(f"{job.label} skipped {job.overrides}: already recorded "
+                          f"(run {rid}{job.reuse(rid)})")
             return {"done_before": 1}
         job.tr.log(job.rid, tags={"skip_reason": str(exc)})
         job.end("skipped", f"Skipped, not a failure: this combination cannot exist. {exc}")
@@ -261,7 +267,8 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
                   else job.claim(key, name, tags))
     if state != "new":
         what = "already tracked" if state == "done" else "being tracked by another process"
-        console.print(f"{job.label} {kern.entry}: {what} (run {rid}); tracking.rerun=true to redo")
+        console.print(f"{job.label} {kern.entry}: {what} (run {rid}{job.reuse(rid)}); "
+                      "tracking.rerun=true to redo")
         return {"done_before": 1}
     _log_kernel_artifacts(job.tr, rid, kern, cfg)
     asm = kern.asm
@@ -318,7 +325,8 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
             state, rid = job.claim(key, name, tags, params)
         if state != "new":
             what = "already measured" if state == "done" else "being measured by another process"
-            console.print(f"{job.label} {name}: {what} (run {rid}); tracking.rerun=true to redo")
+            console.print(f"{job.label} {name}: {what} (run {rid}{job.reuse(rid)}); "
+                          "tracking.rerun=true to redo")
             counts["done_before"] += 1
             continue
         _log_kernel_artifacts(job.tr, rid, kern, cfg)

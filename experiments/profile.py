@@ -9,7 +9,8 @@ as few ncu processes as possible (one, unless a kernel faults: the rest are prof
 new process), and logs ``ncu.*`` metrics (conf/ncu/metrics.yaml), ``ncu_over_event_time`` =
 ncu.duration_us / median_us, the run's CSV row and ncu's settings as tags (``ncu=done``, or
 ``ncu=failed`` with ``ncu_error``; ``ncu.missing`` lists metrics that did not come back).
-The ``.ncu-rep`` of each ncu process goes to the sweep's parent run (tag ``ncu.report`` on every
+The ``.ncu-rep`` of each ncu process goes to the parent run of the sweep its runs belong to (measured
+or reused; to each run when they belong to no one sweep; tag ``ncu.report`` on every
 run; ``ncu.report_id`` is the run's launch in it). Only FINISHED, verified GPU runs are profiled;
 their timings are never changed. Exit status: 0 all profiled, 1 some runs failed or metrics are
 missing, 2 nothing was done (the message says why).
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from .ncu import NcuConfigError, NcuParseError, canonical, load_set, load_table
 from .ncu_launch import kernel_filter, ncu_command, plan_item, profile_items
-from .track import PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, resolve_uri
+from .track import PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, resolve_uri, sweep_runs, sweeps_of
 
 __all__ = ["ProfileError", "open_store", "select_runs", "triage", "main"]
 
@@ -67,8 +68,9 @@ def open_store(uri: str | None, experiment: str):
 
 
 def select_runs(client, exp_id: str, parent: str | None, filter_string: str | None) -> tuple[list, str]:
-    """The runs to consider and a description: the children of ``parent``, the runs matching the
-    MLflow ``filter_string``, or (neither) the children of the latest sweep (tag kind=sweep)."""
+    """The runs to consider and a description: the runs of the sweep ``parent`` (those it reused from
+    earlier sweeps included: experiments.track.sweep_runs), the runs matching the MLflow
+    ``filter_string``, or (neither) the runs of the latest sweep (tag kind=sweep)."""
     from mlflow.exceptions import MlflowException
     search = lambda f: client.search_runs([exp_id], f, max_results=50000)  # noqa: E731
     if filter_string:
@@ -86,7 +88,7 @@ def select_runs(client, exp_id: str, parent: str | None, filter_string: str | No
                 raise ProfileError("no sweep in the store yet: run `python run.py -m ...` first, or "
                                    "select runs with --filter")
             parent = latest[0].info.run_id
-        runs = search(f"tags.mlflow.parentRunId = '{parent}'")
+        runs = sweep_runs(client, [exp_id], parent)      # those it reused from earlier sweeps too
         what = f"the runs of sweep {parent}"
     runs = [r for r in runs if r.data.tags.get("kind") != "sweep"]
     if not runs:
@@ -262,11 +264,12 @@ def _record(client, todo, done, failed, reports, mset, arch, tags, stamp, kfilte
     where = {}
     for i, rep in enumerate(reports):
         rids = [rid for rid, (_, _, path) in done.items() if path == rep]
-        parents = {runs[rid].data.tags.get("mlflow.parentRunId") for rid in rids}
-        targets = list(parents) if len(parents) == 1 and None not in parents else rids
+        # the sweep(s) all these runs belong to (measured or reused), else each run
+        common = set.intersection(*(sweeps_of(runs[rid]) for rid in rids)) if rids else set()
+        targets = sorted(common) or rids
         for t in targets:
             client.log_artifact(t, str(rep), f"ncu/{stamp}_{i}")
-        where.update({rid: f"runs:/{targets[0] if len(targets) == 1 else rid}/ncu/{stamp}_{i}/{rep.name}"
+        where.update({rid: f"runs:/{targets[0] if common else rid}/ncu/{stamp}_{i}/{rep.name}"
                       for rid in rids})
     not_returned = defaultdict(list)
     for rid, (la, csv, _) in done.items():

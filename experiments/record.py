@@ -8,13 +8,18 @@ from __future__ import annotations
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
-           "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS"]
+           "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS",
+           "MEMBER", "NEW", "REUSED", "reused_in", "reused_count"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
 PEAK = "peak"
 SPEEDUP = "speedup_vs_{}"        # metric: this run's throughput / the best baseline run's
 PCT_OF_PEAK = "pct_of_peak"      # metric: 100 * this run's throughput / the peak run's
+
+# tag of a run that belongs to the sweep whose parent run id follows the dot, with its value: NEW (the
+# sweep made the run) or REUSED (the sweep found it measured by an earlier one); experiments.track
+MEMBER, NEW, REUSED = "in_sweep.{}", "new", "reused"
 
 # metric -> unit; throughput's unit depends on the element type and is the tag `throughput_unit`
 METRICS = {
@@ -79,6 +84,8 @@ TAGS = {
     "mma_native_reason": "what the SASS holds instead (e.g. emulation of .s4 on sm_90)",
     "tile_auto": "true: tile=auto chose this run's block tile and warps (params tile.*: the choice)",
     "tile_auto_sms": "SMs tile=auto planned the waves for, and where the number came from",
+    MEMBER.format("<parent run id>"): f"{NEW} | {REUSED}: the run belongs to that sweep, which made it or "
+                                      "reused it (found it measured by an earlier sweep)",
 }
 
 # the kernel's PTX and SASS are logged as .txt so that the UI previews them
@@ -203,12 +210,26 @@ def outcome_of(run) -> str:
     return run.data.tags.get("outcome", run.info.status.lower())
 
 
-def sweep_note(command: str, runs: list) -> str:
-    """The parent run's description (markdown): the command, the outcome counts, the best verified
-    kernel per precision and size, and the skipped combinations with their reasons."""
+def reused_in(run, parent: str | None) -> bool:
+    """Whether the sweep ``parent`` reused ``run`` (found it measured by an earlier sweep: tag
+    in_sweep.<parent> = reused); False for no sweep (None)."""
+    return parent is not None and run.data.tags.get(MEMBER.format(parent)) == REUSED
+
+
+def reused_count(runs: list, parent: str | None) -> int:
+    """How many of ``runs`` the sweep ``parent`` reused (:func:`reused_in`)."""
+    return sum(reused_in(r, parent) for r in runs)
+
+
+def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
+    """The parent run's description (markdown): the command, the outcome counts (and how many of the
+    runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision and
+    size (marked "reused" where the sweep reused it), and the skipped combinations with their reasons."""
     import collections
     counts = collections.Counter(outcome_of(r) for r in runs)
-    lines = [f"`{command}`", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) + "."]
+    reused = reused_count(runs, parent)
+    lines = [f"`{command}`", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+             + (f"; {reused} of them reused (measured by an earlier sweep)" if reused else "") + "."]
     best: dict = {}
     for r in runs:
         m = r.data.metrics
@@ -223,7 +244,8 @@ def sweep_note(command: str, runs: list) -> str:
         lines += ["", "| precision | M x N x K | best kernel | median us | throughput |",
                   "| --- | --- | --- | ---: | ---: |"]
         for (prec, m, n, k), r in sorted(best.items()):
-            lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)} | "
+            mark = " (reused)" if reused_in(r, parent) else ""
+            lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)}{mark} | "
                          f"{r.data.metrics['median_us']:.1f} | {r.data.metrics['throughput']:.1f} "
                          f"{r.data.tags.get('throughput_unit', '')} |")
     skipped = [r for r in runs if outcome_of(r) == "skipped"]
@@ -275,14 +297,17 @@ def throughput_figure(runs: list, path) -> bool:
 def sweep_view(parent: str) -> tuple[str, str]:
     """The MLflow UI's shared view of one sweep: (experiment tag name, JSON value).
 
-    The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs (expand the
-    parent) with the columns that matter shown without configuring them: the description (the
-    one-line result or reason), throughput and its unit, median time, outcome. Format: the UI's
-    ``mlflow.sharedViewState.<key>`` experiment tag (column keys ``<type>.`<name>```)."""
+    The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs, those it
+    reused from earlier sweeps included (tag ``in_sweep.<parent>``, experiments.track.sweep_runs),
+    with the columns that matter shown without configuring them: the description (the one-line
+    result or reason), throughput and its unit, median time, outcome, kernel, and whether the sweep
+    made the run or reused it. Format: the UI's ``mlflow.sharedViewState.<key>`` experiment tag
+    (column keys ``<type>.`<name>```)."""
     import json
+    member = MEMBER.format(parent)
     cols = ["attributes.`Description`", "metrics.`throughput`", "tags.`throughput_unit`",
-            "metrics.`median_us`", "tags.`outcome`", "tags.`kernel`"]
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent}'", "orderByKey": "attributes.start_time",
+            "metrics.`median_us`", "tags.`outcome`", "tags.`kernel`", f"tags.`{member}`"]
+    state = {"searchFilter": f"tags.`{member}` LIKE '%'", "orderByKey": "attributes.start_time",
              "orderByAsc": True, "selectedColumns": cols}
     return f"mlflow.sharedViewState.{parent}", json.dumps(state)
 

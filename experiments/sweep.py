@@ -23,7 +23,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
+from .record import (ARTIFACTS, MEMBER, NEW, outcome_of, plotting, reused_count, sweep_note, sweep_view,
+                     throughput_figure)
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
@@ -197,6 +198,10 @@ def _hand_to_jobs(config: DictConfig, env: dict) -> None:
 class SweepCallback(Callback):
     """Resolves the store once, prints the GPU and where results go, and closes the parent run.
 
+    The parent's summary (tag ``runs``, its description, the figure, metric ``runs_reused``) covers
+    every run of the sweep, the runs it reused from earlier sweeps included (counted as "N reused");
+    its GPU time covers the runs it measured.
+
     A multirun's parent run is found again (the same sweep ran before) or created at the start and
     handed to the jobs; a single run's is made by its job once the configuration is valid. A parent
     that ends without children is deleted, so no empty parent stays.
@@ -271,26 +276,32 @@ class SweepCallback(Callback):
         for uri, experiment in sorted(stores):
             tracker = get_tracker(uri, experiment)
             parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
-            runs = tracker.children(parent) if parent else []
+            runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
             if parent is not None and not runs:          # made at the start, nothing joined it
                 tracker.end(parent, "KILLED", "no run joined this sweep")
                 tracker.client.delete_run(parent)
                 continue
-            if parent is None or not new:
+            counts = collections.Counter(outcome_of(r) for r in runs)
+            reused = reused_count(runs, parent)
+            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + (
+                f"; {reused} reused" if reused else "")
+            # added: runs it made now, or runs it reused now (the summary it recorded before differs)
+            if parent is None or not new and tracker.client.get_run(parent).data.tags.get("runs") == summary:
                 if parent in tracker.open:                # reopened at the start; nothing was added
                     tracker.end(parent)
                 continue
             emulated += sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
                                 f"{r.data.tags.get('mma_native_reason', '')}"
                                 for r in new if r.data.tags.get("mma_native") == "false"})
-            counts = collections.Counter(outcome_of(r) for r in runs)
             mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
             crashed += mine
-            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            for r in runs:      # runs tracked before the membership tag: the UI's view filters by it
+                if MEMBER.format(parent) not in r.data.tags:
+                    tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
             busy_line, busy = gpu_time(new, self.t0, time.time())
-            tracker.log(parent, busy, tags={"runs": summary,
-                                            "mlflow.note.content": sweep_note(self.command, runs)})
+            tracker.log(parent, {**busy, "runs_reused": reused},
+                        tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs, parent)})
             with tempfile.TemporaryDirectory() as tmp:
                 fig = Path(tmp) / ARTIFACTS["figure"]
                 if throughput_figure(runs, fig):

@@ -10,6 +10,12 @@ What the store guarantees (README, "Interruptions, concurrent sweeps, parallel l
   process that died without closing them are closed by the next sweep on the same host;
 - a measurement is identified by its run key; a key FINISHED, or RUNNING in a live process, is never
   measured again (:meth:`Tracker.claim`), so concurrent or repeated sweeps add no duplicates;
+- a sweep owns every measurement it asked for: a run it measured is its child (``mlflow.parentRunId``,
+  one parent per run), and a run it found already measured joins it too, marked as reused: tag
+  ``in_sweep.<parent run id>`` (:data:`MEMBER`) is ``new`` on a sweep's own runs and ``reused`` on the
+  runs it reused; :func:`sweep_runs` is how every reader finds a sweep's runs. The run key is looked up
+  within one experiment: a sweep into another experiment (``tracking.experiment``) measures anew there,
+  so each experiment holds its own runs and its readers never look into another;
 - a sweep's parent run is found again by its sweep key (the sweep's overrides) and created only when
   the sweep adds its first run, so a re-run continues under the same parent and no parent is empty.
 On a SQLite store the read-check-write steps run under a file lock beside the database.
@@ -27,8 +33,11 @@ import socket
 import time
 from pathlib import Path
 
+from .record import MEMBER, NEW, REUSED
+
 __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
-           "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV"]
+           "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV", "MEMBER",
+           "sweep_runs", "sweeps_of"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
@@ -485,6 +494,7 @@ class Tracker:
             _check_server(uri)
         self.uri, self.experiment, self.open = uri, experiment, set()
         self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
+        self.reused: set = set()    # ids of runs of other sweeps that claim found measured (join)
         self.finished = 0
         # the first client of a new store makes its schema, under the lock; a store that has this
         # MLflow's schema is opened without it (the job processes of a parallel sweep open it at once),
@@ -554,7 +564,7 @@ class Tracker:
         tags = {k: str(v) for k, v in tags.items()}
         tags.update(owner_host=HOST, owner_pid=str(PID))
         if parent:
-            tags["mlflow.parentRunId"] = parent
+            tags.update({"mlflow.parentRunId": parent, MEMBER.format(parent): NEW})
         rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.open.add(rid)
         items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
@@ -598,20 +608,34 @@ class Tracker:
     def claim(self, key: str, name: str, params: dict, tags: dict, parent) -> tuple[str, str]:
         """Start the run of measurement ``key`` unless it is done or under way elsewhere.
 
-        ``parent`` is a callable returning the parent run id (called only when a run is created).
+        ``parent`` is a callable returning the parent run id (called only when a run is created or
+        joins the sweep).
         Returns ("done", id) for a FINISHED run, ("busy", id) for a run RUNNING in a live process,
-        or ("new", id) for a run started here. A RUNNING run whose process on this host is gone is
-        closed as KILLED first. Check and create happen under the store's lock.
+        or ("new", id) for a run started here. A done or busy run of another sweep joins this one as
+        reused (:meth:`join`; its id is then in :attr:`reused`). A RUNNING run whose process on this
+        host is gone is closed as KILLED first. Check and create happen under the store's lock.
         """
         with store_lock(self.uri):
             for r in self._runs(f"tags.run_key = '{key}'"):
-                if r.info.status == "FINISHED":
-                    return "done", r.info.run_id
+                if r.info.status == "FINISHED" or r.info.status == "RUNNING" and _alive(r.data.tags):
+                    if (sweep := parent()) and self.join(r, sweep) is not None:
+                        self.reused.add(r.info.run_id)
+                    return "done" if r.info.status == "FINISHED" else "busy", r.info.run_id
                 if r.info.status == "RUNNING":
-                    if _alive(r.data.tags):
-                        return "busy", r.info.run_id
                     self._close_orphan(r.info.run_id)
             return "new", self.start(name, params, {**tags, "run_key": key}, parent())
+
+    def join(self, run, parent: str) -> bool | None:
+        """Make ``run`` (an mlflow Run) a member of the sweep ``parent`` that reused it: tag
+        ``in_sweep.<parent>`` = reused, once (a sweep run again counts a run once). Returns True when
+        it joined now, False when that sweep reused it before, None when it is the sweep's own run."""
+        tags = run.data.tags
+        if tags.get("mlflow.parentRunId") == parent:
+            return None
+        if MEMBER.format(parent) in tags:
+            return False
+        self.client.set_tag(run.info.run_id, MEMBER.format(parent), REUSED)
+        return True
 
     def parent(self, sweep: dict) -> str:
         """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
@@ -643,8 +667,12 @@ class Tracker:
         return found[0].info.run_id if found else None
 
     def children(self, parent: str) -> list:
-        """Child runs of ``parent`` (mlflow Run objects)."""
+        """Child runs of ``parent`` (mlflow Run objects): the runs the sweep made, not those it reused."""
         return self._runs(f"tags.mlflow.parentRunId = '{parent}'", 50000)
+
+    def sweep_runs(self, parent: str, where: str = "") -> list:
+        """The runs of the sweep ``parent`` in this experiment, reused ones included (:func:`sweep_runs`)."""
+        return sweep_runs(self.client, [self.experiment_id], parent, where)
 
     def close_stale(self) -> int:
         """Close (KILLED) the RUNNING runs whose process on this host is gone; returns how many."""
@@ -661,6 +689,32 @@ class Tracker:
         self.log(rid, tags={"skip_reason": why, "outcome": "interrupted",
                             "mlflow.note.content": f"Not finished: {why}."})
         self.client.set_terminated(rid, "KILLED")
+
+
+def sweep_runs(client, experiment_ids: list, parent: str, where: str = "") -> list:
+    """Every run of the sweep ``parent`` (a parent run id) in ``experiment_ids``: the runs it made and
+    those it reused (tag ``in_sweep.<parent>``), also runs tracked before that tag existed (found by
+    ``mlflow.parentRunId``); each once, oldest first, never the parent itself.
+
+    ``client``: an ``mlflow.MlflowClient``; ``where``: an MLflow filter the runs must also match
+    (e.g. ``"tags.outcome = 'verified'"``). Every reader of a sweep's runs (reports, the analysis, the
+    profile step, the UI's view of the sweep, the parent's summary) selects them here.
+    Raises MlflowException for a ``where`` MLflow cannot parse."""
+    extra = f" and {where}" if where else ""
+    found = {}
+    for by in (f"tags.`{MEMBER.format(parent)}` LIKE '%'", f"tags.mlflow.parentRunId = '{parent}'"):
+        for r in client.search_runs(experiment_ids, by + extra, max_results=50000):
+            found.setdefault(r.info.run_id, r)
+    return sorted((r for r in found.values() if r.info.run_id != parent),
+                  key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def sweeps_of(run) -> set:
+    """The parent run ids of the sweeps ``run`` belongs to: its parent and the sweeps that reused it."""
+    tags = run.data.tags
+    prefix = MEMBER.format("")
+    own = {tags["mlflow.parentRunId"]} if tags.get("mlflow.parentRunId") else set()
+    return own | {k[len(prefix):] for k in tags if k.startswith(prefix)}
 
 
 _TRACKERS: dict = {}     # one Tracker per (store, experiment) and process: jobs share its connection
@@ -708,7 +762,7 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
             finished += tr.finished
         for rid in sorted(tr.open, key=lambda r: r in parents):
             try:
-                if rid in parents and not tr.children(rid):
+                if rid in parents and not tr.sweep_runs(rid):
                     tr.end(rid, "KILLED", "no run joined this sweep")
                     tr.client.delete_run(rid)
                     continue
