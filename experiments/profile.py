@@ -30,7 +30,8 @@ from pathlib import Path
 
 from .ncu import NcuConfigError, NcuParseError, canonical, load_set, load_table
 from .ncu_launch import kernel_filter, ncu_command, plan_item, profile_items
-from .track import PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, resolve_uri, sweep_runs, sweeps_of
+from .track import (PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, resolve_uri, sweep_runs,
+                    sweeps_of)
 
 __all__ = ["ProfileError", "open_store", "select_runs", "triage", "main"]
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from .record import MEMBER, NEW, REUSED
 
 __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
-           "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV", "MEMBER",
-           "sweep_runs", "sweeps_of"]
+           "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV",
+           "MEMBER", "sweep_runs", "sweeps_of"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
