@@ -34,7 +34,7 @@ HOST, PID = socket.gethostname(), os.getpid()
 START_MS = int(time.time() * 1000)      # about when this process started (runs newer than it are its)
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
 SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
-             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID"}
+             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID", "values": "TCA_SWEEP_VALUES"}
 
 
 class StoreError(RuntimeError):
@@ -406,8 +406,8 @@ class Tracker:
     def parent(self, sweep: dict) -> str:
         """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
 
-        ``sweep`` holds key, name, jobs, overrides (strings) as :func:`experiments.sweep.sweep_info`
-        gives them. The id is remembered for later jobs of this process.
+        ``sweep`` holds key, name, jobs, overrides and values (strings) as
+        :func:`experiments.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty). The id is remembered for later jobs of this process.
         """
         if sweep["key"] in self.parents:
             return self.parents[sweep["key"]]
@@ -422,8 +422,10 @@ class Tracker:
                 self.open.add(rid)
                 self.log(rid, tags={"owner_host": HOST, "owner_pid": PID, "jobs": sweep["jobs"]})
             else:
+                values = {"sweep_values": sweep["values"]} if sweep.get("values") else {}
                 rid = self.start(sweep["name"], {}, {"kind": "sweep", "sweep_key": sweep["key"],
-                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"]})
+                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"],
+                                                     **values})
         self.parents[sweep["key"]] = rid
         return rid
 
