@@ -272,8 +272,9 @@ def guard_slurm(launcher: DictConfig) -> None:
             return launch(self, *args, **kwargs)
         except (FailedJobError, UncompletedJobError, RuntimeError, OSError) as exc:
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            raise SystemExit(f"Slurm did not run the sweep: {first} ({where}; submitit's files: "
-                             f"{self.params.get('submitit_folder')})") from None
+            folder = str(self.params.get("submitit_folder", "")).removesuffix("/%j")
+            raise SystemExit(f"Slurm did not run the sweep: {first} ({where}; submitit's files: {folder})") \
+                from None
     guarded.guarded = True
     BaseSubmititLauncher.launch = guarded
 
