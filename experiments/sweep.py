@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .record import ARTIFACTS, failure_summary, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
-__all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
+__all__ = ["count_jobs", "job_dir_name", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -124,6 +124,27 @@ def release_job_processes() -> None:
             os.kill(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):          # already shut down, or broken: its processes are gone
         executor.shutdown(wait=True)
+
+
+NAME_MAX = 255      # bytes of one file name on Linux and macOS file systems
+
+
+def job_dir_name(num, overrides: str) -> str:
+    """The name of a job's folder in a sweep (``hydra.sweep.subdir``): ``<num>_<overrides>`` (Hydra's
+    ``hydra.job.override_dirname``), or, when that is longer than a file name may be
+    (:data:`NAME_MAX` bytes; ``problem.shapes`` of 16 shapes), its start and a hash of the whole, so that
+    two jobs never share a folder. The job's overrides are in its ``.hydra/overrides.yaml``."""
+    name = f"{num}_{overrides}"
+    data = name.encode()
+    if len(data) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return data[:NAME_MAX - len(digest) - 4].decode(errors="ignore") + "..._" + digest
+
+
+# registered here, where the callback lives: a job process of a parallel launcher (joblib, Slurm) has
+# it once it unpickles the callbacks, before Hydra resolves the job's folder
+OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
 
 
 def count_jobs(overrides) -> int:
