@@ -167,7 +167,7 @@ def check_override_keys(argv: list) -> str | None:
                     "(python run.py --help shows them with their defaults).")
         if top in groups and not rest and dirs and (problem := _preset_problem(top, arg, dirs)) is not None:
             return problem
-        if top in groups and not rest and dirs and (problem := _added_group_problem(top, arg, dirs)) is not None:
+        if top in groups and not rest and dirs and (problem := _added_group_problem(top, arg, dirs)):
             return problem
         node = typing.get_type_hints(Config).get(top)
         if rest and dataclasses.is_dataclass(node):
@@ -331,8 +331,8 @@ def _added_group_problem(group: str, arg: str, dirs: tuple) -> str | None:
         return None
     where = ", ".join(str(d) for d in dirs[1:])
     if not arg.startswith("+"):
-        return (f"{group} is a config group of --config-dir {where}, not one of the config's defaults: add it "
-                f"with +{arg}")
+        return (f"{group} is a config group of --config-dir {where}, not one of the config's defaults: add "
+                f"it with +{arg}")
     fields = {f.name for f in dataclasses.fields(Config)}
     for name in _values(arg) or []:
         path = presets(group, dirs).get(name.strip())
@@ -343,8 +343,8 @@ def _added_group_problem(group: str, arg: str, dirs: tuple) -> str | None:
             key, _, val = line.strip().lstrip("#").strip().partition(" ")
             package = val.strip() if key == "@package" else package
         if package != "_global_" and package.removeprefix("_global_.").split(".")[0] not in fields:
-            return (f"{arg.lstrip('+')} ({path}) puts its keys under {package!r}, which the config has no key "
-                    "for: begin the file with '# @package _global_' to set the config's keys (precision, "
+            return (f"{arg.lstrip('+')} ({path}) puts its keys under {package!r}, which the config has no "
+                    "key for: begin the file with '# @package _global_' to set the config's keys (precision, "
                     "tile.block, ...)")
     return None
 

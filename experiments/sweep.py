@@ -23,12 +23,14 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .record import ARTIFACTS, failure_summary, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
+from .record import (ARTIFACTS, failure_summary, outcome_of, plotting, sweep_note, sweep_view,
+                     throughput_figure)
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
 
-__all__ = ["count_jobs", "job_dir_name", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
+__all__ = ["count_jobs", "job_dir_name", "sweep_info", "current_sweep", "gpu_time", "prewarm",
+           "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -173,8 +175,9 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     name (``sweep precision=int4,int8 ktile=32,64``), jobs (count, or '?' for a sweeper whose jobs
     cannot be counted beforehand), overrides (the command line's task overrides) and values (''; or
     for a sweep Hydra expands otherwise than it is written, :func:`values_as_run`, what runs:
-    ``pipeline.stages=sort(range(1,6,2),reverse=true) runs as 4,2,0 (written: 5,3,1)``). The name shows such a sweep
-    with the values that run (``sweep pipeline.stages=4,2,0``), never values that did not.
+    ``pipeline.stages=sort(range(1,6,2),reverse=true) runs as 4,2,0 (written: 5,3,1)``). The name
+    shows such a sweep with the values that run (``sweep pipeline.stages=4,2,0``), never values that
+    did not.
     """
     task = [str(o) for o in config.hydra.overrides.task]
     params = config.hydra.sweeper.get("params") if multirun else None
@@ -211,7 +214,8 @@ def _parser_as_written():
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
     def values(arg):
-        return ChoiceSweep(list=list(arg.range()), shuffle=arg.shuffle) if isinstance(arg, RangeSweep) else arg
+        return (ChoiceSweep(list=list(arg.range()), shuffle=arg.shuffle) if isinstance(arg, RangeSweep)
+                else arg)
 
     def sort(*args, sweep=None, list=None, reverse=False):  # noqa: A002 - Hydra's keyword names
         return grammar_functions.sort(*map(values, args), sweep=values(sweep), list=list, reverse=reverse)
@@ -279,9 +283,9 @@ def guard_slurm(launcher: DictConfig) -> None:
     where = (f"hydra.launcher.partition={partition}" if partition else "no hydra.launcher.partition: the "
              "cluster's default") + "; `sinfo -s` lists the partitions"
     if "Slurm" in target and (missing := [t for t in ("sbatch", "srun") if shutil.which(t) is None]):
-        raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, not on "
-                         "PATH here: run the command on a node of the Slurm cluster, or leave hydra/launcher "
-                         "out to run the jobs on this machine. Nothing was tracked.")
+        raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
+                         "not on PATH here: run the command on a node of the Slurm cluster, or leave "
+                         "hydra/launcher out to run the jobs on this machine. Nothing was tracked.")
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
     if getattr(BaseSubmititLauncher.launch, "guarded", False):
         return
@@ -431,8 +435,8 @@ class SweepCallback(Callback):
                 if throughput_figure(runs, fig):
                     tracker.artifact_file(parent, fig)
             if mine or failed_job:
-                tracker.end(parent, "FAILED", (failure_summary(mine, len(new)) if mine else "1 job(s) could not "
-                                               "run") + "; see their runs' error tag")
+                why = failure_summary(mine, len(new)) if mine else "1 job(s) could not run"
+                tracker.end(parent, "FAILED", why + "; see their runs' error tag")
             else:
                 tracker.end(parent)
             closed += 1

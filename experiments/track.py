@@ -391,7 +391,8 @@ class Tracker:
                 _WARNED.add((kind, key))
                 print(f"Note: {kind} {key} is {len(text):,} characters, longer than MLflow keeps: the {kind} "
                       f"holds its start, the whole value is the run's artifact "
-                      f"{ARTIFACTS['long_value'].format(key)} (tag long_values lists such names).", flush=True)
+                      f"{ARTIFACTS['long_value'].format(key)} (tag long_values lists such names).",
+                      flush=True)
         names = self._long.setdefault(rid, set())
         names.update(whole)
         self.client.set_tag(rid, "long_values", ", ".join(sorted(names)))
@@ -454,7 +455,8 @@ class Tracker:
         """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
 
         ``sweep`` holds key, name, jobs, overrides and values (strings) as
-        :func:`experiments.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty). The id is remembered for later jobs of this process.
+        :func:`experiments.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty).
+        The id is remembered for later jobs of this process.
         """
         if sweep["key"] in self.parents:
             return self.parents[sweep["key"]]
