@@ -255,12 +255,11 @@ def check_output_dirs(config: DictConfig, multirun: bool) -> None:
     is tried as job 0 (its ``hydra.job.*`` keys are set per job)."""
     import copy
 
-    from omegaconf import OmegaConf, open_dict, read_write
+    from omegaconf import open_dict, read_write
     from omegaconf.errors import OmegaConfBaseException
     probe = copy.deepcopy(config)
     with read_write(probe), open_dict(probe):
-        probe.hydra.job.num = 0
-        probe.hydra.job.override_dirname = probe.hydra.job.get("override_dirname") or ""
+        probe.hydra.job.num, probe.hydra.job.override_dirname = 0, ""
     for key in ("hydra.sweep.dir", "hydra.sweep.subdir") if multirun else ("hydra.run.dir",):
         try:
             OmegaConf.select(probe, key, throw_on_resolution_failure=True)
@@ -279,9 +278,6 @@ def guard_slurm(launcher: DictConfig) -> None:
     target = str(launcher.get("_target_", ""))
     if "hydra_submitit_launcher" not in target:
         return
-    partition = launcher.get("partition")
-    where = (f"hydra.launcher.partition={partition}" if partition else "no hydra.launcher.partition: the "
-             "cluster's default") + "; `sinfo -s` lists the partitions"
     if "Slurm" in target and (missing := [t for t in ("sbatch", "srun") if shutil.which(t) is None]):
         raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
                          "not on PATH here: run the command on a node of the Slurm cluster, or leave "
@@ -298,8 +294,13 @@ def guard_slurm(launcher: DictConfig) -> None:
         except (FailedJobError, UncompletedJobError, RuntimeError, OSError) as exc:
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             folder = str(self.params.get("submitit_folder", "")).removesuffix("/%j")
-            raise SystemExit(f"Slurm did not run the sweep: {first} ({where}; submitit's files: {folder})") \
-                from None
+            where = f"submitit's files: {folder}"
+            if self._EXECUTOR == "slurm":
+                partition = self.params.get("partition")
+                where = (f"hydra.launcher.partition={partition}" if partition else "no hydra.launcher."
+                         "partition: the cluster's default") + f"; `sinfo -s` lists the partitions; {where}"
+            who = "Slurm" if self._EXECUTOR == "slurm" else "submitit"
+            raise SystemExit(f"{who} did not run the sweep: {first} ({where})") from None
     guarded.guarded = True
     BaseSubmititLauncher.launch = guarded
 
