@@ -83,7 +83,7 @@ ARTIFACTS = {"ptx": "kernel.ptx.txt", "sass": "kernel.sass.txt", "ptxas": "ptxas
              "long_value": "long_values/{}.txt"}
 
 # failed_stage -> how the failed runs of that stage read in a sweep's summary and its FAILED reason
-FAILED_STAGES = {"assemble": "rejected by the assembler", "verify": "wrong result", "gpu": "GPU fault",
+FAILED_STAGES = {"assemble": "rejected by the assembler", "verify": "wrong result(s)", "gpu": "GPU fault(s)",
                  "job": "job(s) could not run"}
 
 OUTCOMES = ("verified", "static", "skipped", "failed", "interrupted")

@@ -204,3 +204,13 @@ def test_job_dir_name():
     assert len(a.encode()) <= NAME_MAX and len(b.encode()) <= NAME_MAX and a != b
     start, digest = a.rsplit("..._", 1)
     assert start.startswith("0_x=éé") and len(digest) == 16 and int(digest, 16) >= 0
+
+
+def test_failure_summary_counts_each_stage():
+    """Wrong results and GPU faults (GPU runs) fail the sweep as a rejection does."""
+    from types import SimpleNamespace
+
+    from experiments.record import failure_summary
+    runs = [SimpleNamespace(data=SimpleNamespace(tags={"failed_stage": s})) for s in ("verify", "gpu", "verify", "job")]
+    assert failure_summary(runs, 9) == ("4 of 9 run(s) failed: 1 GPU fault(s), 1 job(s) could not run, "
+                                        "2 wrong result(s)")
