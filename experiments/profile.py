@@ -30,8 +30,8 @@ from pathlib import Path
 
 from .ncu import NcuConfigError, NcuParseError, canonical, load_set, load_table
 from .ncu_launch import kernel_filter, ncu_command, plan_item, profile_items
-from .track import (PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, resolve_uri, sweep_runs,
-                    sweeps_of)
+from .track import (PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, get_tracker, resolve_uri,
+                    sweep_runs, sweeps_of)
 
 __all__ = ["ProfileError", "open_store", "select_runs", "triage", "main"]
 
@@ -192,7 +192,9 @@ def main(argv=None) -> int:
             missing = [f for f in a.import_text if not Path(f).is_file()]
             if missing:
                 raise ProfileError(f"no such file: {', '.join(missing)}")
-            import_reports(a.import_text, resolve_uri(a.uri), a.experiment or "ncu-reference", a.gpu, a.rerun)
+            uri, experiment = resolve_uri(a.uri), a.experiment or "ncu-reference"
+            get_tracker(uri, experiment)        # StoreError for a store that cannot be used, at once
+            import_reports(a.import_text, uri, experiment, a.gpu, a.rerun)
             return 0
         return _main(a)
     except (ProfileError, NcuConfigError, NcuParseError, StoreError) as exc:

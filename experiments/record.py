@@ -9,7 +9,7 @@ __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_re
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
            "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS",
-           "MEMBER", "NEW", "REUSED", "reused_in", "reused_count"]
+           "MEMBER", "NEW", "REUSED", "reused_in", "reused_count", "FAILED_STAGES", "failure_summary"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -79,6 +79,9 @@ TAGS = {
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
     "failed_stage": "assemble | verify | gpu | job", "error": "why the run FAILED",
+    "sweep_values": "a sweep's values as they ran, where Hydra expanded one otherwise than it is written",
+    "long_values": "params and tags longer than MLflow allows: each keeps its start, the whole value is "
+                   "the artifact long_values/<name>.txt",
     "skip_reason": "why the run was skipped or interrupted", "study_kernel": "the study's kernel name",
     "mma_native": "true | false | unknown: the SASS holds the tensor-core MMA of the element type",
     "mma_native_reason": "what the SASS holds instead (e.g. emulation of .s4 on sm_90)",
@@ -91,7 +94,12 @@ TAGS = {
 # the kernel's PTX and SASS are logged as .txt so that the UI previews them
 ARTIFACTS = {"ptx": "kernel.ptx.txt", "sass": "kernel.sass.txt", "ptxas": "ptxas_report.txt",
              "config": "config.yaml", "batches": "batch_us.txt", "traceback": "traceback.txt",
-             "figure": "throughput_vs_size.png", "cuda": "kernel.cu.txt"}
+             "figure": "throughput_vs_size.png", "cuda": "kernel.cu.txt",
+             "long_value": "long_values/{}.txt"}
+
+# failed_stage -> how the failed runs of that stage read in a sweep's summary and its FAILED reason
+FAILED_STAGES = {"assemble": "rejected by the assembler", "verify": "wrong result(s)", "gpu": "GPU fault(s)",
+                 "job": "job(s) could not run"}
 
 OUTCOMES = ("verified", "static", "skipped", "failed", "interrupted")
 
@@ -208,6 +216,16 @@ def params_of(flat_config: dict, spec_flat: dict) -> dict:
 def outcome_of(run) -> str:
     """A run's outcome tag, or its status in lower case for runs tracked before outcomes existed."""
     return run.data.tags.get("outcome", run.info.status.lower())
+
+
+def failure_summary(failed: list, total: int) -> str:
+    """Why a sweep FAILED: how many of its ``total`` runs (MLflow runs) failed, by stage (tag
+    ``failed_stage``, :data:`FAILED_STAGES`), e.g. '2 of 4 run(s) failed: 1 rejected by the assembler,
+    1 wrong result'."""
+    import collections
+    stages = collections.Counter(r.data.tags.get("failed_stage", "") for r in failed)
+    parts = [f"{n} {FAILED_STAGES.get(stage, stage or 'failed')}" for stage, n in sorted(stages.items())]
+    return f"{len(failed)} of {total} run(s) failed: {', '.join(parts)}"
 
 
 def reused_in(run, parent: str | None) -> bool:

@@ -44,7 +44,7 @@ HOST, PID = socket.gethostname(), os.getpid()
 START_MS = int(time.time() * 1000)      # about when this process started (runs newer than it are its)
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
 SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
-             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID"}
+             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID", "values": "TCA_SWEEP_VALUES"}
 
 
 STORE_WAIT_S = 30.0      # how long a write waits for another process's write transaction (tracking.wait)
@@ -457,6 +457,25 @@ def _client(mlflow, uri: str, experiment: str):
         raise StoreError(f"no database answers at {shown}: {first}") from None   # SQLAlchemy's errors
 
 
+RUN_NAME_LENGTH = 250      # MLflow's SQL stores keep a run's name in 250 characters
+_WARNED: set = set()       # names of values said to be longer than MLflow keeps, once per process
+
+
+def _fit(values: dict, limit: int) -> tuple[dict, dict]:
+    """(``values`` as strings, each longer than ``limit`` characters (MLflow's limit of a param or tag
+    value) cut to its start and a pointer to the artifact that keeps it; name -> whole value of those)."""
+    from .record import ARTIFACTS
+    fitted, whole = {}, {}
+    for key, v in values.items():
+        text = str(v)
+        if len(text) > limit:
+            whole[key] = text
+            pointer = f" ... [{len(text)} characters; whole: artifact {ARTIFACTS['long_value'].format(key)}]"
+            text = text[:limit - len(pointer)] + pointer
+        fitted[key] = text
+    return fitted, whole
+
+
 class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
@@ -495,6 +514,7 @@ class Tracker:
         self.uri, self.experiment, self.open = uri, experiment, set()
         self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
         self.reused: set = set()    # ids of runs of other sweeps that claim found measured (join)
+        self._long: dict = {}       # run id -> names of its values kept whole as artifacts (_keep_whole)
         self.finished = 0
         # the first client of a new store makes its schema, under the lock; a store that has this
         # MLflow's schema is opened without it (the job processes of a parallel sweep open it at once),
@@ -561,26 +581,54 @@ class Tracker:
     def start(self, name: str, params: dict, tags: dict, parent: str | None = None) -> str:
         """Create a RUNNING run with params and tags, owned by this process; returns its run id."""
         from mlflow.entities import Param
-        tags = {k: str(v) for k, v in tags.items()}
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+        tags, long_tags = _fit({k: str(v) for k, v in tags.items()}, MAX_TAG_VAL_LENGTH)
         tags.update(owner_host=HOST, owner_pid=str(PID))
         if parent:
             tags.update({"mlflow.parentRunId": parent, MEMBER.format(parent): NEW})
+        if len(name) > RUN_NAME_LENGTH:         # a label: the values it is made of are params or tags
+            name = name[:RUN_NAME_LENGTH - 3] + "..."
         rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.open.add(rid)
-        items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
+        params, long_params = _fit(params, MAX_PARAM_VAL_LENGTH)
+        items = [Param(k[:250], v) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(rid, params=items[i:i + 100])
+        self._keep_whole(rid, long_tags, "tag")
+        self._keep_whole(rid, long_params, "param")
         return rid
+
+    def _keep_whole(self, rid: str, whole: dict, kind: str) -> None:
+        """Log each value of ``whole`` (name -> text longer than MLflow keeps, see :func:`_fit`) as the
+        artifact ``long_values/<name>.txt`` of run ``rid``, list the names in its tag ``long_values``
+        and say so once per name and process."""
+        if not whole:
+            return
+        from .record import ARTIFACTS
+        for key, text in whole.items():
+            self.client.log_text(rid, text, ARTIFACTS["long_value"].format(key))
+            if (kind, key) not in _WARNED:
+                _WARNED.add((kind, key))
+                print(f"Note: {kind} {key} is {len(text):,} characters, longer than MLflow keeps: the {kind} "
+                      f"holds its start, the whole value is the run's artifact "
+                      f"{ARTIFACTS['long_value'].format(key)} (tag long_values lists such names).",
+                      flush=True)
+        names = self._long.setdefault(rid, set())
+        names.update(whole)
+        self.client.set_tag(rid, "long_values", ", ".join(sorted(names)))
 
     def log(self, rid: str, metrics: dict | None = None, tags: dict | None = None) -> None:
         """Log finite numeric metrics (inf/NaN are dropped, never logged) and string tags."""
         from mlflow.entities import Metric, RunTag
+        from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
               if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
-        ts = [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
+        tags, whole = _fit(tags or {}, MAX_TAG_VAL_LENGTH)
+        ts = [RunTag(k, v) for k, v in tags.items()]
         for i in range(0, max(len(ms), len(ts), 1), 200):
             self.client.log_batch(rid, metrics=ms[i:i + 200], tags=ts[i:i + 200])
+        self._keep_whole(rid, whole, "tag")
 
     def artifact_text(self, rid: str, text: str, name: str) -> None:
         self.client.log_text(rid, text, name)
@@ -640,8 +688,9 @@ class Tracker:
     def parent(self, sweep: dict) -> str:
         """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
 
-        ``sweep`` holds key, name, jobs, overrides (strings) as :func:`experiments.sweep.sweep_info`
-        gives them. The id is remembered for later jobs of this process.
+        ``sweep`` holds key, name, jobs, overrides and values (strings) as
+        :func:`experiments.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty).
+        The id is remembered for later jobs of this process.
         """
         if sweep["key"] in self.parents:
             return self.parents[sweep["key"]]
@@ -656,8 +705,10 @@ class Tracker:
                 self.open.add(rid)
                 self.log(rid, tags={"owner_host": HOST, "owner_pid": PID, "jobs": sweep["jobs"]})
             else:
+                values = {"sweep_values": sweep["values"]} if sweep.get("values") else {}
                 rid = self.start(sweep["name"], {}, {"kind": "sweep", "sweep_key": sweep["key"],
-                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"]})
+                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"],
+                                                     **values})
         self.parents[sweep["key"]] = rid
         return rid
 
