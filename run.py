@@ -144,8 +144,9 @@ def check_override_keys(argv: list) -> str | None:
 
     from experiments.config import MMA_SYNC, Config
     from experiments.spec_tables import KTILES
-    groups = {d.name for d in CONF.iterdir() if d.is_dir()} - {"hydra", "ncu"}
     dirs = _config_dirs(argv)
+    groups = {d.name for cd in dirs or (CONF,) if Path(cd).is_dir() for d in Path(cd).iterdir() if d.is_dir()}
+    groups -= {"hydra", "ncu"}              # a --config-dir's groups too: +group=option adds one
     nodes = {f.name: f.type for f in dataclasses.fields(Config)}
     known = set(nodes) | groups
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
@@ -165,10 +166,12 @@ def check_override_keys(argv: list) -> str | None:
             return problem
         if (problem := _setting_problem(key, arg)) is not None:
             return problem
-        if top not in known:
+        if top not in known and dirs is not None:     # hydra.searchpath: Hydra knows its groups
             return (f"Unknown key {top!r} in {arg!r}. Valid top-level keys: {', '.join(sorted(known))} "
                     "(python run.py --help shows them with their defaults).")
         if top in groups and not rest and dirs and (problem := _preset_problem(top, arg, dirs)) is not None:
+            return problem
+        if top in groups and not rest and dirs and (problem := _added_group_problem(top, arg, dirs)):
             return problem
         node = typing.get_type_hints(Config).get(top)
         if rest and dataclasses.is_dataclass(node):
@@ -352,7 +355,40 @@ def _preset_problem(group: str, arg: str, dirs: tuple) -> str | None:
     bad = next((v for v in _values(arg) or [] if v.strip() not in names), None)
     if bad is None or not names:
         return None
-    return f"{group}={bad} is not a preset ({arg!r}); valid: {', '.join(names)} (conf/{group}/)"
+    folders = ", ".join(sorted({str(f.parent) if Path(f).parent.parent != CONF else f"conf/{group}/"
+                                for f in names.values()}))
+    return f"{group}={bad} is not a preset ({arg!r}); valid: {', '.join(names)} ({folders})"
+
+
+def _added_group_problem(group: str, arg: str, dirs: tuple) -> str | None:
+    """The message for a config group that only a ``--config-dir`` has (not conf/), or None: chosen
+    without '+' (not in the config's defaults: Hydra said "No match in the defaults list"), or with an
+    option whose keys land under the group's name, which the config has no key for (no ``# @package``
+    line: Hydra said "Key 'GROUP' not in 'Config'")."""
+    import dataclasses
+    import re
+
+    from experiments.config import Config
+    if (CONF / group).is_dir():
+        return None
+    where = ", ".join(str(d) for d in dirs[1:])
+    if not arg.startswith("+"):
+        return (f"{group} is a config group of --config-dir {where}, not one of the config's defaults: add "
+                f"it with +{arg}")
+    fields = {f.name for f in dataclasses.fields(Config)}
+    for name in _values(arg) or []:
+        path = presets(group, dirs).get(name.strip())
+        package = group                 # Hydra reads '# @package' among the file's first '# @' lines only
+        for line in (path.read_text() if path else "").splitlines():
+            if line.strip() and not re.match(r"\s*#\s*@", line):
+                break
+            key, _, val = line.strip().lstrip("#").strip().partition(" ")
+            package = val.strip() if key == "@package" else package
+        if package != "_global_" and package.removeprefix("_global_.").split(".")[0] not in fields:
+            return (f"{arg.lstrip('+')} ({path}) puts its keys under {package!r}, which the config has no "
+                    "key for: begin the file with '# @package _global_' to set the config's keys (precision, "
+                    "tile.block, ...)")
+    return None
 
 
 def _family_of_preset(y: dict) -> str | None:
@@ -493,7 +529,7 @@ def _terminate(signum, frame):
 
 if __name__ == "__main__":
     from experiments.sweep import release_job_processes
-    from experiments.track import abort_open_runs, close_runs_of_ended_processes
+    from experiments.track import StoreUnavailable, abort_open_runs, close_runs_of_ended_processes, trackers
     signal.signal(signal.SIGTERM, _terminate)
     if problem := check_override_keys(sys.argv[1:]) or check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
@@ -518,6 +554,20 @@ if __name__ == "__main__":
               f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "
               "runs are skipped, the sweep continues).", file=sys.stderr, flush=True)
         sys.exit(143 if term else 130)
+    except StoreUnavailable as exc:      # locked by another process past tracking.wait, or a full disk
+        release_job_processes()
+        ended, sweeps, kept = abort_open_runs("KILLED", f"the store became unavailable: {exc}")
+        left = [rid in t.parents.values() for t in trackers() for rid in t.open]
+        for t in trackers():
+            t.open.clear()               # runs it would not take now: the next command closes them
+        done = [f"{kept} run(s) finished in this command are kept"]
+        done += [f"{ended} run(s) in progress marked KILLED (outcome=interrupted)"] * bool(ended)
+        done += ["the sweep is marked KILLED"] * bool(sweeps)
+        done += [f"{len(left)} run(s) ({left.count(True)} of them the sweep's parent) stay RUNNING until the "
+                 "next command on this store closes them"] * bool(left)
+        print(f"\nStore unavailable: {exc}. {'; '.join(done)}. Run the same command again once the store "
+              "takes writes to resume.", file=sys.stderr, flush=True)
+        sys.exit(1)
     finally:
         release_job_processes()           # a parallel launcher's processes, however the command ends
         abort_open_runs("FAILED", "the command ended without closing this run")

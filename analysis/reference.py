@@ -117,36 +117,35 @@ def read_study(ref_dir: str | Path = DEFAULT_DIR, spec: dict | None = None) -> p
 def load_into_mlflow(uri: str, ref_dir: str | Path = DEFAULT_DIR, claims: str | Path = DEFAULT_CLAIMS) -> str:
     """Log the study's records as runs under one parent (tag ``kind=reference-study``) in the
     reference experiment the claims file names; returns the parent run id. Loading the same CSVs
-    again returns the existing parent and adds nothing."""
-    import mlflow
+    again returns the existing parent and adds nothing, also when loaded by two processes at once (the
+    check and the loading hold the store's lock). Raises StoreError for a store that cannot be used."""
     from mlflow.entities import Metric, Param, RunTag
 
-    from experiments.track import sqlite_path
+    from experiments.track import Tracker, store_lock
     spec = load_spec(claims)
     ref = spec["reference"]
     recs = study_records(ref_dir, spec)
     digest = hashlib.sha256("".join((Path(ref_dir) / ref[k]).read_text() for k in ("durations", "ablation"))
                             .encode()).hexdigest()[:16]
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(ref["experiment"])
-    db = sqlite_path(uri)          # artifacts beside the database, as run.py keeps them (not ./mlruns)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        ref["experiment"], artifact_location=(db.parent / "artifacts").as_uri() if db else None)
-    found = client.search_runs([exp_id], f"tags.kind = 'reference-study' and tags.source_sha = '{digest}'",
-                               max_results=1)
-    if found:
-        return found[0].info.run_id
-    parent = client.create_run(exp_id, run_name=f"study: {spec['study']}", tags={
-        "kind": "reference-study", "source_sha": digest, "gpu": ref["gpu"],
-        "compute_capability": str(ref["compute_capability"]), "source": spec.get("source", "")}).info.run_id
-    for r in recs:
-        rid = client.create_run(exp_id, run_name=r["name"],
-                                tags={**r["tags"], "mlflow.parentRunId": parent}).info.run_id
-        client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in r["metrics"].items()],
-                         params=[Param(k, str(v)) for k, v in r["params"].items()],
-                         tags=[RunTag("mlflow.runName", r["name"])])
-        client.set_terminated(rid, "FINISHED")
-    client.set_terminated(parent, "FINISHED")
+    tr = Tracker(uri, ref["experiment"])
+    client, exp_id = tr.client, tr.experiment_id
+    with store_lock(uri):
+        found = client.search_runs(
+            [exp_id], f"tags.kind = 'reference-study' and tags.source_sha = '{digest}'", max_results=1)
+        if found:
+            return found[0].info.run_id
+        parent = client.create_run(exp_id, run_name=f"study: {spec['study']}", tags={
+            "kind": "reference-study", "source_sha": digest, "gpu": ref["gpu"],
+            "compute_capability": str(ref["compute_capability"]),
+            "source": spec.get("source", "")}).info.run_id
+        for r in recs:
+            rid = client.create_run(exp_id, run_name=r["name"],
+                                    tags={**r["tags"], "mlflow.parentRunId": parent}).info.run_id
+            client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in r["metrics"].items()],
+                             params=[Param(k, str(v)) for k, v in r["params"].items()],
+                             tags=[RunTag("mlflow.runName", r["name"])])
+            client.set_terminated(rid, "FINISHED")
+        client.set_terminated(parent, "FINISHED")
     return parent
 
 
@@ -157,12 +156,17 @@ def main(argv=None) -> None:
     ap.add_argument("--claims", default=str(DEFAULT_CLAIMS),
                     help="claims file whose `reference` section applies")
     args = ap.parse_args(argv)
-    from experiments.track import resolve_uri
+    from experiments.track import StoreError, StoreUnavailable, resolve_uri
     uri = resolve_uri(args.uri)
     if not (Path(args.dir) / "durations.csv").is_file():
         raise SystemExit(f"no study CSVs (durations.csv, ablation_int4_k64.csv) in {args.dir}; "
                          "give their folder with --dir")
-    parent = load_into_mlflow(uri, args.dir, args.claims)
+    try:
+        parent = load_into_mlflow(uri, args.dir, args.claims)
+    except StoreError as exc:
+        raise SystemExit(f"Store error: {exc}") from None
+    except StoreUnavailable as exc:                # locked by another process, or a full disk
+        raise SystemExit(f"Store unavailable: {exc}") from None
     flagged = read_study(args.dir, load_spec(args.claims)).dropna(subset=["implausible"])
     print(f"Study loaded into {uri}, experiment {load_spec(args.claims)['reference']['experiment']!r} "
           f"(parent run {parent}).")

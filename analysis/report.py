@@ -234,7 +234,8 @@ def main(argv=None) -> Report:
         out.write_text(re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({folder.name}/{m.group(1)})", rep.text))
         rep.files = [f for f in rep.files if f.name != "report.md"] + [out]
     print(f"Report written: {out if single else out / 'report.md'}")
-    parents = df["parent_run_id"].dropna().unique()
+    # the sweep asked for (its runs may come from several parents: those it reused); else the runs' one
+    parents = [df.attrs["sweep"]] if df.attrs["sweep"] else df["parent_run_id"].dropna().unique()
     if args.no_log:
         pass
     elif len(parents) == 1:

@@ -180,7 +180,8 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
 
     ``uri``: tracking URI (default: as run.py resolves it). ``experiment``: name(s); None = every
     experiment of the store. ``sweep``: a parent run id, or "latest" (the newest run tagged
-    ``kind=sweep``); only its child runs are read. ``filter_string``: an MLflow search filter,
+    ``kind=sweep``); only its runs are read, those it reused from earlier sweeps included (column
+    ``reused`` True; experiments.track.sweep_runs). ``filter_string``: an MLflow search filter,
     e.g. ``"params.precision = 'int8'"``. ``backends``: keep runs with these ``backend`` tags
     (None keeps all, static runs included). Parent runs are never rows.
 
@@ -191,10 +192,15 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     """
     import mlflow
 
-    from experiments.track import resolve_uri
+    from experiments.record import reused_in
+    from experiments.track import StoreError, check_schema, resolve_uri, sweep_runs
     uri = resolve_uri(uri, create=False)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise RunsError(f"no MLflow store at {uri}: run a sweep first (python run.py ...) or pass --uri")
+    try:
+        check_schema(uri, write=False)            # MLflow would migrate another version's store
+    except StoreError as exc:
+        raise RunsError(str(exc)) from None
     client = mlflow.MlflowClient(tracking_uri=uri)
     all_exps = {e.name: e.experiment_id for e in client.search_experiments()}
     names = (list(all_exps) if experiment is None
@@ -218,21 +224,24 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
         except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
             raise RunsError(f"sweep={sweep!r} is not a run id in {uri}; use a parent run id from "
                             "`mlflow ui` or sweep='latest'") from exc
-        filters.append(f"tags.mlflow.parentRunId = '{sweep}'")
     runs, token = [], None
     id_to_name = {v: k for k, v in all_exps.items()}
-    while True:
-        page = client.search_runs(ids, " and ".join(filters), max_results=5000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
+    if sweep:                   # the runs it measured and those it reused from earlier sweeps
+        runs = sweep_runs(client, ids, sweep, filter_string or "")
+    else:
+        while True:
+            page = client.search_runs(ids, " and ".join(filters), max_results=5000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                break
     runs = [r for r in runs if r.data.tags.get("kind") not in ("sweep", "report", "reference-study")]
     frames = [tidy_from_runs([r for r in runs if r.info.experiment_id == i], id_to_name[i]) for i in ids]
     frames = [f for f in frames if len(f)]
     df = tidy_from_runs([]) if not frames else pd.concat(frames, ignore_index=True)
     if backends is not None:
         df = df[df["backend"].isin(list(backends))]
+    df = df.assign(reused=df["run_id"].isin({r.info.run_id for r in runs if reused_in(r, sweep)}))
     df = _dedupe(df.reset_index(drop=True))
     df.attrs.update(uri=uri, experiments=names, sweep=sweep, filter=filter_string)
     return df

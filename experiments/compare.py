@@ -13,23 +13,26 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   ``mma.sync`` peak (peak runs without the param are mma.sync peaks). The peak run is one of the same
   sweep (parent run) when the sweep measured one, else the latest in the store; of its shapes, the one
   the run itself issues (param ``spec.mma``) when measured, else the highest (the precision's
-  ceiling). A peak run that arrives later updates the GEMM runs of its own sweep that divide by its
-  generation. Peak runs fed from shared memory (param ``spec.feed=ldmatrix``) are the ceiling of a
-  main loop, not of the instruction: they divide nothing.
+  ceiling). The runs of a sweep are those it measured and those it reused from earlier sweeps
+  (experiments.track.sweep_runs); a report of one sweep takes that sweep's peak. A peak run that
+  arrives later updates the GEMM runs its own sweep measured that divide by its generation (a reused
+  run keeps what the sweep that measured it logged). Peak runs fed from shared memory (param
+  ``spec.feed=ldmatrix``) are the ceiling of a main loop, not of the instruction: they divide nothing.
 Runs tracked before the family param existed count as mma_sync.
 """
 from __future__ import annotations
 
 from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
+from .track import sweeps_of
 
-__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction",
+__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION"]
 
 MMA_SYNC = "mma_sync"
 # family -> the instruction of the peak its pct_of_peak divides by (experiments/families/peak.py,
 # option instruction); every family not named here divides by the mma.sync peak
 PEAK_INSTRUCTION = {"wgmma": "wgmma"}
-_VERIFIED = "attributes.status = 'FINISHED' and tags.outcome = 'verified'"
+VERIFIED = "attributes.status = 'FINISHED' and tags.outcome = 'verified'"   # an MLflow filter
 
 
 def family_of(run) -> str:
@@ -43,7 +46,7 @@ def _q(value: str) -> str:
 
 def verified_runs(tr, where: str) -> list:
     """The verified FINISHED runs of the tracker's experiment that also match the MLflow filter ``where``."""
-    return tr.client.search_runs([tr.experiment_id], f"{_VERIFIED} and {where}", max_results=50000)
+    return tr.client.search_runs([tr.experiment_id], f"{VERIFIED} and {where}", max_results=50000)
 
 
 def _thr(run) -> float | None:
@@ -86,17 +89,19 @@ def feed_of(run) -> str:
     return run.data.params.get("spec.feed", "registers")
 
 
-def peak_of(tr, run, instruction: str | None = None):
+def peak_of(tr, run, instruction: str | None = None, sweep: str | None = None):
     """The peak run ``run``'s pct_of_peak divides by (see the module's rule), or None.
-    ``instruction`` (mma_sync, wgmma): that generation's peak instead of :func:`peak_instruction`'s."""
+    ``instruction`` (mma_sync, wgmma): that generation's peak instead of :func:`peak_instruction`'s;
+    ``sweep``: the parent run id whose peaks (measured or reused) come first (default: ``run``'s
+    parent; a report of a sweep passes it, as ``run`` may be one the sweep reused)."""
     t, p = run.data.tags, run.data.params
     want = instruction or peak_instruction(run)
     where = (f"params.family = 'peak' and tags.gpu = {_q(t.get('gpu', ''))} and "
              f"tags.driver = {_q(t.get('driver', ''))} and params.precision = {_q(p.get('precision'))}")
     peaks = [r for r in verified_runs(tr, where) if (_thr(r) or 0) > 0 and instruction_of_peak(r) == want
              and feed_of(r) == "registers"]
-    parent = t.get("mlflow.parentRunId")
-    same = [r for r in peaks if parent and r.data.tags.get("mlflow.parentRunId") == parent]
+    sweep = sweep or t.get("mlflow.parentRunId")
+    same = [r for r in peaks if sweep and sweep in sweeps_of(r)]
     peaks = same or peaks
     latest: dict = {}                       # per mma shape, the latest run
     for r in peaks:

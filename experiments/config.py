@@ -132,6 +132,7 @@ class TrackingConf:
     uri: Optional[str] = None   # default: $MLFLOW_TRACKING_URI, else sqlite:///<project>/outputs/mlflow.db
     experiment: str = "tensor-core-ablations"
     rerun: bool = False         # True: measure again runs already FINISHED for the same kernel, size, GPU
+    wait: float = 30.0          # seconds a write to a SQLite store waits for another process's write lock
 
 
 @dataclass

@@ -53,7 +53,8 @@ class _Job:
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
         data = resolved(cfg)
-        self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment)
+        self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment,
+                                    float(cfg.tracking.wait))
         self.params = {**record.params_of(track.flatten(data), {}), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0
@@ -72,6 +73,11 @@ class _Job:
         if state == "new":
             self.rid, self.started = rid, self.started + 1
         return state, rid
+
+    def reuse(self, rid: str) -> str:
+        """What the run ``rid`` that claim found is to this sweep: ', reused by this sweep' when an
+        earlier sweep measured it (it joins this one, track.Tracker.join), else '' (this sweep's own)."""
+        return ", reused by this sweep" if rid in self.tr.reused else ""
 
     def end(self, outcome: str, note: str, reason: str | None = None, stage: str | None = None) -> None:
         """End the run in progress with its outcome (record.OUTCOMES) and its one-line description."""
@@ -99,7 +105,8 @@ def run_job(cfg) -> dict:
         key = track.run_key("skipped", sorted(job.params.items()))     # the combination, once per store
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
-            console.print(f"{job.label} skipped {job.overrides}: already recorded (run {rid})")
+            console.print(f"{job.label} skipped {job.overrides}: already recorded "
+                          f"(run {rid}{job.reuse(rid)})")
             return {"done_before": 1}
         job.tr.log(job.rid, tags={"skip_reason": str(exc)})
         job.end("skipped", f"Skipped, not a failure: this combination cannot exist. {exc}")
@@ -260,7 +267,8 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
                   else job.claim(key, name, tags))
     if state != "new":
         what = "already tracked" if state == "done" else "being tracked by another process"
-        console.print(f"{job.label} {kern.entry}: {what} (run {rid}); tracking.rerun=true to redo")
+        console.print(f"{job.label} {kern.entry}: {what} (run {rid}{job.reuse(rid)}); "
+                      "tracking.rerun=true to redo")
         return {"done_before": 1}
     _log_kernel_artifacts(job.tr, rid, kern, cfg)
     asm = kern.asm
@@ -317,7 +325,8 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
             state, rid = job.claim(key, name, tags, params)
         if state != "new":
             what = "already measured" if state == "done" else "being measured by another process"
-            console.print(f"{job.label} {name}: {what} (run {rid}); tracking.rerun=true to redo")
+            console.print(f"{job.label} {name}: {what} (run {rid}{job.reuse(rid)}); "
+                          "tracking.rerun=true to redo")
             counts["done_before"] += 1
             continue
         _log_kernel_artifacts(job.tr, rid, kern, cfg)
@@ -380,7 +389,7 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
     line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
     job.end("verified", line if sized else kern.entry + line[line.index(":"):])
-    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock else ""
+    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock.get("sm_clock_mhz_mean") else ""
     console.print(f"{job.label} {label}: {t['median_us']:10.1f} us  {thr:8.1f} {kern.unit}  "
                   f"spread {t['spread']:.1%}{sm}  [green]verified[/]")
     return True

@@ -104,16 +104,6 @@ def program_info(program: list) -> dict:
     return info
 
 
-def _experiment(client, name: str, uri: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    artifacts = None
-    if uri.startswith("sqlite:///"):   # artifacts beside the database, as run.py keeps them
-        artifacts = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
-    return client.create_experiment(name, artifact_location=artifacts)
-
-
 def _block_run(block: Launch, info: dict, path: Path, sha: str, gpu: str | None, metrics: list) -> tuple:
     """(params, tags, metrics) of one result block."""
     batch = info.get("batch")
@@ -146,12 +136,16 @@ def import_reports(paths, uri: str, experiment: str, gpu: str | None = None, rer
     ``launch_role``: ``profiled`` (tag ``backend=reference``, params ``problem.*``) for the block
     whose grid z equals the ``[profile]`` line's B, ``other`` for the program's other launches.
     Blocks already imported (same file content and block) are skipped unless ``rerun``.
-    Returns the number of runs created. Raises NcuParseError for a file without result blocks.
+    Returns the number of runs created. Raises NcuParseError for a file without result blocks,
+    StoreError (:class:`experiments.track.Tracker`) for a store or experiment that cannot be used.
+    A new store is made, and each file checked and imported, under the store's lock, so that
+    concurrent imports into one store add nothing twice.
     """
-    import mlflow
     from mlflow.entities import Metric, Param, RunTag
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    exp_id = _experiment(client, experiment, uri)
+
+    from .track import Tracker, store_lock
+    tr = Tracker(uri, experiment)
+    client, exp_id = tr.client, tr.experiment_id
     metrics = list(load_table().metrics.values())
     created = 0
     for path in map(Path, paths):
@@ -163,27 +157,28 @@ def import_reports(paths, uri: str, experiment: str, gpu: str | None = None, rer
         sha = hashlib.sha256(text.encode()).hexdigest()
         info = program_info(rep.program)
         runs = [_block_run(b, info, path, sha, gpu, metrics) for b in rep.blocks]
-        done = {r.data.tags.get("run_key") for r in client.search_runs(
-            [exp_id], f"tags.source_sha256 = '{sha}'", max_results=1000)}
-        todo = [r for r in runs if rerun or r[1]["run_key"] not in done]
         kept = f"{len(rep.blocks)} result block(s) of {rep.profiled} profiled launch(es)"
-        if not todo:
-            echo(f"{path.name}: {kept}, already imported (--rerun to import again)")
-            continue
-        parent = client.create_run(exp_id, run_name=path.name, tags={
-            "kind": "reference-study", "source": "ncu_text", "source_file": str(path), "source_sha256": sha,
-            "ncu.blocks_kept": kept}).info.run_id
-        now = int(time.time() * 1000)
-        for params, tags, values in todo:
-            name = f"{path.stem} #{params['source.block']} {params['kernel']} {tuple(params['grid'])}"
-            rid = client.create_run(exp_id, run_name=name,
-                                    tags={**tags, "mlflow.parentRunId": parent}).info.run_id
-            client.log_batch(rid, metrics=[Metric(k, v, now, 0) for k, v in values.items()],
-                             params=[Param(k, str(v)) for k, v in params.items()],
-                             tags=[RunTag("ncu.metrics", str(len(values)))])
-            client.set_terminated(rid)
-            created += 1
-        client.set_terminated(parent)
+        with store_lock(uri):
+            done = {r.data.tags.get("run_key") for r in client.search_runs(
+                [exp_id], f"tags.source_sha256 = '{sha}'", max_results=1000)}
+            todo = [r for r in runs if rerun or r[1]["run_key"] not in done]
+            if not todo:
+                echo(f"{path.name}: {kept}, already imported (--rerun to import again)")
+                continue
+            parent = client.create_run(exp_id, run_name=path.name, tags={
+                "kind": "reference-study", "source": "ncu_text", "source_file": str(path),
+                "source_sha256": sha, "ncu.blocks_kept": kept}).info.run_id
+            now = int(time.time() * 1000)
+            for params, tags, values in todo:
+                name = f"{path.stem} #{params['source.block']} {params['kernel']} {tuple(params['grid'])}"
+                rid = client.create_run(exp_id, run_name=name,
+                                        tags={**tags, "mlflow.parentRunId": parent}).info.run_id
+                client.log_batch(rid, metrics=[Metric(k, v, now, 0) for k, v in values.items()],
+                                 params=[Param(k, str(v)) for k, v in params.items()],
+                                 tags=[RunTag("ncu.metrics", str(len(values)))])
+                client.set_terminated(rid)
+                created += 1
+            client.set_terminated(parent)
         roles = [t["launch_role"] for _, t, _ in todo]
         flag = ""
         if info.get("verified") is False:

@@ -5,7 +5,7 @@ Per precision and size, and tile=auto against the best tile preset (conf/experim
     python -m experiments.performance [--uri URI] [--experiment NAME] [--sweep latest|RUN_ID]
                                       [--goal 0.8] [--out results/h200/performance.md]
 
-Reads the verified runs of the sweep (its parent run's children) and writes a markdown table per
+Reads the verified runs of the sweep (experiments.track.sweep_runs) and writes a markdown table per
 precision and size: ours (the best mma_sync run), cuBLAS (the best cublas run), the peak (the peak
 family's run that ``pct_of_peak`` divides by: experiments.compare.peak_of, the same sweep's when it
 measured one), ours' share of that peak, the ceiling of the mma_sync main loop where the sweep
@@ -21,6 +21,9 @@ and the three largest warp stall reasons. Then it prints the shares and checks:
   the distance between the two timings of tile=auto's kernel (as tile=auto and as its preset, when
   the sweep timed both; the faster of them counts).
 
+A sweep's runs include those it reused (measured by an earlier sweep, found in the store): the header
+says how many, the kernel column marks them "(reused)".
+
 Exit status: 0 when both hold, 1 when one does not (or a precision at 8192 lacks ours or the peak),
 2 when the store, experiment or sweep does not exist or the sweep has no verified run.
 """
@@ -31,10 +34,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compare import MMA_SYNC, family_of, feed_of, peak_of, verified_runs
+from .compare import MMA_SYNC, VERIFIED, family_of, feed_of, peak_of
 from .families.runner import WGMMA
 from .ncu import PREFIX
-from .record import PEAK
+from .record import PEAK, reused_count, reused_in
 from .report import AT_MAX, CLOCK, _fmt, static_command, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
@@ -65,8 +68,7 @@ class NothingMeasured(RuntimeError):
 def _holdings(tr: Tracker, parent: str) -> str:
     """What the sweep ``parent`` holds, e.g. 'sweep 1a2b... (experiment=generations): 37 static, 3
     skipped'."""
-    runs = tr.client.search_runs([tr.experiment_id], f"tags.mlflow.parentRunId = '{parent}'",
-                                 max_results=50000)
+    runs = tr.sweep_runs(parent)
     counts: dict = {}
     for r in runs:
         o = r.data.tags.get("outcome", r.info.status.lower())
@@ -76,6 +78,17 @@ def _holdings(tr: Tracker, parent: str) -> str:
     if counts.get("static"):          # made without a GPU: their resources have a table of their own
         what += f" (their table: {static_command(tr.uri, tr.experiment, parent)})"
     return f"sweep {parent} ({name}): {what}"
+
+
+def _reused(runs: list, parent: str) -> str:
+    """'' or ' (N of its M verified runs reused from earlier sweeps)' for the header of a report."""
+    n = reused_count(runs, parent)
+    return f" ({n} of its {len(runs)} verified runs reused from earlier sweeps)" if n else ""
+
+
+def _mark(run, parent: str) -> str:
+    """' (reused)' after the kernel of a run the sweep ``parent`` reused, else ''."""
+    return " (reused)" if reused_in(run, parent) else ""
 
 
 def _best(runs: list):
@@ -98,8 +111,7 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
     when the sweep holds no verified run to compare (the message says what it holds)."""
     tr = Tracker(uri, experiment, create=False)
     parent = sweep_run(tr, sweep)
-    runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
-            if "throughput" in r.data.metrics]
+    runs = [r for r in tr.sweep_runs(parent, VERIFIED) if "throughput" in r.data.metrics]
     if not any(family_of(r) != PEAK and "problem.m" in r.data.params for r in runs):
         raise NothingMeasured(f"no verified GEMM run in {_holdings(tr, parent)}. The check reads a sweep "
                               "measured on a GPU, e.g. `python run.py -m experiment=h200_performance`.")
@@ -112,7 +124,7 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
         groups.setdefault((p.get("precision", "?"), size), []).append(r)
     fed = {r.data.params.get("precision"): r for r in runs
            if family_of(r) == PEAK and feed_of(r) == "ldmatrix"}
-    out = [f"Performance of sweep {parent}; store: {uri}", "",
+    out = [f"Performance of sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
            "| precision | M x N x K | ours | kernel | cuBLAS | peak | share of peak | ldmatrix-fed ceiling | "
            "share of it | SM clock MHz | at max clock |",
            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -120,14 +132,15 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
     for (prec, size), rs in sorted(groups.items()):
         ours = best[(prec, size)] = _best([r for r in rs if family_of(r) == MMA_SYNC])
         cublas = _best([r for r in rs if family_of(r) == CUBLAS])
-        peak = peak_of(tr, ours) if ours is not None else None
+        peak = peak_of(tr, ours, sweep=parent) if ours is not None else None
         thr = ours.data.metrics["throughput"] if ours is not None else None
         share = _share(thr, peak.data.metrics["throughput"] if peak else None)
         ceiling = fed.get(prec)
         res.shares[(prec, size)] = share
         m = ours.data.metrics if ours is not None else {}
         out.append(f"| {prec} | {'x'.join(map(str, size))} | {_thr(ours)} | "
-                   f"{ours.data.tags.get('kernel', '?') if ours else '-'} | {_thr(cublas)} | {_thr(peak)} | "
+                   f"{ours.data.tags.get('kernel', '?') + _mark(ours, parent) if ours else '-'} | "
+                   f"{_thr(cublas)} | {_thr(peak)} | "
                    f"{_fmt(share, '.1%')} | {_thr(ceiling)} | "
                    f"{_fmt(_share(thr, ceiling.data.metrics['throughput'] if ceiling else None), '.1%')} | "
                    f"{_fmt(m.get(CLOCK), '.0f')} | {_fmt(m.get(AT_MAX), '.1f')} |")
@@ -245,7 +258,7 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     from .families import get
     tr = Tracker(uri, experiment, create=False)
     parent = sweep_run(tr, sweep)
-    runs = [r for r in verified_runs(tr, f"tags.mlflow.parentRunId = '{parent}'")
+    runs = [r for r in tr.sweep_runs(parent, VERIFIED)
             if "throughput" in r.data.metrics and "problem.m" in r.data.params]
     if not any(family_of(r) == WGMMA for r in runs):
         raise NothingMeasured(f"no wgmma run measured and verified on a GPU in {_holdings(tr, parent)}. "
@@ -255,7 +268,7 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     for r in runs:
         p = r.data.params
         groups.setdefault((p["precision"], int(p["problem.m"])), []).append(r)
-    out = [f"Two generations on one GPU: sweep {parent}; store: {uri}", "",
+    out = [f"Two generations on one GPU: sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
            "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | wgmma peak | "
            "mma.sync share | wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 8]
     for (prec, n), rs in sorted(groups.items()):
@@ -263,7 +276,7 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
         # any run of the group names its GPU, driver and precision; a run of the generation itself also
         # its shape (spec.mma)
         anchor = {i: best[i] or best[MMA_SYNC] or best[WGMMA] or best[CUBLAS] for i in (MMA_SYNC, WGMMA)}
-        peak = {i: peak_of(tr, a, i) if a is not None else None for i, a in anchor.items()}
+        peak = {i: peak_of(tr, a, i, parent) if a is not None else None for i, a in anchor.items()}
         thr = {f: r.data.metrics["throughput"] if r else None for f, r in best.items()}
         pk = {i: r.data.metrics["throughput"] if r else None for i, r in peak.items()}
         ratio = thr[WGMMA] / thr[CUBLAS] if thr[WGMMA] and thr[CUBLAS] else None

@@ -9,7 +9,8 @@ as few ncu processes as possible (one, unless a kernel faults: the rest are prof
 new process), and logs ``ncu.*`` metrics (conf/ncu/metrics.yaml), ``ncu_over_event_time`` =
 ncu.duration_us / median_us, the run's CSV row and ncu's settings as tags (``ncu=done``, or
 ``ncu=failed`` with ``ncu_error``; ``ncu.missing`` lists metrics that did not come back).
-The ``.ncu-rep`` of each ncu process goes to the sweep's parent run (tag ``ncu.report`` on every
+The ``.ncu-rep`` of each ncu process goes to the parent run of the sweep its runs belong to (measured
+or reused; to each run when they belong to no one sweep; tag ``ncu.report`` on every
 run; ``ncu.report_id`` is the run's launch in it). Only FINISHED, verified GPU runs are profiled;
 their timings are never changed. Exit status: 0 all profiled, 1 some runs failed or metrics are
 missing, 2 nothing was done (the message says why).
@@ -30,7 +31,8 @@ from pathlib import Path
 
 from .ncu import NcuConfigError, NcuParseError, canonical, load_set, load_table
 from .ncu_launch import kernel_filter, ncu_command, plan_item, profile_items
-from .track import PROJECT_ROOT, resolve_uri
+from .track import (PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, get_tracker, resolve_uri,
+                    sweep_runs, sweeps_of)
 
 __all__ = ["ProfileError", "open_store", "select_runs", "triage", "main"]
 
@@ -55,6 +57,10 @@ def open_store(uri: str | None, experiment: str):
     db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
     if db is not None and not db.is_file():
         raise ProfileError(f"no store at {db}: give the tracking URI that run.py printed (--uri)")
+    try:
+        check_schema(uri, write=True)         # an older store is copied before MLflow upgrades it
+    except StoreError as exc:
+        raise ProfileError(str(exc)) from None
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -64,8 +70,9 @@ def open_store(uri: str | None, experiment: str):
 
 
 def select_runs(client, exp_id: str, parent: str | None, filter_string: str | None) -> tuple[list, str]:
-    """The runs to consider and a description: the children of ``parent``, the runs matching the
-    MLflow ``filter_string``, or (neither) the children of the latest sweep (tag kind=sweep)."""
+    """The runs to consider and a description: the runs of the sweep ``parent`` (those it reused from
+    earlier sweeps included: experiments.track.sweep_runs), the runs matching the MLflow
+    ``filter_string``, or (neither) the runs of the latest sweep (tag kind=sweep)."""
     from mlflow.exceptions import MlflowException
     search = lambda f: client.search_runs([exp_id], f, max_results=50000)  # noqa: E731
     if filter_string:
@@ -83,7 +90,7 @@ def select_runs(client, exp_id: str, parent: str | None, filter_string: str | No
                 raise ProfileError("no sweep in the store yet: run `python run.py -m ...` first, or "
                                    "select runs with --filter")
             parent = latest[0].info.run_id
-        runs = search(f"tags.mlflow.parentRunId = '{parent}'")
+        runs = sweep_runs(client, [exp_id], parent)      # those it reused from earlier sweeps too
         what = f"the runs of sweep {parent}"
     runs = [r for r in runs if r.data.tags.get("kind") != "sweep"]
     if not runs:
@@ -186,12 +193,17 @@ def main(argv=None) -> int:
             missing = [f for f in a.import_text if not Path(f).is_file()]
             if missing:
                 raise ProfileError(f"no such file: {', '.join(missing)}")
-            import_reports(a.import_text, resolve_uri(a.uri), a.experiment or "ncu-reference", a.gpu, a.rerun)
+            uri, experiment = resolve_uri(a.uri), a.experiment or "ncu-reference"
+            get_tracker(uri, experiment)        # StoreError for a store that cannot be used, at once
+            import_reports(a.import_text, uri, experiment, a.gpu, a.rerun)
             return 0
         return _main(a)
-    except (ProfileError, NcuConfigError, NcuParseError) as exc:
+    except (ProfileError, NcuConfigError, NcuParseError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except StoreUnavailable as exc:         # locked by another process, or a full disk
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _main(a) -> int:
@@ -256,11 +268,12 @@ def _record(client, todo, done, failed, reports, mset, arch, tags, stamp, kfilte
     where = {}
     for i, rep in enumerate(reports):
         rids = [rid for rid, (_, _, path) in done.items() if path == rep]
-        parents = {runs[rid].data.tags.get("mlflow.parentRunId") for rid in rids}
-        targets = list(parents) if len(parents) == 1 and None not in parents else rids
+        # the sweep(s) all these runs belong to (measured or reused), else each run
+        common = set.intersection(*(sweeps_of(runs[rid]) for rid in rids)) if rids else set()
+        targets = sorted(common) or rids
         for t in targets:
             client.log_artifact(t, str(rep), f"ncu/{stamp}_{i}")
-        where.update({rid: f"runs:/{targets[0] if len(targets) == 1 else rid}/ncu/{stamp}_{i}/{rep.name}"
+        where.update({rid: f"runs:/{targets[0] if common else rid}/ncu/{stamp}_{i}/{rep.name}"
                       for rid in rids})
     not_returned = defaultdict(list)
     for rid, (la, csv, _) in done.items():

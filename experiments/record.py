@@ -8,13 +8,18 @@ from __future__ import annotations
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
-           "PCT_OF_PEAK", "family_params"]
+           "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS",
+           "MEMBER", "NEW", "REUSED", "reused_in", "reused_count", "FAILED_STAGES", "failure_summary"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
 PEAK = "peak"
 SPEEDUP = "speedup_vs_{}"        # metric: this run's throughput / the best baseline run's
 PCT_OF_PEAK = "pct_of_peak"      # metric: 100 * this run's throughput / the peak run's
+
+# tag of a run that belongs to the sweep whose parent run id follows the dot, with its value: NEW (the
+# sweep made the run) or REUSED (the sweep found it measured by an earlier one); experiments.track
+MEMBER, NEW, REUSED = "in_sweep.{}", "new", "reused"
 
 # metric -> unit; throughput's unit depends on the element type and is the tag `throughput_unit`
 METRICS = {
@@ -43,11 +48,19 @@ METRICS = {
     "power_w_mean": "W (mean of the power samples)", "power_w_max": "W (highest power sample)",
     "power_limit_w": "W (the enforced power limit, NVML)",
     "throughput_per_w": "throughput / power_w_mean: throughput's unit per W (TFLOP/J for TFLOP/s)",
+    # the kernel's own cycle record of its last timed launch (the peak family's MMA loops; absent elsewhere)
+    "mma_per_sm_cycle": "MMA instructions per SM per cycle of the SM's own clock (exact: the SMs' "
+                        "instruction counts / the cycles they counted)",
+    "sm_clock_mhz_kernel": "MHz (the SMs' cycles / their ns during the last timed launch, from the kernel)",
+    "kernel_cycles": "cycles (the longest SM's span of the last timed launch)",
 }
 
 # timing fields of experiments.timing.time_launches logged as metrics under the same names
 CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
                 "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w")
+# fields of experiments.families.peak.kernel_clock (a Prepared's clocks(), merged into the timing dict)
+# logged as metrics under the same names
+KERNEL_CLOCK_FIELDS = ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles")
 
 TAGS = {
     "kernel": "PTX entry name, derived from the spec",
@@ -66,17 +79,27 @@ TAGS = {
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
     "failed_stage": "assemble | verify | gpu | job", "error": "why the run FAILED",
+    "sweep_values": "a sweep's values as they ran, where Hydra expanded one otherwise than it is written",
+    "long_values": "params and tags longer than MLflow allows: each keeps its start, the whole value is "
+                   "the artifact long_values/<name>.txt",
     "skip_reason": "why the run was skipped or interrupted", "study_kernel": "the study's kernel name",
     "mma_native": "true | false | unknown: the SASS holds the tensor-core MMA of the element type",
     "mma_native_reason": "what the SASS holds instead (e.g. emulation of .s4 on sm_90)",
     "tile_auto": "true: tile=auto chose this run's block tile and warps (params tile.*: the choice)",
     "tile_auto_sms": "SMs tile=auto planned the waves for, and where the number came from",
+    MEMBER.format("<parent run id>"): f"{NEW} | {REUSED}: the run belongs to that sweep, which made it or "
+                                      "reused it (found it measured by an earlier sweep)",
 }
 
 # the kernel's PTX and SASS are logged as .txt so that the UI previews them
 ARTIFACTS = {"ptx": "kernel.ptx.txt", "sass": "kernel.sass.txt", "ptxas": "ptxas_report.txt",
              "config": "config.yaml", "batches": "batch_us.txt", "traceback": "traceback.txt",
-             "figure": "throughput_vs_size.png", "cuda": "kernel.cu.txt"}
+             "figure": "throughput_vs_size.png", "cuda": "kernel.cu.txt",
+             "long_value": "long_values/{}.txt"}
+
+# failed_stage -> how the failed runs of that stage read in a sweep's summary and its FAILED reason
+FAILED_STAGES = {"assemble": "rejected by the assembler", "verify": "wrong result(s)", "gpu": "GPU fault(s)",
+                 "job": "job(s) could not run"}
 
 OUTCOMES = ("verified", "static", "skipped", "failed", "interrupted")
 
@@ -133,11 +156,18 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
     :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / mean clock in GHz) and
     ``throughput_at_max_clock`` (throughput x max possible / mean clock), both in throughput's unit,
     rounded like throughput; with power samples ``throughput_per_w`` (throughput / mean W) and the
-    power fields rounded to 0.1 W. Returns {} when the clock was not read (no NVML): never invented."""
+    power fields rounded to 0.1 W; the :data:`KERNEL_CLOCK_FIELDS` it holds (a kernel's own cycle
+    record), with or without NVML. Returns {} when no clock was read: never invented."""
+    kernel = {f: timing[f] for f in KERNEL_CLOCK_FIELDS if timing.get(f) is not None}
+    if "mma_per_sm_cycle" in kernel:
+        kernel["mma_per_sm_cycle"] = round(kernel["mma_per_sm_cycle"], 5)
+    if "sm_clock_mhz_kernel" in kernel:
+        kernel["sm_clock_mhz_kernel"] = round(kernel["sm_clock_mhz_kernel"], 1)
     out = {f: timing[f] for f in CLOCK_FIELDS if timing.get(f) is not None}
     mean = out.get("sm_clock_mhz_mean")
     if not mean:
-        return {}
+        return kernel
+    out.update(kernel)
     out["sm_clock_mhz_mean"] = round(mean, 1)
     out["throughput_per_ghz"] = round(throughput / (mean / 1000.0), 2)
     if out.get("sm_clock_mhz_max_possible"):
@@ -154,7 +184,7 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
                 clock: dict | None = None) -> str:
     """One-line result of a verified run, for its description; ``clock``: :func:`clock_metrics`
     (the mean SM clock during timing and the GPU's highest, MHz; the mean power draw and the limit,
-    W), left out when empty."""
+    W; a kernel's own MMA instructions per SM per cycle and clock), left out when empty."""
     m, n, k = size
     sm = ""
     if clock and clock.get("sm_clock_mhz_mean"):
@@ -163,6 +193,9 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
         if clock.get("power_w_mean"):
             cap = clock.get("power_limit_w")
             sm += f", {clock['power_w_mean']:.0f} W" + (f" of {cap:.0f}" if cap else "")
+    if clock and clock.get("mma_per_sm_cycle") and clock.get("sm_clock_mhz_kernel"):
+        sm += (f"; {clock['mma_per_sm_cycle']:.4f} MMA per SM and cycle at "
+               f"{clock['sm_clock_mhz_kernel']:.0f} MHz (the kernel's own count)")
     return (f"{m}x{n}x{k}: {median_us:.1f} us, {throughput:.1f} {unit} (spread {spread:.1%}), verified{sm}; "
             f"clock-event reasons during timing: {clocks}")
 
@@ -185,12 +218,36 @@ def outcome_of(run) -> str:
     return run.data.tags.get("outcome", run.info.status.lower())
 
 
-def sweep_note(command: str, runs: list) -> str:
-    """The parent run's description (markdown): the command, the outcome counts, the best verified
-    kernel per precision and size, and the skipped combinations with their reasons."""
+def failure_summary(failed: list, total: int) -> str:
+    """Why a sweep FAILED: how many of its ``total`` runs (MLflow runs) failed, by stage (tag
+    ``failed_stage``, :data:`FAILED_STAGES`), e.g. '2 of 4 run(s) failed: 1 rejected by the assembler,
+    1 wrong result'."""
+    import collections
+    stages = collections.Counter(r.data.tags.get("failed_stage", "") for r in failed)
+    parts = [f"{n} {FAILED_STAGES.get(stage, stage or 'failed')}" for stage, n in sorted(stages.items())]
+    return f"{len(failed)} of {total} run(s) failed: {', '.join(parts)}"
+
+
+def reused_in(run, parent: str | None) -> bool:
+    """Whether the sweep ``parent`` reused ``run`` (found it measured by an earlier sweep: tag
+    in_sweep.<parent> = reused); False for no sweep (None)."""
+    return parent is not None and run.data.tags.get(MEMBER.format(parent)) == REUSED
+
+
+def reused_count(runs: list, parent: str | None) -> int:
+    """How many of ``runs`` the sweep ``parent`` reused (:func:`reused_in`)."""
+    return sum(reused_in(r, parent) for r in runs)
+
+
+def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
+    """The parent run's description (markdown): the command, the outcome counts (and how many of the
+    runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision and
+    size (marked "reused" where the sweep reused it), and the skipped combinations with their reasons."""
     import collections
     counts = collections.Counter(outcome_of(r) for r in runs)
-    lines = [f"`{command}`", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) + "."]
+    reused = reused_count(runs, parent)
+    lines = [f"`{command}`", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+             + (f"; {reused} of them reused (measured by an earlier sweep)" if reused else "") + "."]
     best: dict = {}
     for r in runs:
         m = r.data.metrics
@@ -205,7 +262,8 @@ def sweep_note(command: str, runs: list) -> str:
         lines += ["", "| precision | M x N x K | best kernel | median us | throughput |",
                   "| --- | --- | --- | ---: | ---: |"]
         for (prec, m, n, k), r in sorted(best.items()):
-            lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)} | "
+            mark = " (reused)" if reused_in(r, parent) else ""
+            lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)}{mark} | "
                          f"{r.data.metrics['median_us']:.1f} | {r.data.metrics['throughput']:.1f} "
                          f"{r.data.tags.get('throughput_unit', '')} |")
     skipped = [r for r in runs if outcome_of(r) == "skipped"]
@@ -257,14 +315,17 @@ def throughput_figure(runs: list, path) -> bool:
 def sweep_view(parent: str) -> tuple[str, str]:
     """The MLflow UI's shared view of one sweep: (experiment tag name, JSON value).
 
-    The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs (expand the
-    parent) with the columns that matter shown without configuring them: the description (the
-    one-line result or reason), throughput and its unit, median time, outcome. Format: the UI's
-    ``mlflow.sharedViewState.<key>`` experiment tag (column keys ``<type>.`<name>```)."""
+    The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs, those it
+    reused from earlier sweeps included (tag ``in_sweep.<parent>``, experiments.track.sweep_runs),
+    with the columns that matter shown without configuring them: the description (the one-line
+    result or reason), throughput and its unit, median time, outcome, kernel, and whether the sweep
+    made the run or reused it. Format: the UI's ``mlflow.sharedViewState.<key>`` experiment tag
+    (column keys ``<type>.`<name>```)."""
     import json
+    member = MEMBER.format(parent)
     cols = ["attributes.`Description`", "metrics.`throughput`", "tags.`throughput_unit`",
-            "metrics.`median_us`", "tags.`outcome`", "tags.`kernel`"]
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent}'", "orderByKey": "attributes.start_time",
+            "metrics.`median_us`", "tags.`outcome`", "tags.`kernel`", f"tags.`{member}`"]
+    state = {"searchFilter": f"tags.`{member}` LIKE '%'", "orderByKey": "attributes.start_time",
              "orderByAsc": True, "selectedColumns": cols}
     return f"mlflow.sharedViewState.{parent}", json.dumps(state)
 

@@ -2,7 +2,8 @@
 
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
     python -m experiments.report --by-family [--out results/h200/baselines.md]
-    python -m experiments.report --static [--sweep latest]
+    python -m experiments.report --sweep latest|RUN_ID [--by-family]
+    python -m experiments.report --static [--sweep latest|RUN_ID]
     python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN ...]
 
 ``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
@@ -20,9 +21,12 @@ the throughput at the GPU's highest clock (``throughput_at_max_clock``); older r
 ``--by-family``: per GPU, precision and size, each family's best verified throughput, its
 pct_of_peak and its speedups over the baselines (experiments.compare), and the peak runs.
 
-``--static [--sweep latest|RUN_ID]``: the runs made without a GPU (rendered and assembled only), one
-row per kernel and arch: registers, spills, shared memory, theoretical occupancy, SASS instruction
-mix and whether the SASS holds the precision's tensor-core MMA (``mma_native``).
+``--sweep``: the runs of one sweep only (a parent run id, or latest), those it reused from earlier
+sweeps included and marked reused (experiments.track.sweep_runs).
+
+``--static``: the runs made without a GPU (rendered and assembled only), one row per kernel and
+arch: registers, spills, shared memory, theoretical occupancy, SASS instruction mix and whether the
+SASS holds the precision's tensor-core MMA (``mma_native``).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from .record import reused_in
 from .track import StoreError, Tracker, resolve_uri, sqlite_path
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
@@ -43,13 +48,26 @@ __all__ = ["results_table", "families_table", "static_table", "static_command", 
            "main"]
 
 
-def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
-    """Markdown table of every GPU run (FINISHED and FAILED) in the store, grouped by GPU, sorted by
-    kernel and size; throughput is TFLOP/s for float types and TOP/s for integer types.
+def _gpu_runs(tr: Tracker, where: str, sweep: str | None) -> tuple[list, str | None]:
+    """(the GPU runs of the store matching the MLflow filter ``where``, the sweep's parent run id):
+    of the whole experiment (``sweep`` None), or of one sweep (a parent run id or "latest"; the runs
+    it reused from earlier sweeps included, experiments.track.sweep_runs)."""
+    where = f"tags.backend = 'gpu'{' and ' + where if where else ''}"
+    if sweep is None:
+        return tr.client.search_runs([tr.experiment_id], where, max_results=50000), None
+    parent = sweep_run(tr, sweep)
+    return tr.sweep_runs(parent, where), parent
 
-    Read-only: raises StoreError when the store or the experiment does not exist."""
+
+def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
+    """Markdown table of every GPU run (FINISHED and FAILED) in the store, or of one ``sweep`` (a
+    parent run id or "latest"; its status column says "reused" of the runs the sweep reused from
+    earlier sweeps), grouped by GPU, sorted by kernel and size; throughput is TFLOP/s for float types
+    and TOP/s for integer types.
+
+    Read-only: raises StoreError when the store, the experiment or the sweep does not exist."""
     tr = Tracker(uri, experiment, create=False)
-    runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu'", max_results=50000)
+    runs, parent = _gpu_runs(tr, "", sweep)
     rows = []
     for r in runs:
         p, m, t = r.data.params, r.data.metrics, r.data.tags
@@ -57,6 +75,7 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
             continue
         size = (int(p["problem.m"]), int(p["problem.n"]), int(p["problem.k"]))
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
+        status += ", reused" if reused_in(r, parent) else ""
         rows.append((t.get("kernel", "?"), size, m.get("median_us"), m.get("throughput"),
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
@@ -66,7 +85,8 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
-    out = [f"GPU: {', '.join(gpus) or '-'}; store: {uri}", "",
+    of = f"; sweep {parent}" if parent else ""
+    out = [f"GPU: {', '.join(gpus) or '-'}; store: {uri}{of}", "",
            "| GPU | kernel | M x N x K | median us | throughput | spread | status |"
            + (" SM clock MHz | at max clock |" if clocked else ""),
            "| --- | --- | --- | ---: | ---: | ---: | --- |" + (" ---: | ---: |" if clocked else "")]
@@ -103,10 +123,9 @@ def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str
     tr = Tracker(uri, experiment, create=False)
     where = "tags.backend = 'static' and tags.outcome = 'static'"
     parent = sweep_run(tr, sweep) if sweep else None
-    if parent:
-        where += f" and tags.mlflow.parentRunId = '{parent}'"
-    runs = tr.client.search_runs([tr.experiment_id], where, max_results=50000,
-                                 order_by=["attributes.start_time ASC"])
+    runs = (tr.sweep_runs(parent, where) if parent       # oldest first, those it reused included
+            else tr.client.search_runs([tr.experiment_id], where, max_results=50000,
+                                       order_by=["attributes.start_time ASC"]))
     latest = {(r.data.tags.get("kernel", "?"), r.data.tags.get("arch", "?")): r for r in runs}
     scope = f"sweep {parent} of {uri}" if parent else uri
     if not latest:
@@ -150,20 +169,20 @@ def _fmt(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
+def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
     """Markdown of the families side by side, from the verified GPU runs of the store.
 
     Per GPU: the peak runs (precision, mma shape or copy, throughput, unit; the latest per shape),
     then one row per (precision, M x N x K, family) with the family's best verified run: its kernel,
     throughput and unit, pct_of_peak and speedup_vs_<b> for b in record.BASELINES ("-" where the run
     has none: baselines get no speedups, a size without a baseline run gets none). Runs without a
-    family param count as mma_sync. Read-only: raises StoreError when the store or experiment does
-    not exist."""
+    family param count as mma_sync. ``sweep`` (a parent run id or "latest"): the runs of that sweep
+    only, those it reused included (marked "(reused)" after the kernel). Read-only: raises StoreError
+    when the store, experiment or sweep does not exist."""
     from .compare import family_of
     from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
     tr = Tracker(uri, experiment, create=False)
-    runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu' and tags.outcome = 'verified' "
-                                 "and attributes.status = 'FINISHED'", max_results=50000)
+    runs, parent = _gpu_runs(tr, "tags.outcome = 'verified' and attributes.status = 'FINISHED'", sweep)
     best, peaks = {}, {}
     for r in runs:
         p, m, t = r.data.params, r.data.metrics, r.data.tags
@@ -182,7 +201,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
     if not best and not peaks:
         return _nothing_measured(tr, uri, "", ": nothing to compare.")
     order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
-    out = [f"Families by precision and size; store: {uri}", ""]
+    out = [f"Families by precision and size; store: {uri}" + (f"; sweep {parent}" if parent else ""), ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):
         out += [f"## {gpu or 'unknown GPU'}", "", "| peak | shape | throughput |", "| --- | --- | ---: |"]
         for (g, prec, shape), r in sorted(peaks.items()):
@@ -197,7 +216,8 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations") -> str:
         for key in rows:
             r = best[key]
             m = r.data.metrics
-            cells = [key[1], "x".join(map(str, key[2])), key[3], r.data.tags.get("kernel", "?"),
+            cells = [key[1], "x".join(map(str, key[2])), key[3],
+                     r.data.tags.get("kernel", "?") + (" (reused)" if reused_in(r, parent) else ""),
                      f"{m['throughput']:.1f} {r.data.tags.get('throughput_unit', '')}",
                      _fmt(m.get(PCT_OF_PEAK), ".1f")]
             cells += [_fmt(m.get(SPEEDUP.format(b)), ".2f") for b in BASELINES]
@@ -387,13 +407,14 @@ def main(argv=None) -> int:
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default="tensor-core-ablations")
     ap.add_argument("--out", default=None, help="also write the table to this file")
+    ap.add_argument("--sweep", default=None, metavar="latest|RUN_ID",
+                    help="the runs of one sweep only (its parent run id, or latest), those it reused from "
+                         "earlier sweeps included and marked")
     ap.add_argument("--by-family", action="store_true",
                     help="families side by side: throughput, pct_of_peak, speedups "
                          "(results/h200/baselines.md)")
     ap.add_argument("--static", action="store_true",
                     help="the runs made without a GPU: registers, spills, shared memory, occupancy, SASS mix")
-    ap.add_argument("--sweep", default=None, metavar="RUN_ID",
-                    help="with --static: one sweep's runs (its parent run id, or latest)")
     ap.add_argument("--against", default=None, metavar="URI",
                     help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
     ap.add_argument("--repeat", action="append", default=None, metavar="URI",
@@ -406,8 +427,9 @@ def main(argv=None) -> int:
     if args.static and (args.by_family or args.against is not None):
         ap.error("--static tables the runs made without a GPU; --by-family and --against read GPU runs: "
                  "give one")
-    if args.sweep is not None and not args.static:
-        ap.error("--sweep selects the runs of --static; give --static too")
+    if args.against is not None and args.sweep is not None:
+        ap.error("--against compares two stores' latest measurements run by run; --sweep selects one "
+                 "sweep of one store: give one")
     if args.against is not None and args.by_family:
         ap.error("--against compares two stores run by run; --by-family summarises one store: give one")
     if args.against is not None and not args.against.strip():
@@ -443,7 +465,7 @@ def main(argv=None) -> int:
         elif args.static:
             text = static_table(uri, args.experiment, args.sweep)
         else:
-            text = table(uri, args.experiment)
+            text = table(uri, args.experiment, args.sweep)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
     if text.startswith((NOTHING_MEASURED, NO_STATIC)):    # nothing to table: an --out file is kept

@@ -24,13 +24,16 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .record import ARTIFACTS, outcome_of, plotting, sweep_note, sweep_view, throughput_figure
+from .record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count, sweep_note,
+                     sweep_view,
+                     throughput_figure)
 from .report import static_command
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers, unwritable
 
-__all__ = ["count_jobs", "sweep_info", "current_sweep", "gpu_time", "prewarm", "SweepCallback"]
+__all__ = ["count_jobs", "job_dir_name", "sweep_info", "current_sweep", "gpu_time", "prewarm",
+           "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -128,6 +131,27 @@ def release_job_processes() -> None:
         executor.shutdown(wait=True)
 
 
+NAME_MAX = 255      # bytes of one file name on Linux and macOS file systems
+
+
+def job_dir_name(num, overrides: str) -> str:
+    """The name of a job's folder in a sweep (``hydra.sweep.subdir``): ``<num>_<overrides>`` (Hydra's
+    ``hydra.job.override_dirname``), or, when that is longer than a file name may be
+    (:data:`NAME_MAX` bytes; ``problem.shapes`` of 16 shapes), its start and a hash of the whole, so that
+    two jobs never share a folder. The job's overrides are in its ``.hydra/overrides.yaml``."""
+    name = f"{num}_{overrides}"
+    data = name.encode()
+    if len(data) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return data[:NAME_MAX - len(digest) - 4].decode(errors="ignore") + "..._" + digest
+
+
+# registered here, where the callback lives: a job process of a parallel launcher (joblib, Slurm) has
+# it once it unpickles the callbacks, before Hydra resolves the job's folder
+OmegaConf.register_new_resolver("job_dir", job_dir_name, replace=True)
+
+
 def count_jobs(overrides) -> int:
     """Number of jobs the basic sweeper makes from ``overrides`` (product of the sweep lengths).
 
@@ -152,7 +176,11 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
 
     Returns strings: key (hash of experiment, mode and the sorted overrides without ``tracking.*``),
     name (``sweep precision=int4,int8 ktile=32,64``), jobs (count, or '?' for a sweeper whose jobs
-    cannot be counted beforehand) and overrides (the command line's task overrides).
+    cannot be counted beforehand), overrides (the command line's task overrides) and values (''; or
+    for a sweep Hydra expands otherwise than it is written, :func:`values_as_run`, what runs:
+    ``pipeline.stages=sort(range(1,6,2),reverse=true) runs as 4,2,0 (written: 5,3,1)``). The name
+    shows such a sweep with the values that run (``sweep pipeline.stages=4,2,0``), never values that
+    did not.
     """
     task = [str(o) for o in config.hydra.overrides.task]
     params = config.hydra.sweeper.get("params") if multirun else None
@@ -172,8 +200,112 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     shown = [o for o in kept if o in task or o.split("=", 1)[0] not in overridden]
     # a preset's value folded over lines in its YAML (">-") carries ", " between values
     shown = [o if o in task else re.sub(r",\s+", ",", o) for o in shown]
+    differ = values_as_run(shown) if multirun else {}
+    shown = [f"{differ[o][0]}={','.join(differ[o][1])}" if o in differ else o for o in shown]
+    values = "; ".join(f"{o} runs as {','.join(ran)} (written: {','.join(written)})"
+                       for o, (_, ran, written) in differ.items())
     name = ("sweep " if multirun else "run ") + (" ".join(shown) or "(defaults)")
-    return {"key": key, "name": name, "jobs": jobs, "overrides": " ".join(task)}
+    return {"key": key, "name": name, "jobs": jobs, "overrides": " ".join(task), "values": values}
+
+
+def _parser_as_written():
+    """Hydra's override parser with ``sort`` of a range sorting the range's values. Hydra 1.3.8's sort
+    moves a range's ends instead, wrong for a range whose length is no multiple of its step:
+    sort(range(1,6,2),reverse=true) expands to 4,2,0."""
+    from hydra._internal.grammar import grammar_functions
+    from hydra.core.override_parser.overrides_parser import OverridesParser, create_functions
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    def values(arg):
+        return (ChoiceSweep(list=list(arg.range()), shuffle=arg.shuffle) if isinstance(arg, RangeSweep)
+                else arg)
+
+    def sort(*args, sweep=None, list=None, reverse=False):  # noqa: A002 - Hydra's keyword names
+        return grammar_functions.sort(*map(values, args), sweep=values(sweep), list=list, reverse=reverse)
+    functions = create_functions()
+    functions.functions["sort"] = sort
+    return OverridesParser(functions)
+
+
+def values_as_run(overrides) -> dict:
+    """The sweeps among ``overrides`` (strings) whose values Hydra's sweeper runs otherwise than they
+    are written (:func:`_parser_as_written`): override -> (key, the values that run, the values
+    written), each a list of strings. A shuffled sweep compares as a set; a sweep Hydra expands
+    against the config (glob) is left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    hydra_parser, written_parser = OverridesParser.create(), _parser_as_written()
+    found = {}
+    for text in overrides:
+        try:
+            override = hydra_parser.parse_override(text)
+            if not override.is_sweep_override():
+                continue
+            ran = list(override.sweep_string_iterator())
+            written = list(written_parser.parse_override(text).sweep_string_iterator())
+        except Exception:  # noqa: BLE001 - glob(...) needs the config; Hydra reports what it cannot parse
+            continue
+        if getattr(override.value(), "shuffle", False):
+            ran, written = sorted(ran), sorted(written)
+        if ran != written:
+            found[text] = (override.get_key_element(), ran, written)
+    return found
+
+
+def check_output_dirs(config: DictConfig, multirun: bool) -> None:
+    """Raise SystemExit ("Invalid configuration: KEY: ...", as for a job's key) when Hydra's output
+    folder (``hydra.sweep.dir`` and ``hydra.sweep.subdir``, or ``hydra.run.dir``) cannot be resolved,
+    e.g. an interpolation of a key that does not exist: Hydra's own error was a traceback. The subdir
+    is tried as job 0 (its ``hydra.job.*`` keys are set per job)."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
+    probe = copy.deepcopy(config)
+    with read_write(probe), open_dict(probe):
+        probe.hydra.job.num, probe.hydra.job.override_dirname = 0, ""
+    for key in ("hydra.sweep.dir", "hydra.sweep.subdir") if multirun else ("hydra.run.dir",):
+        try:
+            OmegaConf.select(probe, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException as exc:
+            raise SystemExit(f"Invalid configuration: {key}: {str(exc).splitlines()[0]} (Hydra's output "
+                             f"folder; python run.py --cfg hydra shows the keys it can use)") from None
+
+
+def guard_slurm(launcher: DictConfig) -> None:
+    """For Hydra's submitit launchers (``hydra/launcher=slurm``): raise SystemExit when Slurm's sbatch
+    or srun is not on PATH, and make a failure of Slurm during the sweep (sbatch refusing the jobs, an
+    invalid partition, a job that did not complete) end the command with one line naming it and the
+    launcher's settings, not submitit's traceback. The parent run, without children then, is removed
+    on the way out (run.py)."""
+    import shutil
+    target = str(launcher.get("_target_", ""))
+    if "hydra_submitit_launcher" not in target:
+        return
+    if "Slurm" in target and (missing := [t for t in ("sbatch", "srun") if shutil.which(t) is None]):
+        raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
+                         "not on PATH here: run the command on a node of the Slurm cluster, or leave "
+                         "hydra/launcher out to run the jobs on this machine. Nothing was tracked.")
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+    if getattr(BaseSubmititLauncher.launch, "guarded", False):
+        return
+    launch = BaseSubmititLauncher.launch
+
+    def guarded(self, *args, **kwargs):
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+        try:
+            return launch(self, *args, **kwargs)
+        except (FailedJobError, UncompletedJobError, RuntimeError, OSError) as exc:
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            folder = str(self.params.get("submitit_folder", "")).removesuffix("/%j")
+            where = f"submitit's files: {folder}"
+            if self._EXECUTOR == "slurm":
+                partition = self.params.get("partition")
+                where = (f"hydra.launcher.partition={partition}" if partition else "no hydra.launcher."
+                         "partition: the cluster's default") + f"; `sinfo -s` lists the partitions; {where}"
+            who = "Slurm" if self._EXECUTOR == "slurm" else "submitit"
+            raise SystemExit(f"{who} did not run the sweep: {first} ({where})") from None
+    guarded.guarded = True
+    BaseSubmititLauncher.launch = guarded
 
 
 def current_sweep() -> dict:
@@ -220,6 +352,10 @@ def _unwritable_output(config: DictConfig, multirun: bool) -> str | None:
 class SweepCallback(Callback):
     """Resolves the store once, prints the GPU and where results go, and closes the parent run.
 
+    The parent's summary (tag ``runs``, its description, the figure, metric ``runs_reused``) covers
+    every run of the sweep, the runs it reused from earlier sweeps included (counted as "N reused");
+    its GPU time covers the runs it measured.
+
     A multirun's parent run is found again (the same sweep ran before) or created at the start and
     handed to the jobs; a single run's is made by its job once the configuration is valid. A parent
     that ends without children is deleted, so no empty parent stays.
@@ -239,8 +375,10 @@ class SweepCallback(Callback):
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
+        check_output_dirs(config, multirun)
         if problem := _unwritable_output(config, multirun):
             raise SystemExit(problem)
+        guard_slurm(config.hydra.launcher)
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
             raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
@@ -253,7 +391,7 @@ class SweepCallback(Callback):
                              "use backend=auto or backend=static")
         try:
             uri = resolve_uri(config.tracking.uri)
-            tracker = get_tracker(uri, config.tracking.experiment)
+            tracker = get_tracker(uri, config.tracking.experiment, float(config.tracking.wait))
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
         self.uri, self.experiment = uri, config.tracking.experiment
@@ -285,46 +423,58 @@ class SweepCallback(Callback):
         elif multirun:
             where += f" (parent run {handoff[SWEEP_ENV['parent']]})"
         print(where + ".", flush=True)
+        if info["values"]:
+            print(f"Note: Hydra expands a sweep otherwise than it is written: {info['values']}. The jobs run "
+                  "the values Hydra gives them, and the sweep is named and tagged (sweep_values) with those; "
+                  "write the values themselves to run the ones written.", flush=True)
         if warming is not None:
             warming.join()
 
     def _close(self, failed_job: bool = False) -> None:
         """End the parent run(s) this sweep added runs to (one per store and experiment: a sweep over
-        ``tracking.*`` keys writes to several), with a summary; exit 1 when a job could not run, 2 when
-        every job of the sweep was skipped (a combination that cannot exist)."""
-        crashed, closed, emulated, outcomes = [], 0, [], collections.Counter()
+        ``tracking.*`` keys writes to several), with a summary. Any run of this command FAILED (rejected
+        by the assembler, a wrong result, a GPU fault, a job that could not run): the parent ends FAILED
+        with the count as its reason and the command exits 1, after every job ran; skipped runs are
+        no failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2."""
+        failures, total, closed, emulated, outcomes = [], 0, 0, [], collections.Counter()
         stores = {(self.uri, self.experiment)} | {(t.uri, t.experiment) for t in trackers()}
         for uri, experiment in sorted(stores):
             tracker = get_tracker(uri, experiment)
             parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
-            runs = tracker.children(parent) if parent else []
+            runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
             outcomes.update(outcome_of(r) for r in runs)
             if parent is not None and not runs:          # made at the start, nothing joined it
                 tracker.end(parent, "KILLED", "no run joined this sweep")
                 tracker.client.delete_run(parent)
                 continue
-            if parent is None or not new:
+            counts = collections.Counter(outcome_of(r) for r in runs)
+            reused = reused_count(runs, parent)
+            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + (
+                f"; {reused} reused" if reused else "")
+            # added: runs it made now, or runs it reused now (the summary it recorded before differs)
+            if parent is None or not new and tracker.client.get_run(parent).data.tags.get("runs") == summary:
                 if parent in tracker.open:                # reopened at the start; nothing was added
                     tracker.end(parent)
                 continue
             emulated += sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
                                 f"{r.data.tags.get('mma_native_reason', '')}"
                                 for r in new if r.data.tags.get("mma_native") == "false"})
-            counts = collections.Counter(outcome_of(r) for r in runs)
-            mine = [r for r in new if r.data.tags.get("failed_stage") == "job"]
-            crashed += mine
-            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            mine = [r for r in new if r.info.status == "FAILED"]
+            failures, total = failures + mine, total + len(new)
+            for r in runs:      # runs tracked before the membership tag: the UI's view filters by it
+                if MEMBER.format(parent) not in r.data.tags:
+                    tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
             busy_line, busy = gpu_time(new, self.t0, time.time())
-            tracker.log(parent, busy, tags={"runs": summary,
-                                            "mlflow.note.content": sweep_note(self.command, runs)})
+            tracker.log(parent, {**busy, "runs_reused": reused},
+                        tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs, parent)})
             with tempfile.TemporaryDirectory() as tmp:
                 fig = Path(tmp) / ARTIFACTS["figure"]
                 if throughput_figure(runs, fig):
                     tracker.artifact_file(parent, fig)
             if mine or failed_job:
-                tracker.end(parent, "FAILED",
-                            f"{len(mine) or 1} job(s) could not run; see their runs' error tag")
+                why = failure_summary(mine, len(new)) if mine else "1 job(s) could not run"
+                tracker.end(parent, "FAILED", why + "; see their runs' error tag")
             else:
                 tracker.end(parent)
             closed += 1
@@ -345,9 +495,10 @@ class SweepCallback(Callback):
                   f"(tag mma_native=false), e.g. {emulated[0]}. Conclusions about them are about the "
                   "emulation, not the tensor cores.", flush=True)
         failed = self._benchmark() if self.benchmark and self.measured and closed else None
-        if crashed:
-            raise SystemExit(f"{len(crashed)} job(s) could not run: "
-                             + "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in crashed[:3]))
+        if failures:
+            first = "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in failures[:3])
+            failed = "\n".join([f"{failure_summary(failures, total)} ({first}); each run's error tag says "
+                                 "why, the same command runs them again", *([failed] if failed else [])])
         if failed:
             raise SystemExit(failed)
         if set(outcomes) == {"skipped"}:

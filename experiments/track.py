@@ -10,6 +10,12 @@ What the store guarantees (README, "Interruptions, concurrent sweeps, parallel l
   process that died without closing them are closed by the next sweep on the same host;
 - a measurement is identified by its run key; a key FINISHED, or RUNNING in a live process, is never
   measured again (:meth:`Tracker.claim`), so concurrent or repeated sweeps add no duplicates;
+- a sweep owns every measurement it asked for: a run it measured is its child (``mlflow.parentRunId``,
+  one parent per run), and a run it found already measured joins it too, marked as reused: tag
+  ``in_sweep.<parent run id>`` (:data:`MEMBER`) is ``new`` on a sweep's own runs and ``reused`` on the
+  runs it reused; :func:`sweep_runs` is how every reader finds a sweep's runs. The run key is looked up
+  within one experiment: a sweep into another experiment (``tracking.experiment``) measures anew there,
+  so each experiment holds its own runs and its readers never look into another;
 - a sweep's parent run is found again by its sweep key (the sweep's overrides) and created only when
   the sweep adds its first run, so a re-run continues under the same parent and no parent is empty.
 On a SQLite store the read-check-write steps run under a file lock beside the database.
@@ -17,6 +23,7 @@ On a SQLite store the read-check-write steps run under a file lock beside the da
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import numbers
@@ -26,19 +33,32 @@ import socket
 import time
 from pathlib import Path
 
-__all__ = ["PROJECT_ROOT", "StoreError", "resolve_uri", "store_lock", "Tracker", "flatten", "run_key",
-           "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV", "unwritable"]
+from .record import MEMBER, NEW, REUSED
+
+__all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
+           "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV",
+           "MEMBER", "sweep_runs", "sweeps_of", "unwritable"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
 START_MS = int(time.time() * 1000)      # about when this process started (runs newer than it are its)
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
 SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
-             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID"}
+             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID", "values": "TCA_SWEEP_VALUES"}
+
+
+STORE_WAIT_S = 30.0      # how long a write waits for another process's write transaction (tracking.wait)
 
 
 class StoreError(RuntimeError):
     """The tracking store cannot be used as asked; the message says why and what to do."""
+
+
+class StoreUnavailable(BaseException):
+    """A SQLite store stopped taking writes: another process held its write lock past the wait, or
+    its disk is full. Like KeyboardInterrupt it ends the command wherever it is raised (no job can go
+    on without its store, and each would wait again): run.py closes what it can and prints the
+    message, one line naming the lock's holder or the full disk and what to do."""
 
 
 def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) -> str:
@@ -165,17 +185,205 @@ def _read_only(db: Path):
     return contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=30))
 
 
-def _schema_made(db: Path) -> bool:
-    """Whether the SQLite store ``db`` has MLflow's schema (an ``alembic_version`` row): then clients
-    may open it without the store lock, in parallel; a new or half-made store is opened under it."""
+def _revision(db: Path) -> str | None:
+    """The alembic revision of MLflow's schema in the SQLite file ``db`` (read-only), or None (no
+    file, no MLflow schema yet, or not readable)."""
     import sqlite3
     if not db.is_file():
-        return False
+        return None
     try:
         with _read_only(db) as con:
-            return con.execute("SELECT count(*) FROM alembic_version").fetchone()[0] > 0
+            row = con.execute("SELECT version_num FROM alembic_version").fetchone()
     except sqlite3.Error:
+        return None
+    return row[0] if row else None
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_head() -> str:
+    """The schema revision of the installed MLflow (the head of its alembic migrations)."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+    return _get_latest_schema_revision()
+
+
+def _schema_known(rev: str) -> bool:
+    """Whether the installed MLflow's migrations hold the revision ``rev`` (an older schema)."""
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+    try:
+        return ScriptDirectory.from_config(_get_alembic_config(db_url="")).get_revision(rev) is not None
+    except Exception:  # noqa: BLE001 - alembic's errors for a revision it cannot locate
         return False
+
+
+def _schema_made(db: Path) -> bool:
+    """Whether the SQLite store ``db`` has the installed MLflow's schema (its head revision): then
+    clients may open it without the store lock, in parallel, as MLflow changes nothing on open; a new,
+    half-made or older store is opened under it."""
+    return _revision(db) == _schema_head()
+
+
+def check_schema(uri: str, write: bool = True) -> bool:
+    """Check the schema of the SQLite store of ``uri`` before MLflow opens it (MLflow migrates an
+    older store in place on open, after which the MLflow that wrote it cannot open it).
+
+    Returns True when the store has the installed MLflow's schema (also a server's store, left to its
+    server), False when it has no schema yet (``write`` only: the caller makes it, under the lock).
+    An older schema: with ``write`` the file is first copied to ``<db>.bak-<revision>``, then upgraded
+    as ``mlflow db upgrade`` does, under the store lock, and one line says so. Raises StoreError for an
+    older schema without ``write`` (a read-only command never changes a store; the message gives the
+    command that upgrades it), for a schema of a newer MLflow (the message gives the pip command),
+    for no schema without ``write``, and when the copy cannot be made (nothing is changed then).
+    """
+    import mlflow
+    db = sqlite_path(uri)
+    if db is None:
+        return True
+    rev, head = _revision(db), _schema_head()
+    if rev != head and not write and Path(f"{db}.lock").is_file():
+        with contextlib.suppress(Exception):      # another command may be making or upgrading it now
+            with store_lock(uri):
+                rev = _revision(db)
+    if rev == head:
+        return True
+    if rev is None:
+        if write:
+            return False
+        raise StoreError(f"{db} is not an MLflow store (no MLflow tables in it; tracking URI {uri}); "
+                         "give the URI that run.py printed")
+    if not _schema_known(rev):
+        raise StoreError(f"{db} was written by a newer MLflow than the installed {mlflow.__version__} (its "
+                         f"schema revision {rev} is unknown to this one): pip install "
+                         f"'mlflow>{mlflow.__version__}', or open it with the MLflow that wrote it")
+    older = (f"{db} was written by an older MLflow (schema revision {rev}; MLflow {mlflow.__version__} "
+             f"needs {head})")
+    if not write:
+        raise StoreError(f"{older}. A read-only command does not upgrade it: any run.py command on it "
+                         f"does, keeping a copy of the old file; or copy it yourself and run `mlflow db "
+                         f"upgrade sqlite:///{db}`")
+    with store_lock(uri), _uninterrupted():
+        if (rev := _revision(db)) == head:          # another process upgraded it meanwhile
+            return True
+        _upgrade(db, rev, older)
+    return True
+
+
+def _upgrade(db: Path, rev: str, older: str) -> None:
+    """Copy the store ``db`` of schema ``rev`` beside it, then migrate it to the installed MLflow's
+    schema; a failed migration puts the copy back. Raises StoreError when either step fails."""
+    import shutil
+    import sqlite3
+
+    import sqlalchemy
+    from mlflow.store.db.utils import _upgrade_db
+    backup = db.with_name(f"{db.name}.bak-{rev}")
+    n = 1
+    while backup.exists():
+        backup, n = db.with_name(f"{db.name}.bak-{rev}.{n}"), n + 1
+    try:
+        with _read_only(db) as src, contextlib.closing(sqlite3.connect(backup)) as dst:
+            src.backup(dst)
+    except (OSError, sqlite3.Error) as exc:
+        backup.unlink(missing_ok=True)
+        raise StoreError(f"{older}; it was not upgraded, as no copy of it could be made at {backup} "
+                         f"({exc}): free space there and run the command again") from None
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    try:
+        _upgrade_db(engine)
+    except Exception as exc:  # noqa: BLE001 - alembic's and SQLAlchemy's errors
+        engine.dispose()
+        if _revision(db) != rev:                    # migrated part of the way: back to the copy
+            shutil.copyfile(backup, db)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"{older}; upgrading it failed ({first}); the store is left as it was (its copy: "
+                         f"{backup})") from None
+    engine.dispose()
+    print(f"{older}: upgraded in place; the old file is kept as {backup} (the MLflow that wrote it "
+          "opens that copy).", flush=True)
+
+
+def _lock_holder(db: Path) -> str | None:
+    """The process holding a lock on the SQLite file ``db`` (``pid N: command``), from /proc/locks
+    (Linux; SQLite locks with POSIX advisory locks), or None when it is not known."""
+    try:
+        inode = db.stat().st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    pids = [f[4] for f in map(str.split, lines)
+            if len(f) >= 6 and f[5].rsplit(":", 1)[-1] == str(inode) and f[4] != str(PID)]
+    pids.sort(key=lambda pid: not any(f"WRITE {pid} " in line for line in lines))
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmd = ""
+        cmd = " ".join(cmd.split())[:120]            # one line, whatever the command's arguments hold
+        return f"pid {pid}" + (f": {cmd}" if cmd else "")
+    return None
+
+
+def unavailable(exc: BaseException, db: Path, wait: float) -> str | None:
+    """Why the SQLite store ``db`` refused a write, when ``exc`` (or an error inside it) says it was
+    locked by another process past ``wait`` seconds or its disk is full; else None."""
+    import errno
+    while exc is not None:
+        text = str(exc)
+        if "database is locked" in text:
+            holder = _lock_holder(db)
+            who = (f"by another process ({holder})" if holder else
+                   f"by another process (not known which: `fuser {db}` lists those that have it open)")
+            return (f"the store {db} stayed locked {who} holding a write transaction for {wait:g} s "
+                    "(tracking.wait); end that process or let it finish")
+        if "database or disk is full" in text or (isinstance(exc, OSError)
+                                                   and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+            return f"the disk of the store {db} is full; free space there (or give another tracking.uri)"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+_WAIT_MS: dict = {}       # SQLite database path -> how long its writes wait for another's lock (ms)
+
+
+def _busy_timeout(conn, cursor, statement, params, context, executemany):
+    """MLflow sets SQLite's busy timeout (20 s) at the start of every session: the store's wait
+    (``Tracker(wait=...)``) replaces it."""
+    if statement.startswith("PRAGMA busy_timeout") and (ms := _WAIT_MS.get(conn.engine.url.database)):
+        statement = f"PRAGMA busy_timeout = {ms};"
+    return statement, params
+
+
+def _set_wait(db: Path, seconds: float) -> None:
+    """Writes to the SQLite store ``db`` wait up to ``seconds`` for another process's write lock."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    if not event.contains(Engine, "before_cursor_execute", _busy_timeout):
+        event.listen(Engine, "before_cursor_execute", _busy_timeout, retval=True)
+    _WAIT_MS[str(db)] = max(1, int(seconds * 1000))
+
+
+class _Guarded:
+    """An MlflowClient whose calls raise StoreUnavailable (``stop``) or StoreError with one line
+    when the SQLite store ``db`` is locked past the wait or its disk is full (MLflow raises these as
+    an MlflowException holding SQLAlchemy's error, artifacts as OSError)."""
+
+    def __init__(self, client, db: Path, wait: float, stop: bool):
+        self._client, self._db, self._wait, self._stop = client, db, wait, stop
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except Exception as exc:
+                if (why := unavailable(exc, self._db, self._wait)) is None:
+                    raise
+                raise (StoreUnavailable if self._stop else StoreError)(why) from None
+        return call
 
 
 def _store_problem(db: Path) -> str | None:
@@ -267,20 +475,44 @@ def _client(mlflow, uri: str, experiment: str):
         raise StoreError(f"no database answers at {shown}: {first}") from None   # SQLAlchemy's errors
 
 
+RUN_NAME_LENGTH = 250      # MLflow's SQL stores keep a run's name in 250 characters
+_WARNED: set = set()       # names of values said to be longer than MLflow keeps, once per process
+
+
+def _fit(values: dict, limit: int) -> tuple[dict, dict]:
+    """(``values`` as strings, each longer than ``limit`` characters (MLflow's limit of a param or tag
+    value) cut to its start and a pointer to the artifact that keeps it; name -> whole value of those)."""
+    from .record import ARTIFACTS
+    fitted, whole = {}, {}
+    for key, v in values.items():
+        text = str(v)
+        if len(text) > limit:
+            whole[key] = text
+            pointer = f" ... [{len(text)} characters; whole: artifact {ARTIFACTS['long_value'].format(key)}]"
+            text = text[:limit - len(pointer)] + pointer
+        fitted[key] = text
+    return fitted, whole
+
+
 class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
-    ``create=False`` opens an existing store and experiment only (for read-only commands).
-    Raises StoreError when the store does not exist or is no MLflow store (``create=False``), or the
-    experiment was deleted.
+    ``create=False`` opens an existing store and experiment only (for read-only commands). ``wait``:
+    seconds a write waits for another process's write transaction on a SQLite store.
+    Raises StoreError when the store does not exist or is no MLflow store (``create=False``), has the
+    schema of another MLflow (:func:`check_schema`), or the experiment was deleted. Once opened, its
+    client raises StoreUnavailable (``create``; StoreError otherwise) when a SQLite store stays locked
+    past ``wait`` or its disk is full.
     """
 
-    def __init__(self, uri: str, experiment: str, create: bool = True):
+    def __init__(self, uri: str, experiment: str, create: bool = True, wait: float = STORE_WAIT_S):
         import logging
 
         import mlflow
-        for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):   # a new store's set-up notes
-            logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)  # a new store's set-up notes
+        # MLflow notes a new store's set-up and logs each database error with its traceback before
+        # raising it; the commands report the error in one line
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         db = sqlite_path(uri)
         if db is not None and (why := _store_problem(db)) is not None:
             raise StoreError(f"{why} (tracking URI {uri})")
@@ -291,22 +523,24 @@ class Tracker:
                 if absolute.is_file():
                     hint = f"an absolute path takes four slashes: sqlite:///{absolute}"
             raise StoreError(f"no store at {db} (tracking URI {uri}); {hint}")
-        made = db is not None and _schema_made(db)
-        if not create and db is not None and not made:     # read-only: never set one up
-            raise StoreError(f"{db} is not an MLflow store (no MLflow tables in it; tracking URI {uri}); "
-                             "give the URI that run.py printed")
+        made = db is not None and check_schema(uri, write=create)     # read-only: never set one up
+        if db is not None:
+            _set_wait(db, wait)
+        guard = (lambda c: _Guarded(c, db, wait, create)) if db is not None else (lambda c: c)  # noqa: E731
         if uri.startswith(("http://", "https://")):
             _check_server(uri)
         self.uri, self.experiment, self.open = uri, experiment, set()
         self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
+        self.reused: set = set()    # ids of runs of other sweeps that claim found measured (join)
+        self._long: dict = {}       # run id -> names of its values kept whole as artifacts (_keep_whole)
         self.finished = 0
-        # the first client of a new store makes its schema, under the lock; a store that has one is
-        # opened without it (the job processes of a parallel sweep open it at once), and should that
-        # fail (another process is still migrating it), under the lock after all
+        # the first client of a new store makes its schema, under the lock; a store that has this
+        # MLflow's schema is opened without it (the job processes of a parallel sweep open it at once),
+        # and should that fail, under the lock after all
         exp, locked, opened = None, create, False
         if made:
             try:
-                self.client = mlflow.MlflowClient(tracking_uri=uri)
+                self.client = guard(mlflow.MlflowClient(tracking_uri=uri))
                 exp = self.client.get_experiment_by_name(experiment)
                 opened, locked = True, exp is None and create   # a new experiment: under the lock
             except Exception:  # noqa: BLE001 - opened again under the lock
@@ -314,7 +548,13 @@ class Tracker:
         with store_lock(uri) if locked else contextlib.nullcontext(), \
                 _uninterrupted() if db is not None and not made else contextlib.nullcontext():
             if locked or not opened:
-                self.client, exp = _client(mlflow, uri, experiment)
+                try:
+                    client, exp = _client(mlflow, uri, experiment)
+                except Exception as exc:
+                    if db is None or (why := unavailable(exc, db, wait)) is None:
+                        raise
+                    raise (StoreUnavailable if create else StoreError)(why) from None
+                self.client = guard(client)
             if exp is None and not create:
                 names = [e.name for e in self.client.search_experiments()]
                 raise StoreError(f"experiment {experiment!r} is not in {uri}; it holds: "
@@ -359,26 +599,54 @@ class Tracker:
     def start(self, name: str, params: dict, tags: dict, parent: str | None = None) -> str:
         """Create a RUNNING run with params and tags, owned by this process; returns its run id."""
         from mlflow.entities import Param
-        tags = {k: str(v) for k, v in tags.items()}
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
+        tags, long_tags = _fit({k: str(v) for k, v in tags.items()}, MAX_TAG_VAL_LENGTH)
         tags.update(owner_host=HOST, owner_pid=str(PID))
         if parent:
-            tags["mlflow.parentRunId"] = parent
+            tags.update({"mlflow.parentRunId": parent, MEMBER.format(parent): NEW})
+        if len(name) > RUN_NAME_LENGTH:         # a label: the values it is made of are params or tags
+            name = name[:RUN_NAME_LENGTH - 3] + "..."
         rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.open.add(rid)
-        items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
+        params, long_params = _fit(params, MAX_PARAM_VAL_LENGTH)
+        items = [Param(k[:250], v) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(rid, params=items[i:i + 100])
+        self._keep_whole(rid, long_tags, "tag")
+        self._keep_whole(rid, long_params, "param")
         return rid
+
+    def _keep_whole(self, rid: str, whole: dict, kind: str) -> None:
+        """Log each value of ``whole`` (name -> text longer than MLflow keeps, see :func:`_fit`) as the
+        artifact ``long_values/<name>.txt`` of run ``rid``, list the names in its tag ``long_values``
+        and say so once per name and process."""
+        if not whole:
+            return
+        from .record import ARTIFACTS
+        for key, text in whole.items():
+            self.client.log_text(rid, text, ARTIFACTS["long_value"].format(key))
+            if (kind, key) not in _WARNED:
+                _WARNED.add((kind, key))
+                print(f"Note: {kind} {key} is {len(text):,} characters, longer than MLflow keeps: the {kind} "
+                      f"holds its start, the whole value is the run's artifact "
+                      f"{ARTIFACTS['long_value'].format(key)} (tag long_values lists such names).",
+                      flush=True)
+        names = self._long.setdefault(rid, set())
+        names.update(whole)
+        self.client.set_tag(rid, "long_values", ", ".join(sorted(names)))
 
     def log(self, rid: str, metrics: dict | None = None, tags: dict | None = None) -> None:
         """Log finite numeric metrics (inf/NaN are dropped, never logged) and string tags."""
         from mlflow.entities import Metric, RunTag
+        from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
               if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
-        ts = [RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()]
+        tags, whole = _fit(tags or {}, MAX_TAG_VAL_LENGTH)
+        ts = [RunTag(k, v) for k, v in tags.items()]
         for i in range(0, max(len(ms), len(ts), 1), 200):
             self.client.log_batch(rid, metrics=ms[i:i + 200], tags=ts[i:i + 200])
+        self._keep_whole(rid, whole, "tag")
 
     def artifact_text(self, rid: str, text: str, name: str) -> None:
         self.client.log_text(rid, text, name)
@@ -406,26 +674,41 @@ class Tracker:
     def claim(self, key: str, name: str, params: dict, tags: dict, parent) -> tuple[str, str]:
         """Start the run of measurement ``key`` unless it is done or under way elsewhere.
 
-        ``parent`` is a callable returning the parent run id (called only when a run is created).
+        ``parent`` is a callable returning the parent run id (called only when a run is created or
+        joins the sweep).
         Returns ("done", id) for a FINISHED run, ("busy", id) for a run RUNNING in a live process,
-        or ("new", id) for a run started here. A RUNNING run whose process on this host is gone is
-        closed as KILLED first. Check and create happen under the store's lock.
+        or ("new", id) for a run started here. A done or busy run of another sweep joins this one as
+        reused (:meth:`join`; its id is then in :attr:`reused`). A RUNNING run whose process on this
+        host is gone is closed as KILLED first. Check and create happen under the store's lock.
         """
         with store_lock(self.uri):
             for r in self._runs(f"tags.run_key = '{key}'"):
-                if r.info.status == "FINISHED":
-                    return "done", r.info.run_id
+                if r.info.status == "FINISHED" or r.info.status == "RUNNING" and _alive(r.data.tags):
+                    if (sweep := parent()) and self.join(r, sweep) is not None:
+                        self.reused.add(r.info.run_id)
+                    return "done" if r.info.status == "FINISHED" else "busy", r.info.run_id
                 if r.info.status == "RUNNING":
-                    if _alive(r.data.tags):
-                        return "busy", r.info.run_id
                     self._close_orphan(r.info.run_id)
             return "new", self.start(name, params, {**tags, "run_key": key}, parent())
+
+    def join(self, run, parent: str) -> bool | None:
+        """Make ``run`` (an mlflow Run) a member of the sweep ``parent`` that reused it: tag
+        ``in_sweep.<parent>`` = reused, once (a sweep run again counts a run once). Returns True when
+        it joined now, False when that sweep reused it before, None when it is the sweep's own run."""
+        tags = run.data.tags
+        if tags.get("mlflow.parentRunId") == parent:
+            return None
+        if MEMBER.format(parent) in tags:
+            return False
+        self.client.set_tag(run.info.run_id, MEMBER.format(parent), REUSED)
+        return True
 
     def parent(self, sweep: dict) -> str:
         """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
 
-        ``sweep`` holds key, name, jobs, overrides (strings) as :func:`experiments.sweep.sweep_info`
-        gives them. The id is remembered for later jobs of this process.
+        ``sweep`` holds key, name, jobs, overrides and values (strings) as
+        :func:`experiments.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty).
+        The id is remembered for later jobs of this process.
         """
         if sweep["key"] in self.parents:
             return self.parents[sweep["key"]]
@@ -440,8 +723,10 @@ class Tracker:
                 self.open.add(rid)
                 self.log(rid, tags={"owner_host": HOST, "owner_pid": PID, "jobs": sweep["jobs"]})
             else:
+                values = {"sweep_values": sweep["values"]} if sweep.get("values") else {}
                 rid = self.start(sweep["name"], {}, {"kind": "sweep", "sweep_key": sweep["key"],
-                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"]})
+                                                     "jobs": sweep["jobs"], "overrides": sweep["overrides"],
+                                                     **values})
         self.parents[sweep["key"]] = rid
         return rid
 
@@ -451,8 +736,12 @@ class Tracker:
         return found[0].info.run_id if found else None
 
     def children(self, parent: str) -> list:
-        """Child runs of ``parent`` (mlflow Run objects)."""
+        """Child runs of ``parent`` (mlflow Run objects): the runs the sweep made, not those it reused."""
         return self._runs(f"tags.mlflow.parentRunId = '{parent}'", 50000)
+
+    def sweep_runs(self, parent: str, where: str = "") -> list:
+        """The runs of the sweep ``parent`` in this experiment, reused ones included (:func:`sweep_runs`)."""
+        return sweep_runs(self.client, [self.experiment_id], parent, where)
 
     def close_stale(self) -> int:
         """Close (KILLED) the RUNNING runs whose process on this host is gone; returns how many."""
@@ -471,6 +760,32 @@ class Tracker:
         self.client.set_terminated(rid, "KILLED")
 
 
+def sweep_runs(client, experiment_ids: list, parent: str, where: str = "") -> list:
+    """Every run of the sweep ``parent`` (a parent run id) in ``experiment_ids``: the runs it made and
+    those it reused (tag ``in_sweep.<parent>``), also runs tracked before that tag existed (found by
+    ``mlflow.parentRunId``); each once, oldest first, never the parent itself.
+
+    ``client``: an ``mlflow.MlflowClient``; ``where``: an MLflow filter the runs must also match
+    (e.g. ``"tags.outcome = 'verified'"``). Every reader of a sweep's runs (reports, the analysis, the
+    profile step, the UI's view of the sweep, the parent's summary) selects them here.
+    Raises MlflowException for a ``where`` MLflow cannot parse."""
+    extra = f" and {where}" if where else ""
+    found = {}
+    for by in (f"tags.`{MEMBER.format(parent)}` LIKE '%'", f"tags.mlflow.parentRunId = '{parent}'"):
+        for r in client.search_runs(experiment_ids, by + extra, max_results=50000):
+            found.setdefault(r.info.run_id, r)
+    return sorted((r for r in found.values() if r.info.run_id != parent),
+                  key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def sweeps_of(run) -> set:
+    """The parent run ids of the sweeps ``run`` belongs to: its parent and the sweeps that reused it."""
+    tags = run.data.tags
+    prefix = MEMBER.format("")
+    own = {tags["mlflow.parentRunId"]} if tags.get("mlflow.parentRunId") else set()
+    return own | {k[len(prefix):] for k in tags if k.startswith(prefix)}
+
+
 _TRACKERS: dict = {}     # one Tracker per (store, experiment) and process: jobs share its connection
 
 
@@ -479,10 +794,10 @@ def trackers() -> list:
     return list(_TRACKERS.values())
 
 
-def get_tracker(uri: str, experiment: str) -> Tracker:
-    """The process's Tracker for (store, experiment), created on first use."""
+def get_tracker(uri: str, experiment: str, wait: float = STORE_WAIT_S) -> Tracker:
+    """The process's Tracker for (store, experiment), created on first use (``wait``: see Tracker)."""
     if (uri, experiment) not in _TRACKERS:
-        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment)
+        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment, wait=wait)
     return _TRACKERS[(uri, experiment)]
 
 
@@ -492,7 +807,7 @@ def close_runs_of_ended_processes() -> int:
     unreachable store are ignored."""
     n = 0
     for tr in _TRACKERS.values():
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception, StoreUnavailable):
             n += tr.close_stale()
     return n
 
@@ -502,8 +817,9 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
     without children is deleted instead, so no empty parent stays).
 
     Returns (measurement runs ended, sweep parents ended, runs FINISHED by this process before). Used
-    on Ctrl-C, SIGTERM and crashes, so that no run is left RUNNING; errors of an unreachable store are
-    ignored.
+    on Ctrl-C, SIGTERM, crashes and an unavailable store, so that no run is left RUNNING; errors of an
+    unreachable store are ignored, and a store that stays unavailable is given up at its first refusal
+    (its runs stay in ``Tracker.open``, RUNNING until the next command on it closes them).
     """
     ended = sweeps = finished = 0
     for tr in _TRACKERS.values():
@@ -511,11 +827,11 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
         try:        # the runs of this command's sweeps, also those its job processes finished
             finished += max(tr.finished, sum(r.info.status == "FINISHED" and r.info.start_time >= START_MS
                                              for p in parents & tr.open for r in tr.children(p)))
-        except Exception:  # noqa: BLE001 - an unreachable store
+        except (Exception, StoreUnavailable):  # noqa: BLE001 - an unreachable store
             finished += tr.finished
         for rid in sorted(tr.open, key=lambda r: r in parents):
             try:
-                if rid in parents and not tr.children(rid):
+                if rid in parents and not tr.sweep_runs(rid):
                     tr.end(rid, "KILLED", "no run joined this sweep")
                     tr.client.delete_run(rid)
                     continue
@@ -527,6 +843,8 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
                     sweeps += 1
                 else:
                     ended += 1
+            except StoreUnavailable:
+                break
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
     return ended, sweeps, finished

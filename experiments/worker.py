@@ -128,7 +128,8 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     C++, the driver's JIT for PTX); one launch, a synchronize, then ``verify()``; only a verified
     kernel is timed with :func:`experiments.timing.time_launches`. ``rtol`` reaches families whose
     ``prepare`` takes it (float results). Returns the dict of :func:`measure` (verify_* fields, jit_s:
-    seconds of prepare, timing, GPU state before/after) plus ``note`` (what is not like-for-like).
+    seconds of prepare, timing, GPU state before/after) plus ``note`` (what is not like-for-like); where
+    the kernel records its own cycles (``Prepared.clocks``), the timing dict holds them too.
     """
     import inspect
 
@@ -154,6 +155,8 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
         return out
     out["state_before"] = gpu_state(pci_bus_id)
     out["timing"] = time_launches(prep.launch, **timing, pci_bus_id=pci_bus_id)
+    if prep.clocks is not None:         # the kernel's own cycles in its last timed launch
+        out["timing"].update(prep.clocks())
     out["state_after"] = gpu_state(pci_bus_id)
     del prep
     cupy.get_default_memory_pool().free_all_blocks()

@@ -21,8 +21,9 @@ import pytest
 from experiments import families
 from experiments.assemble import parse_ptxas_report
 from experiments.families.base import FamilySpec
-from experiments.families.peak import (INSTRUCTIONS, WGMMA_WORK, expected_accumulators, expected_fed,
-                                       expected_wgmma, operand_words, wgmma_smem_bytes)
+from experiments.families.peak import (CLOCK_RECORD, INSTRUCTIONS, WGMMA_WORK, expected_accumulators,
+                                       expected_fed, expected_wgmma, kernel_clock, mma_per_warp, operand_words,
+                                       wgmma_smem_bytes)
 from experiments.families.wgmma import TYPES as WGMMA_TYPES
 from experiments.families.wmma import f16_accumulation_rtol
 from experiments.spec import SpecError
@@ -335,6 +336,67 @@ def test_wgmma_peak_expected_accumulators_exact():
         assert operand_words(prec, k)[2] == (float(k) if prec == "int8" else 1.0)
 
 
+def test_mma_per_warp_sums_to_the_work():
+    """The MMA instructions each warp issues add up to the launch's work (flops / flops of one MMA), in
+    the kernels' own split: 2^20 units over 4224 warps (132 SMs x 4 blocks x 8): 248 each, the first
+    1024 one more; wgmma: a warpgroup's count on its first warp."""
+    peak = families.get("peak")
+    for spec, warps, per_unit in ((_spec("peak", "fp16"), 4224, 16 * 8), (_spec("peak", "int8", feed="ldmatrix"), 1056, 32 * 32),
+                                  (_spec("peak", "fp16", instruction="wgmma"), 264 * 4, 32)):
+        got = mma_per_warp(spec, warps)
+        k = int(spec.p["mma"].split("k")[1])
+        one = 2 * 64 * 256 * k if spec.p.get("instruction") else 2 * 16 * 8 * k
+        assert got.dtype == np.int64 and got.sum() * one == peak.flops(spec), spec.entry
+        assert set(got[got > 0].tolist()) <= {got.max(), got.max() - per_unit}, spec.entry
+    reg = mma_per_warp(_spec("peak", "fp16"), 4224)
+    assert 2 ** 20 == 4224 * 248 + 1024 and (reg[1023], reg[1024]) == (249 * 128, 248 * 128)
+    wg = mma_per_warp(_spec("peak", "fp16", instruction="wgmma"), 264 * 4)
+    assert wg[:8].tolist() == [249 * 32, 0, 0, 0, 249 * 32, 0, 0, 0] and wg[-4] == 248 * 32
+
+
+def _clock_record(warps):
+    """A clock record as a kernel writes it: rows (clock_start, clock_end, ns_start, ns_end, smid)."""
+    return np.array(warps, dtype=np.uint64)
+
+
+def test_kernel_clock_is_exact_per_sm():
+    """Two SMs with their own cycle counters (10**9 apart) and clocks: SM 7 runs 3 warps (600 MMAs in
+    its 1000 cycles from the first start to the last end, 500 ns: 2000 MHz), SM 2 one warp (100 MMAs in
+    400 cycles, 250 ns: 1600 MHz). Per SM-cycle: 700 / 1400; the clock: 1400 cycles / 750 ns."""
+    assert CLOCK_RECORD == ("clock_start", "clock_end", "ns_start", "ns_end", "smid")
+    t = 5 * 10 ** 17                                 # %globaltimer: ns since the epoch
+    rec = _clock_record([(1000, 1900, t, t + 450, 7), (1100, 2000, t + 50, t + 500, 7), (1050, 1800, t, t + 400, 7),
+                         (10 ** 9, 10 ** 9 + 400, t + 10, t + 260, 2)])
+    got = kernel_clock(rec, np.array([200, 300, 100, 100]))
+    assert got == {"mma_per_sm_cycle": 0.5, "mma_per_sm_cycle_min": 0.25, "mma_per_sm_cycle_max": 0.6,
+                   "kernel_cycles": 1000, "kernel_sms": 2, "sm_clock_mhz_kernel": 1000 * 1400 / 750}
+    # the figure of a launch whose clock halves: twice the cycles per ns, the same MMAs per cycle
+    slow = rec.copy()
+    slow[:, 2:4] = t + (rec[:, 2:4] - t) * 2
+    assert kernel_clock(slow, np.array([200, 300, 100, 100]))["mma_per_sm_cycle"] == 0.5
+    assert kernel_clock(slow, np.array([200, 300, 100, 100]))["sm_clock_mhz_kernel"] == 1000 * 1400 / 1500
+    # a warp that did not write its record (the buffer is zeroed before the first launch)
+    rec[2, 1] = 0
+    with pytest.raises(ValueError, match=r"1 of 4 warps have no clock record \(first: warp 2, \{'clock_start': 1050, "
+                                         r"'clock_end': 0, .*the launch did not finish or its kernel does not record"):
+        kernel_clock(rec, np.array([200, 300, 100, 100]))
+    with pytest.raises(ValueError, match=r"clock record of shape \(4, 5\) for 3 warps; expected \(3, 5\): clock_start"):
+        kernel_clock(rec, np.array([1, 2, 3]))
+
+
+def _assert_records_clocks(src):
+    """The peak kernel's PTX reads %clock64 and %globaltimer at its start and after its last store, and
+    lane 0 of each warp stores them and %smid at clocks + 40 x the grid's warp."""
+    assert ".param .u64 clocks\n)" in src
+    body = src[src.index("{", src.index(".entry")):]
+    reads = [m.start() for m in re.finditer(r"mov\.u64 +%clk_d0, %clock64;", body)]
+    assert len(reads) == 2 and body.count("%globaltimer;") == 2 and body.count("%smid;") == 1
+    assert reads[0] < body.index("ld.param.u32") and reads[1] > body.rindex("st.global.v4")
+    assert body.count("mad.wide.u32    %clk_d2, %clk_w0, 40, %clk_d2;") == 2
+    stores = re.findall(r"@%clk_p st\.global\.u64 \[%clk_d2(?:\+(\d+))?\], %clk_d(\d)", body)
+    assert [(int(off or 0), int(reg)) for off, reg in stores] == [(0, 0), (16, 1), (32, 3), (8, 0), (24, 1)]
+
+
 def test_f16_accumulation_rtol():
     assert f16_accumulation_rtol(512, 1e-3) == pytest.approx(2 ** -10 * 8)
     assert f16_accumulation_rtol(2048, 1e-3) == pytest.approx(2 ** -10 * 16)
@@ -395,6 +457,10 @@ def test_peak_ptx_assembles(tmp_path, need_ptxas):
                 assert s.p["copy"] == "memcpy"
                 continue
             assert f".target {arch}" in b.source and f".entry {b.entry}(" in b.source
+            if s.precision == "copy":
+                assert "%clock64" not in b.source
+            else:
+                _assert_records_clocks(b.source)
             path = tmp_path / f"{b.entry}_{arch}.ptx"
             path.write_text(b.source)
             jobs.append((arch, b, path))
@@ -444,6 +510,7 @@ def test_wgmma_peak_assembles(tmp_path, need_ptxas):
     for s, a in results:
         p, src = s.p, fam.build(s).source
         assert ".target sm_90a" in src and f".maxntid {128 * p['warpgroups']}, 1, 1" in src
+        _assert_records_clocks(src)
         assert len(re.findall(rf"^ +wgmma\.mma_async\.sync\.aligned\.{p['mma']}\.", src, re.M)) == p["iters"] == 32
         assert src.count("wgmma.commit_group.sync.aligned;") == 32 // p["group"]
         assert src.count(f"wgmma.wait_group.sync.aligned {p['wait']};") == 32 // p["group"] + (p["wait"] == 0)
@@ -460,6 +527,35 @@ def test_wgmma_peak_assembles(tmp_path, need_ptxas):
         waits = a.sass.count(f"WARPGROUP.DEPBAR.LE gsb0, 0x{p['wait']:x} ")
         assert waits == 32 // p["group"] + (p["wait"] == 0), (s.entry, waits)
         assert sass_summary(a, sass_subject(fam, s))[1]["mma_native"] == "true"
+        _assert_sass_clocks_around(a.sass, op, s.entry)
+
+
+def _assert_sass_clocks_around(sass, mma_op, entry):
+    """In the SASS the cycle counter is read twice, before the first MMA (``mma_op``) and after the last
+    accumulator store, so a warp's record spans all of its MMAs."""
+    lines = [ln for ln in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+    at = lambda pattern: [i for i, ln in enumerate(lines) if re.search(pattern, ln)]  # noqa: E731
+    clock, mma, stores = at(r"SR_CLOCKLO"), at(rf"\b{mma_op}\b"), at(r"STG\.E\.128")
+    assert len(clock) == 2 and len(at(r"SR_GLOBALTIMERLO")) == 2 and mma and stores, (entry, clock, len(mma), len(stores))
+    assert clock[0] < mma[0] and clock[1] > max(mma[-1], stores[-1]), (entry, clock, mma[0], mma[-1], stores[-1])
+
+
+def test_peak_sass_reads_the_clock_around_the_loop(tmp_path, need_ptxas):
+    """The register-only and the ldmatrix-fed mma.sync loops (fp16) on sm_80, sm_89 and sm_90: ptxas keeps
+    the clock reads outside the loop, the first before the first HMMA, the last after the stores."""
+    from experiments.assemble import assemble
+    fam = families.get("peak")
+    specs = [_spec("peak", "fp16", arch, **opts) for arch in ARCHS for opts in ({}, {"feed": "ldmatrix"})]
+
+    def one(s):
+        return s, assemble(fam.build(s).source, s.entry, s.arch, threads=fam.threads(s), dyn_smem=0,
+                           workdir=tmp_path / s.arch, with_sass=True)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, specs))
+    if not results[0][1].sass:
+        pytest.skip("no cuobjdump / nvdisasm: the SASS order is not checked")
+    for s, a in results:
+        _assert_sass_clocks_around(a.sass, "HMMA", f"{s.entry} {s.arch}")
 
 
 def _column_major_gemm_ex(bufs, transa, transb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c,

@@ -304,6 +304,7 @@ class _Worker:
 
     def __init__(self, us):
         self.us, self.calls = us, []
+        self.kernel_clock = {}          # what a kernel that records its cycles adds to the timing dict
 
     def start(self):
         """The real worker starts its process here; the calls below answer without one."""
@@ -316,7 +317,7 @@ class _Worker:
                 "state_before": dict(state), "state_after": dict(state),
                 "timing": {"median_us": self.us, "min_us": self.us, "max_us": self.us * 1.1, "spread": 0.1,
                            "launches_per_batch": 10, "batches": 3, "method": "cuda_graph", "l2_flush": False,
-                           "batch_us": [self.us] * 3}}
+                           "batch_us": [self.us] * 3, **self.kernel_clock}}
 
 
 def _stub_gpu(tmp_path, monkeypatch, us):
@@ -344,12 +345,15 @@ def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
     """run_job on a (stated) GPU for family=dp4a and family=peak: the worker gets measure_family with
     the spec and the build; runs are named, rated in the family's unit and related (pct_of_peak)."""
     job, store, worker = _stub_gpu(tmp_path, monkeypatch, 1000.0)
+    # the peak kernel's own cycle record (peak.kernel_clock); the stub's timing has no NVML samples
+    worker.kernel_clock = {"mma_per_sm_cycle": 0.5963123, "mma_per_sm_cycle_min": 0.59, "mma_per_sm_cycle_max": 0.6,
+                           "kernel_cycles": 1_984_000, "kernel_sms": 132, "sm_clock_mhz_kernel": 1979.64}
     assert job.run_job(_compose("family=peak", "precision=int8", *store)) == {
         "finished": 1, "failed": 0, "done_before": 0}
     name, kw = worker.calls[0]
     assert name == "measure_family" and (kw["m"], kw["n"], kw["k"]) == (0, 0, 0)
     assert kw["family"] == "peak" and kw["build"]["kind"] == "ptx" and ["mma", "m16n8k32"] in kw["params"]
-    worker.us = 100.0
+    worker.us, worker.kernel_clock = 100.0, {}
     assert job.run_job(_compose("family=dp4a", "precision=int8", "problem.sizes=[512]", *store))["finished"] == 1
     name, kw = worker.calls[1]
     assert (kw["m"], kw["n"], kw["k"], kw["arch"]) == (512, 512, 512, "sm_90") and kw["build"]["kind"] == "cuda"
@@ -365,6 +369,13 @@ def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
     assert dp4a.data.tags["mlflow.note.content"].startswith("512x512x512: 100.0 us, 2.7 TOP/s")
     assert peak.data.tags["mlflow.note.content"].startswith(
         "peak_int8_chains8_iters16_mmam16n8k32_units1048576: 1000.0 us")
+    assert "verified; 0.5963 MMA per SM and cycle at 1980 MHz (the kernel's own count); clock-event" in \
+        peak.data.tags["mlflow.note.content"]
+    got = {f: peak.data.metrics.get(f) for f in ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles",
+                                                 "kernel_sms", "sm_clock_mhz_mean", "throughput_per_ghz")}
+    assert got == {"mma_per_sm_cycle": 0.59631, "sm_clock_mhz_kernel": 1979.6, "kernel_cycles": 1_984_000,
+                   "kernel_sms": None, "sm_clock_mhz_mean": None, "throughput_per_ghz": None}
+    assert not {"mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles"} & set(dp4a.data.metrics)
     assert record.throughput_figure([peak], tmp_path / "f.png") is False      # no size: not plotted
 
 
@@ -426,6 +437,10 @@ def test_measure_family_in_process(family, precision):
     assert res["verify_mismatches"] == 0 and res["verify_rtol"] == (1e-3 if precision == "fp16" else 0.0)
     t = res["timing"]
     assert t["batches"] == 3 and 0 < t["min_us"] <= t["median_us"] <= t["max_us"]
+    if family == "peak":        # its own cycle record: an SM's 4 schedulers issue one instruction a cycle each
+        assert 0 < t["mma_per_sm_cycle"] < 4 and t["kernel_cycles"] > 0 and t["sm_clock_mhz_kernel"] > 0, t
+    else:
+        assert "mma_per_sm_cycle" not in t
     print(f"{spec.entry}: {t['median_us']:.1f} us, {fam.rate(spec, 512, 512, 512, t['median_us']):.1f} "
           f"{fam.unit(spec)}; {res['note']}")
 

@@ -50,6 +50,21 @@ def test_clock_summary_and_metrics_arithmetic():
     assert "verified; SM clock 1834 MHz of 1980; clock-event reasons during timing: sw_power_cap" in line
 
 
+def test_kernel_clock_metrics_with_and_without_nvml():
+    """A kernel's own cycle record (peak.kernel_clock's fields in the timing dict) is logged with or
+    without NVML's samples, rounded; its other fields are not metrics; the result line names it."""
+    kernel = {"mma_per_sm_cycle": 0.5963123, "sm_clock_mhz_kernel": 1834.46, "kernel_cycles": 2_003_911,
+              "kernel_sms": 132, "mma_per_sm_cycle_min": 0.59}
+    alone = record.clock_metrics(330.0, {"median_us": 1.0, **kernel})
+    assert alone == {"mma_per_sm_cycle": 0.59631, "sm_clock_mhz_kernel": 1834.5, "kernel_cycles": 2_003_911}
+    assert set(record.KERNEL_CLOCK_FIELDS) == set(alone) and set(alone) <= set(record.METRICS)
+    both = record.clock_metrics(330.0, {**clock_summary([1980, 1785], 1980), **kernel})
+    assert both["sm_clock_mhz_mean"] == 1882.5 and both["sm_clock_mhz_kernel"] == 1834.5 and "kernel_sms" not in both
+    line = record.result_line((8192,) * 3, 1000.0, 330.0, "TFLOP/s", 0.01, "none", alone)
+    assert line.endswith("verified; 0.5963 MMA per SM and cycle at 1834 MHz (the kernel's own count); "
+                         "clock-event reasons during timing: none")
+
+
 def test_clock_sampler_reads_the_timed_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([1980, 1785, 1800]))
     with ClockSampler("00000000:19:00.0", interval_s=0.001) as clk:

@@ -61,9 +61,10 @@ def test_sweep_view_filters_the_sweep_and_shows_the_result_columns():
     tag, value = sweep_view("abc123")
     assert tag == "mlflow.sharedViewState.abc123"
     state = json.loads(value)
-    assert state["searchFilter"] == "tags.mlflow.parentRunId = 'abc123'"
+    assert state["searchFilter"] == "tags.`in_sweep.abc123` LIKE '%'"     # the runs it made or reused
     assert state["selectedColumns"][:3] == ["attributes.`Description`", "metrics.`throughput`",
                                             "tags.`throughput_unit`"]
+    assert state["selectedColumns"][-1] == "tags.`in_sweep.abc123`"       # new or reused
 
 
 def test_git_commit_is_the_projects_own(tmp_path, monkeypatch):

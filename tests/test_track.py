@@ -224,11 +224,13 @@ def test_claim_measures_a_key_once(tracker):
     parent = lambda: parents.append(1) or "p-none"  # noqa: E731
     state, rid = tracker.claim("claim-1", "first", {"a": 1}, {"kernel": "k"}, lambda: None)
     assert state == "new" and tracker.client.get_run(rid).data.tags["run_key"] == "claim-1"
-    # RUNNING in this (live) process: busy, not started again
+    # RUNNING in this (live) process: busy, not started again; it joins the sweep that asked for it
     assert tracker.claim("claim-1", "again", {}, {}, parent) == ("busy", rid)
     tracker.end(rid)
     assert tracker.claim("claim-1", "again", {}, {}, parent) == ("done", rid)
-    assert parents == []                     # the parent is asked for only when a run is created
+    assert parents == [1, 1] and rid in tracker.reused
+    tags = tracker.client.get_run(rid).data.tags
+    assert tags["in_sweep.p-none"] == "reused" and "mlflow.parentRunId" not in tags
 
 
 def test_claim_closes_the_run_of_a_dead_process(tracker):

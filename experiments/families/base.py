@@ -70,10 +70,14 @@ class Build:
 class Prepared:
     """launch(): enqueue one launch on the current CuPy stream. verify(): after one launch and a
     synchronize, compare with the reference (an :class:`experiments.verify.VerifyResult`).
-    note: what is not like-for-like with the mma_sync kernels ("" when nothing)."""
+    note: what is not like-for-like with the mma_sync kernels ("" when nothing). clocks: where the
+    kernel records its own cycles (the peak family's MMA loops), a function that waits for the device
+    and returns the exact figures of the last launch (dict, :func:`experiments.families.peak.kernel_clock`);
+    None elsewhere."""
     launch: Callable[[], None]
     verify: Callable[[], object]
     note: str = ""
+    clocks: Callable[[], dict] | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,14 @@ accumulates in a narrower format than f32 (about 14 significant bits; DeepSeek-V
 accumulators (scale-d = false) at the first wgmma of every unit and its result is one unit's exact sum;
 the unit count is checked by the other precisions, which run the same loop.
 
+Exact clocks: every mma.sync and wgmma peak kernel records, per warp, ``%clock64`` and ``%globaltimer``
+at its start and after its last store, and ``%smid`` (``kernels_ptx/peak_clock.ptx.j2``; PTX ISA 9.0,
+10: special registers), into a small device buffer that every launch overwrites. After timing, the
+record of the last timed launch gives (:func:`kernel_clock`) the MMA instructions each SM issued per
+cycle of its own clock, from integer counts (the instructions each warp issues are known, the cycles
+are counted by the SM), so a per-clock comparison does not depend on which clock the GPU ran at, and
+the SM clock of that launch (cycles / ns), where NVML's samples during the batches only approximate it.
+
 ``precision=copy``: device-to-device copy bandwidth (bytes read + written, GB/s), a vectorised PTX copy
 kernel or ``cudaMemcpyAsync``. The problem size M, N, K does not apply and is ignored.
 """
@@ -53,7 +61,7 @@ from .wgmma import TYPES as WGMMA_TYPES
 
 __all__ = ["PeakFamily", "MMA_TYPES", "operand_words", "expected_accumulators", "expected_wgmma",
            "expected_fed", "FEEDS", "wgmma_smem_bytes", "wgmma_restarts", "THREADS", "CHAINS", "INSTRUCTIONS",
-           "WGMMA_N"]
+           "WGMMA_N", "CLOCK_RECORD", "mma_per_warp", "kernel_clock"]
 
 # precision -> (PTX type, bits, accumulator, K of the m16n8kK shapes, lowest sm, lowest PTX ISA)
 MMA_TYPES = {
@@ -85,6 +93,8 @@ COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM, COPY_CACHE = 1 << 30, 8, 2, ("", ".
 WGMMA_N, WGMMA_WARPGROUPS, WGMMA_GROUP, WGMMA_WAIT = 256, 2, 4, 1
 WGMMA_WORK = (32, 1 << 16)
 WGMMA_SWIZZLE, WGMMA_ALIGN = 128, 1024          # bytes of a shared-memory row; alignment slack
+# what each warp of an mma.sync or wgmma peak launch records, one u64 each (kernels_ptx/peak_clock.ptx.j2)
+CLOCK_RECORD = ("clock_start", "clock_end", "ns_start", "ns_end", "smid")
 
 
 def _wgmma_shape(precision: str) -> str:
@@ -204,10 +214,76 @@ def expected_wgmma(spec: FamilySpec, warpgroups: int, xp=np):
     return out.astype(_acc_dtype(spec.precision))
 
 
+def mma_per_warp(spec: FamilySpec, warps: int, xp=np):
+    """MMA instructions each of the ``warps`` warps of one launch issues (int64 array, grid warp
+    order): units done x iters x chains (register-only mma.sync), x 32 tiles (feed=ldmatrix); for
+    instruction=wgmma (``warps`` = 4 x warpgroups) a warpgroup's wgmma count on its first warp, 0 on
+    the other three (a wgmma is one instruction of the warpgroup)."""
+    p = spec.p
+    if p.get("instruction") == "wgmma":
+        out = xp.zeros(warps, dtype=np.int64)
+        out[::4] = _units_done(p, warps // 4, xp) * p["iters"]
+        return out
+    per_iter = FED_TILES if p.get("feed") == "ldmatrix" else p["chains"]
+    return _units_done(p, warps, xp) * p["iters"] * per_iter
+
+
+def kernel_clock(record, mma) -> dict:
+    """Exact cycle figures of one launch from its clock record (array (warps, 5) of
+    :data:`CLOCK_RECORD`, as the kernel wrote it) and the MMA instructions each warp issued
+    (:func:`mma_per_warp`). Per SM, its span is from the first start to the last end of the warps that
+    ran there, in that SM's cycles and in ns; the SM's MMAs are its warps' sum. Returns
+    ``mma_per_sm_cycle`` (all SMs' MMAs / all SMs' cycles: MMA instructions per SM per cycle of the SM's
+    own clock), ``mma_per_sm_cycle_min`` / ``_max`` (of single SMs), ``kernel_cycles`` (the longest
+    SM span, cycles), ``kernel_sms`` (SMs that ran warps) and ``sm_clock_mhz_kernel`` (all SMs' cycles
+    / all SMs' ns x 1000: the mean SM clock of the launch, MHz; %globaltimer may advance in steps of up
+    to 1 us, about 0.1 % of a 1 ms launch). Raises ValueError naming the warps whose record is missing
+    (end not after start: the launch did not finish, or the kernel records no clocks)."""
+    rec = np.asarray(record).astype(np.int64)
+    if rec.ndim != 2 or rec.shape[1] != len(CLOCK_RECORD) or len(rec) != len(mma):
+        raise ValueError(f"clock record of shape {rec.shape} for {len(mma)} warps; expected "
+                         f"({len(mma)}, {len(CLOCK_RECORD)}): {', '.join(CLOCK_RECORD)}")
+    c0, c1, t0, t1, sm = rec.T
+    bad = np.flatnonzero((c1 <= c0) | (t1 < t0) | (t0 <= 0))
+    if bad.size:
+        words = dict(zip(CLOCK_RECORD, rec[bad[0]].tolist(), strict=True))
+        raise ValueError(f"{bad.size} of {len(rec)} warps have no clock record (first: warp {bad[0]}, "
+                         f"{words}): the launch did not finish or its kernel does not record clocks")
+    ids, at = np.unique(sm, return_inverse=True)
+
+    def per_sm(values, ufunc, start):         # ufunc (minimum, maximum, add) over each SM's warps
+        out = np.full(len(ids), start, np.int64)
+        ufunc.at(out, at, values)
+        return out
+    big = np.iinfo(np.int64).max
+    cycles = per_sm(c1, np.maximum, 0) - per_sm(c0, np.minimum, big)
+    ns = per_sm(t1, np.maximum, 0) - per_sm(t0, np.minimum, big)
+    issued = per_sm(np.asarray(mma, dtype=np.int64), np.add, 0)
+    rate = issued / cycles
+    out = {"mma_per_sm_cycle": float(issued.sum() / cycles.sum()), "mma_per_sm_cycle_min": float(rate.min()),
+           "mma_per_sm_cycle_max": float(rate.max()), "kernel_cycles": int(cycles.max()),
+           "kernel_sms": len(ids)}
+    if ns.sum() > 0:
+        out["sm_clock_mhz_kernel"] = float(1000.0 * cycles.sum() / ns.sum())
+    return out
+
+
 def wgmma_smem_bytes(spec: FamilySpec) -> int:
     """Dynamic shared memory of an instruction=wgmma block: 1024 (alignment) + A (64 rows per
     warpgroup) + B (N rows), 128 bytes per row."""
     return WGMMA_ALIGN + (64 * spec.p["warpgroups"] + WGMMA_N) * WGMMA_SWIZZLE
+
+
+def _clock_buffer(spec: FamilySpec, warps: int):
+    """(device buffer of the kernel's clock record, zeroed; a function that waits for the device and
+    returns :func:`kernel_clock` of the launch that wrote the buffer last)."""
+    import cupy
+    buf = cupy.zeros((warps, len(CLOCK_RECORD)), dtype=cupy.uint64)
+
+    def read() -> dict:
+        cupy.cuda.Device().synchronize()
+        return kernel_clock(buf.get(), mma_per_warp(spec, warps))
+    return buf, read
 
 
 def _literal(value: int, acc: str) -> str:
@@ -374,38 +450,38 @@ class PeakFamily(Family):
         if spec.precision == "copy":
             return self._prepare_copy(spec, build, seed)
         a_word, b_word, _ = operand_words(spec.precision, _k(spec))
-        args_tail = (np.uint32(a_word), np.uint32(b_word))
         if spec.p.get("instruction") == "wgmma":
             smem, grid, threads = wgmma_smem_bytes(spec), gpu.sm_count(), self.threads(spec)
             kern = gpu.load_ptx(build, dyn_smem=smem)
             groups = grid * spec.p["warpgroups"]
             out = gpu.poisoned((groups * 128, WGMMA_N // 2), _acc_dtype(spec.precision))
-            args = (out, *args_tail)
+            clocks, read_clocks = _clock_buffer(spec, groups * 4)
+            args = (out, np.uint32(a_word), np.uint32(b_word), clocks)
             note = "wgmma.mma_async loop, both operands in shared memory; M, N, K ignored"
             if wgmma_restarts(spec.precision):
                 note += ("; fp8 accumulates below f32 precision: the accumulators restart every unit of "
                          f"{spec.p['iters']} wgmma (verified: one unit's sum)")
             return Prepared(lambda: kern((grid, 1, 1), (threads, 1, 1), args, shared_mem=smem),
-                            lambda: gpu.exact_check(out, expected_wgmma(spec, groups, cupy)), note=note)
-        if spec.p.get("feed") == "ldmatrix":
-            grid, kern = gpu.sm_count(), gpu.load_ptx(build)
-            warps = grid * THREADS // 32
-            out = gpu.poisoned((warps * 32, 4 * FED_TILES), _acc_dtype(spec.precision))
-            args = (out, *args_tail)
+                            lambda: gpu.exact_check(out, expected_wgmma(spec, groups, cupy)), note=note,
+                            clocks=read_clocks)
+        fed = spec.p.get("feed") == "ldmatrix"
+        grid, kern = (1 if fed else BLOCKS_PER_SM) * gpu.sm_count(), gpu.load_ptx(build)
+        warps = grid * THREADS // 32
+        tiles = FED_TILES if fed else spec.p["chains"]          # 4 accumulators each per thread
+        out = gpu.poisoned((warps * 32, 4 * tiles), _acc_dtype(spec.precision))
+        clocks, read_clocks = _clock_buffer(spec, warps)
+        args = (out, np.uint32(a_word), np.uint32(b_word), clocks)
+        if fed:
             return Prepared(lambda: kern((grid, 1, 1), (THREADS, 1, 1), args),
                             lambda: gpu.exact_check(out, expected_fed(spec, warps, cupy)),
                             note="mma.sync fed by ldmatrix.x4 from shared memory at a 64 x 64 warp tile, one "
-                                 "block of 8 warps per SM; M, N, K ignored")
-        grid = BLOCKS_PER_SM * gpu.sm_count()
-        kern = gpu.load_ptx(build)
-        warps = grid * THREADS // 32
-        out = gpu.poisoned((warps * 32, 4 * spec.p["chains"]), _acc_dtype(spec.precision))
-        args = (out, *args_tail)
+                                 "block of 8 warps per SM; M, N, K ignored", clocks=read_clocks)
         note = "register-only mma.sync loop; M, N, K ignored"
         if spec.precision == "int4" and spec.arch == "sm_90":
             note += "; ptxas emulates s4 mma on sm_90 (no IMMA for s4): this is the emulation's peak"
         return Prepared(lambda: kern((grid, 1, 1), (THREADS, 1, 1), args),
-                        lambda: gpu.exact_check(out, expected_accumulators(spec, warps, cupy)), note=note)
+                        lambda: gpu.exact_check(out, expected_accumulators(spec, warps, cupy)), note=note,
+                        clocks=read_clocks)
 
     def _prepare_copy(self, spec: FamilySpec, build: Build, seed: int) -> Prepared:
         import cupy
