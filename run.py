@@ -131,7 +131,9 @@ def check_override_keys(argv: list) -> str | None:
     value outside its values (``family.bn=100``, ``family.persistent=2``), a family option in a sweep
     over several families, a value that is not an integer for an integer key (``ktile=32.5``), one
     other than true or false for a boolean key (``timing.l2_flush=1``, which OmegaConf reads as true)
-    and one that is not a member of an enum key (``precision=int5``, also with --help).
+    and one that is not a member of an enum key (``precision=int5``, also with --help); a value no
+    kernel of the chosen family can take (:func:`_value_problem`); a non-ASCII value not quoted
+    (:func:`_unquoted_problem`).
     The values of a sweep are checked one by one as Hydra's parser expands them (a,b; ``choice(...)``;
     ``range(...)``: :func:`_values`); ``glob(...)`` and ``interval(...)`` are left to Hydra, but for a
     sweep that cannot be expanded (:func:`_sweep_problem`)."""
@@ -154,6 +156,8 @@ def check_override_keys(argv: list) -> str | None:
     family = family or (_preset_family(overrides, dirs) if dirs else None) or MMA_SYNC
     for arg in overrides:
         key, value = arg.split("=", 1)
+        if (problem := _unquoted_problem(arg)) is not None:
+            return problem
         key = key.lstrip("+~")
         if key.startswith("hydra") or "/" in key:
             continue
@@ -202,7 +206,45 @@ def check_override_keys(argv: list) -> str | None:
         members = [m.name for m in kind] if isinstance(kind, type) and issubclass(kind, Enum) else []
         if members and values is not None and (bad := _outside(values, tuple(members))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: {', '.join(members)}"
+        if (problem := _value_problem(key, arg, family)) is not None:
+            return problem
     return None
+
+
+def _value_problem(key: str, arg: str, family: str) -> str | None:
+    """check_override_keys for a value no kernel of the chosen family (or of any family a sweep over
+    families names) can take (experiments.kernel.value_problem: precision, target.arch, a size <= 0,
+    a shape that is not [M, N, K]): an error before any work, also in a sweep, where each job would
+    otherwise be a skipped run. A combination of valid values is left to the jobs."""
+    from experiments.kernel import VALUE_KEYS, value_problem
+    override = _parsed(arg) if key in VALUE_KEYS and "${" not in arg else None
+    if override is None:
+        return None
+    try:
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    except Exception:  # noqa: BLE001 - glob(...), interval(...): Hydra decides
+        return None
+    families = _values(f"family={family}")
+    for v in values:
+        if problem := value_problem(key, v, families):
+            return f"{problem} ({arg!r})"
+    return None
+
+
+def _unquoted_problem(arg: str) -> str | None:
+    """The message for an override whose value holds characters Hydra's override grammar takes only
+    quoted (any non-ASCII letter: ``tracking.experiment=tëst`` ended in LexerNoViableAltException),
+    with the quoted override to give instead; None otherwise (also where quoting would not help)."""
+    import re
+    key, _, value = arg.partition("=")
+    if value.isascii() or not key.isascii() or _parsed(arg) is not None:
+        return None
+    # each word of the grammar (between , [ ] ( ) { } and spaces) that holds such a character, quoted
+    quoted = f"{key}=" + re.sub(r"""[^\s,\[\](){}'"]*[^\x00-\x7f][^\s,\[\](){}'"]*""", r"'\g<0>'", value)
+    if _parsed(quoted) is None:
+        return None                            # quoting is not enough: Hydra's message follows
+    return (f"{arg!r}: Hydra reads a value with non-ASCII characters only in quotes; give {quoted} "
+            f"(in the shell: \"{quoted}\")")
 
 
 def _parsed(arg: str):
@@ -438,6 +480,49 @@ def _check_family_option(family: str, option: str, arg: str) -> str | None:
     return None
 
 
+def check_preset_sweep(argv: list) -> str | None:
+    """The message for a preset that defines a sweep (``hydra.sweeper.params`` of conf/experiment/)
+    given without ``-m``: Hydra then ignores the sweep and runs one job with the defaults of the swept
+    keys, which belongs to no job of the sweep. None with ``-m``, with --help, when the command line
+    sets every swept key (one job of the sweep), or without such a preset. The message gives the
+    ``-m`` command and the command of the sweep's first job; with ``--cfg job`` (or ``all``) it is a
+    YAML comment line saying where the sweep is shown (``--cfg hydra``, which needs none)."""
+    import re
+
+    import yaml
+    if any(a in ("-m", "--multirun", "--help", "-h", "--hydra-help") for a in argv):
+        return None
+    dirs = _config_dirs(argv)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
+    preset = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "experiment"), None)
+    try:
+        y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) if dirs and preset else None
+    except (KeyError, OSError, yaml.YAMLError):
+        return None                        # no such preset: check_override_keys (or Hydra) says so
+    params = (((y or {}).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    folded = {k: re.sub(r",\s+", ",", str(v).strip()) for k, v in params.items()}   # YAML's ">-" values
+    missing = {k: _values(f"{k}={v}") or [v] for k, v in folded.items() if k not in given}
+    if not missing:
+        return None
+    swept = ", ".join(f"{k} ({len(v)} values)" for k, v in missing.items())
+    cfg = [i for i, a in enumerate(argv) if a in ("-c", "--cfg") or a.startswith("--cfg=")]
+    shown = [argv[i].partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "") for i in cfg]
+    if "hydra" in shown:                   # --cfg hydra shows the sweep itself
+        return None
+    skip = set(cfg) | {i + 1 for i in cfg if "=" not in argv[i]}          # --cfg and its value
+    rest = " ".join(a for i, a in enumerate(argv) if i not in skip)
+    first = " ".join(f"{k}={v[0]}" for k, v in missing.items())
+    if cfg:
+        return (f"# experiment={preset} sweeps {swept}; this is one job's config with them at their "
+                f"defaults. The sweep: python run.py --cfg hydra {rest} (hydra.sweeper.params); "
+                f"run it: python run.py -m {rest}")
+    keys = " and ".join(missing)
+    return (f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run "
+            f"a single job with {keys} at the config's default: nothing was run. Run the sweep: "
+            f"python run.py -m {rest}   or one of its jobs: python run.py {rest} {first}")
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt(signum)
 
@@ -449,6 +534,11 @@ if __name__ == "__main__":
     if problem := check_override_keys(sys.argv[1:]) or check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)
+    if problem := check_preset_sweep(sys.argv[1:]):
+        if not problem.startswith("#"):            # --cfg shows the config after this comment line
+            print(problem, file=sys.stderr)
+            sys.exit(2)
+        print(problem, flush=True)
     try:
         main()
     except KeyboardInterrupt as exc:

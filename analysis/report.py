@@ -24,7 +24,7 @@ from . import claims as claims_mod
 from . import figures, tables
 from .predictors import PREDICTORS, predictor_study
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order
+from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order, unmeasured_note
 
 __all__ = ["STUDIES", "Report", "write_report", "main"]
 
@@ -206,15 +206,9 @@ def main(argv=None) -> Report:
         df = load_runs(args.uri, args.experiment, args.sweep, args.filter)
     except (RunsError, StoreError) as exc:
         raise SystemExit(f"Cannot read the runs: {exc}") from None
-    if df.empty:
-        every = load_runs(args.uri, args.experiment, args.sweep, args.filter, backends=None)
-        which = f"sweep {every.attrs['sweep']}" if every.attrs.get("sweep") else "the experiment"
-        held = every["outcome"].value_counts().to_dict() if not every.empty else {}
-        what = ", ".join(f"{n} {o}" for o, n in sorted(held.items())) or "no runs"
+    if note := unmeasured_note(df):
         where = f" (filter {args.filter})" if args.filter else ""
-        print(f"Nothing to report: {which} of experiment {args.experiment!r} in {df.attrs['uri']}{where} "
-              f"holds no run measured on a GPU ({what}). Static runs are rendered and assembled only; run "
-              "the sweep on a GPU, then report.", file=sys.stderr)
+        print(f"Nothing to report{where}: {note}. Run the sweep on a GPU, then report.", file=sys.stderr)
         raise SystemExit(2)
     study = args.study
     if study == "auto":

@@ -22,7 +22,7 @@ from .schema import cast, infer, schema_types
 
 __all__ = ["Column", "COLUMNS", "NCU_STALL_PREFIX", "THROUGHPUT", "MEDIAN_US", "NCU_DURATION", "OCCUPANCY",
            "DRAM_SHARE", "DRAM_COUNT", "SPREAD", "DEFAULT_EXPERIMENT", "RunsError", "load_runs",
-           "tidy_from_runs", "ok_runs", "config_axes", "size_order", "short_labels"]
+           "tidy_from_runs", "ok_runs", "unmeasured_note", "config_axes", "size_order", "short_labels"]
 
 DEFAULT_EXPERIMENT = "tensor-core-ablations"
 
@@ -245,6 +245,29 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     df = _dedupe(df.reset_index(drop=True))
     df.attrs.update(uri=uri, experiments=names, sweep=sweep, filter=filter_string)
     return df
+
+
+def unmeasured_note(runs: pd.DataFrame) -> str | None:
+    """For a table of :func:`load_runs` without rows (no run measured on a GPU): one line saying what
+    its selection (store, experiment, sweep, filter as in ``runs.attrs``) holds instead, e.g. "sweep
+    1a2b... of experiment 'e' in URI holds no run measured on a GPU (4 static)", and, where it holds
+    static runs, the command
+    that tables their registers, spills, occupancy and SASS. None when the table has rows."""
+    if not runs.empty:
+        return None
+    from experiments.report import static_command
+    a = runs.attrs
+    every = load_runs(a["uri"], a["experiments"], a.get("sweep"), a.get("filter"), backends=None)
+    held = every["outcome"].value_counts().to_dict() if not every.empty else {}
+    what = ", ".join(f"{n} {o}" for o, n in sorted(held.items())) or "no runs"
+    which = f"sweep {a['sweep']} of " if a.get("sweep") else ""
+    names = ", ".join(map(repr, a["experiments"]))
+    note = f"{which}experiment {names} in {a['uri']} holds no run measured on a GPU ({what})"
+    if held.get("static"):
+        experiment = a["experiments"][0] if len(a["experiments"]) == 1 else DEFAULT_EXPERIMENT
+        note += (": static runs are rendered and assembled only; their table: "
+                 + static_command(a["uri"], experiment, a.get("sweep")))
+    return note
 
 
 def ok_runs(df: pd.DataFrame) -> pd.DataFrame:

@@ -25,7 +25,8 @@ from .spec import (KernelSpec, SpecError, auto_tile, misfit_message, resolve_arc
 from .timing import tflops
 from .toolchain import toolchain_tags
 
-__all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit", "tile_is_auto", "auto_tile_plans"]
+__all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit", "tile_is_auto", "auto_tile_plans",
+           "value_problem", "VALUE_KEYS"]
 
 
 @dataclass
@@ -61,18 +62,89 @@ class SourceRejected(RuntimeError):
 def shapes_of(cfg) -> list[tuple[int, int, int]]:
     """problem.shapes, else the square problem.sizes, as (M, N, K) tuples of positive ints.
 
-    Raises SpecError for a shape that is not [M, N, K] or a size that is not positive."""
-    for s in cfg.problem.shapes:
-        if len(s) != 3:
-            raise SpecError(f"problem.shapes entry {list(s)} is not [M, N, K]; "
-                            "e.g. 'problem.shapes=[[4096,4096,1024],[512,2048,512]]'")
-    shapes = [tuple(int(x) for x in s) for s in cfg.problem.shapes] or [(n, n, n) for n in cfg.problem.sizes]
-    bad = [s for s in shapes if min(s) <= 0]
-    if bad:
-        key = "problem.shapes" if cfg.problem.shapes else "problem.sizes"
-        got = ", ".join("x".join(map(str, s)) for s in bad)
-        raise SpecError(f"{key}: sizes must be positive; got {got}")
-    return shapes
+    Raises SpecError for a shape that is not [M, N, K] or a size that is not positive
+    (:func:`value_problem`'s message)."""
+    from omegaconf import OmegaConf
+    given = OmegaConf.to_container(cfg.problem) if OmegaConf.is_config(cfg.problem) else cfg.problem
+    for key in ("shapes", "sizes"):
+        if problem := value_problem(f"problem.{key}", list(given[key])):
+            raise SpecError(problem)
+    return [tuple(s) for s in given["shapes"]] or [(n, n, n) for n in given["sizes"]]
+
+
+VALUE_KEYS = ("precision", "target.arch", "problem.sizes", "problem.shapes")   # value_problem's keys
+
+
+def value_problem(key: str, v, families: list | None = None) -> str | None:
+    """Why ``v`` is a value of ``key`` (:data:`VALUE_KEYS`) that no kernel of ``families`` (names;
+    None: any family) can take, naming the valid values; None when some kernel can (also for another
+    key). Such a value is an error before any work, in a single run and in a sweep alike; a valid
+    value that only some combinations cannot take is left to the family's spec (a skipped run in a
+    sweep). Checked: precision (the families' precisions), target.arch (auto, or an arch on which
+    some precision of the families has a kernel with its default options), problem.sizes (positive
+    integers) and problem.shapes ([M, N, K] of positive integers)."""
+    families = list(families or [MMA_SYNC, *_family_names()])
+    if key == "precision":
+        valid = {p: None for f in families for p in _precisions(f)}
+        if str(v) in valid:
+            return None
+        owners = [f for f in [MMA_SYNC, *_family_names()] if str(v) in _precisions(f)]
+        other = f" ({v} is a precision of family={' or '.join(owners)})" if owners else ""
+        return (f"precision={v} is not valid for family={','.join(families)}; valid: {', '.join(valid)}"
+                f"{other}")
+    if key == "target.arch":
+        from .spec import ARCHS
+        valid = [a for a in ARCHS if any(a in _archs(f) for f in families)]
+        if str(v) == "auto" or str(v) in valid:
+            return None
+        return (f"target.arch={v} is not valid for family={','.join(families)}; valid: auto, "
+                f"{', '.join(valid)}")
+    if key == "problem.sizes":
+        if isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                for x in v):
+            return None
+        return (f"problem.sizes={_shown(v)} is not valid: square sizes M=N=K must be positive integers, "
+                "e.g. problem.sizes=[512,1024]")
+    if key == "problem.shapes":
+        ok = lambda s: (isinstance(s, (list, tuple)) and len(s) == 3     # noqa: E731
+                        and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s))
+        if isinstance(v, (list, tuple)) and all(ok(s) for s in v):
+            return None
+        bad = next((s for s in v if not ok(s)), v) if isinstance(v, (list, tuple)) else v
+        return (f"problem.shapes={_shown(v)} is not valid: entry {_shown(bad)} is not [M, N, K] of positive "
+                "integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]]")
+    return None
+
+
+def _shown(v) -> str:
+    return str(list(v) if isinstance(v, tuple) else v).replace(" ", "")
+
+
+def _family_names() -> list:
+    from .families import names
+    return list(names())
+
+
+def _precisions(family: str) -> tuple:
+    from .spec import PRECISIONS
+    return tuple(PRECISIONS) if family == MMA_SYNC else tuple(get_family(family).axes["precision"])
+
+
+@functools.lru_cache(maxsize=None)
+def _archs(family: str) -> tuple:
+    """The archs of ``family``: those where some precision has a kernel with the default options."""
+    from .spec import ARCHS, PRECISIONS
+    if family == MMA_SYNC:
+        return tuple(a for a, lim in ARCHS.items() if any(lim.sm >= p.min_arch for p in PRECISIONS.values()))
+    fam = get_family(family)
+
+    def takes(precision, arch):
+        try:
+            fam.spec(precision, {}, arch)
+            return True
+        except SpecError:
+            return False
+    return tuple(a for a in ARCHS if any(takes(p, a) for p in fam.axes["precision"]))
 
 
 def tile_is_auto(cfg) -> bool:
@@ -188,7 +260,17 @@ def _check_shapes(spec: KernelSpec, shapes) -> None:
         except SpecError as exc:
             bad.append(((m, n, k), exc))
     if bad:
-        raise SpecError(misfit_message(spec.entry, shapes, bad, (spec.bm, spec.bn, spec.ktile)))
+        raise SpecError(misfit_message(spec.entry, shapes, bad, (spec.bm, spec.bn, spec.ktile),
+                                       functools.partial(_takes, spec.check_problem)))
+
+
+def _takes(check_problem, n: int) -> bool:
+    """Whether ``check_problem`` (a kernel's: M, N, K -> None, or SpecError) takes N x N x N."""
+    try:
+        check_problem(n, n, n)
+        return True
+    except SpecError:
+        return False
 
 
 def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) -> dict:

@@ -38,7 +38,7 @@ from .compare import MMA_SYNC, VERIFIED, family_of, feed_of, peak_of
 from .families.runner import WGMMA
 from .ncu import PREFIX
 from .record import PEAK, reused_count, reused_in
-from .report import AT_MAX, CLOCK, _fmt, sweep_run
+from .report import AT_MAX, CLOCK, _fmt, static_command, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
 __all__ = ["Check", "NothingMeasured", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
@@ -75,6 +75,8 @@ def _holdings(tr: Tracker, parent: str) -> str:
         counts[o] = counts.get(o, 0) + 1
     name = tr.client.get_run(parent).info.run_name or ""
     what = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no runs"
+    if counts.get("static"):          # made without a GPU: their resources have a table of their own
+        what += f" (their table: {static_command(tr.uri, tr.experiment, parent)})"
     return f"sweep {parent} ({name}): {what}"
 
 

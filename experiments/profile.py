@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -305,7 +306,7 @@ def _record(client, todo, done, failed, reports, mset, arch, tags, stamp, kfilte
         print(f"  MISSING {k}: {why} in {len(names)} run(s). ncu drops metric names it does not know "
               f"without an error: check the name in conf/ncu/metrics.yaml or the set file against "
               f"`ncu --query-metrics --chips {load_table().archs.get(arch, arch)}`.")
-    print(f"Browse: mlflow ui --backend-store-uri {uri}")
+    print(f"Browse: mlflow ui --backend-store-uri {shlex.quote(uri)}")
     return 1 if failed or not_returned else 0
 
 

@@ -3,6 +3,7 @@
     python -m experiments.report [--uri URI] [--experiment NAME] [--out results/h200/main_job.md]
     python -m experiments.report --by-family [--out results/h200/baselines.md]
     python -m experiments.report --sweep latest|RUN_ID [--by-family]
+    python -m experiments.report --static [--sweep latest|RUN_ID]
     python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN ...]
 
 ``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
@@ -22,6 +23,10 @@ pct_of_peak and its speedups over the baselines (experiments.compare), and the p
 
 ``--sweep``: the runs of one sweep only (a parent run id, or latest), those it reused from earlier
 sweeps included and marked reused (experiments.track.sweep_runs).
+
+``--static``: the runs made without a GPU (rendered and assembled only), one row per kernel and
+arch: registers, spills, shared memory, theoretical occupancy, SASS instruction mix and whether the
+SASS holds the precision's tensor-core MMA (``mma_native``).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import collections
 import itertools
 import math
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -38,7 +44,8 @@ from .record import reused_in
 from .track import StoreError, Tracker, resolve_uri, sqlite_path
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
-__all__ = ["results_table", "families_table", "against_table", "sweep_run", "main"]
+__all__ = ["results_table", "families_table", "static_table", "static_command", "against_table", "sweep_run",
+           "main"]
 
 
 def _gpu_runs(tr: Tracker, where: str, sweep: str | None) -> tuple[list, str | None]:
@@ -73,7 +80,8 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
-        return _nothing_measured(tr, uri, "; their registers, spills and occupancy are in the MLflow UI", ".")
+        return _nothing_measured(tr, uri, f"; {static_command(uri, experiment)} tables their registers, "
+                                 "spills, occupancy and SASS", ".")
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
@@ -99,6 +107,62 @@ def _nothing_measured(tr: Tracker, uri: str, detail: str, end: str) -> str:
     also = f" and {skipped} skipped (combinations that do not exist, each with its reason)" if skipped else ""
     return (f"{NOTHING_MEASURED}{uri} was measured on a GPU yet: {len(runs) - skipped} static run(s) "
             f"(rendered and assembled only{detail}){also}{end}\n")
+
+
+def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
+    """Markdown table of the store's static runs (made without a GPU: rendered and assembled only),
+    those of ``sweep`` (a parent run id or "latest"; None: every sweep), one row per kernel and arch
+    (the latest run): registers per thread, spill stores / loads (bytes), shared memory per block
+    (static + dynamic, bytes), theoretical occupancy, the SASS instruction mix (the classes of
+    experiments.assemble.SASS_OPS, most frequent first, of all instructions) and mma_native, with
+    the reasons of kernels whose MMA is emulated below. "-" where a value is missing (a library
+    call has no PTX; without cuobjdump/nvdisasm there is no SASS).
+
+    Read-only: raises StoreError when the store, experiment or sweep does not exist; returns a line
+    starting with "No static run" when there is none."""
+    tr = Tracker(uri, experiment, create=False)
+    where = "tags.backend = 'static' and tags.outcome = 'static'"
+    parent = sweep_run(tr, sweep) if sweep else None
+    runs = (tr.sweep_runs(parent, where) if parent       # oldest first, those it reused included
+            else tr.client.search_runs([tr.experiment_id], where, max_results=50000,
+                                       order_by=["attributes.start_time ASC"]))
+    latest = {(r.data.tags.get("kernel", "?"), r.data.tags.get("arch", "?")): r for r in runs}
+    scope = f"sweep {parent} of {uri}" if parent else uri
+    if not latest:
+        return f"{NO_STATIC}{scope}: a sweep without a GPU (or backend=static) makes them.\n"
+    out = [f"Static runs (rendered and assembled, not run) in {scope}: {len(latest)} kernel(s)", "",
+           "| kernel | arch | registers | spills st/ld B | shared memory B | occupancy | SASS mix "
+           "| mma_native |",
+           "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    emulated = {}
+    for (kern, arch), r in sorted(latest.items()):
+        m, t = r.data.metrics, r.data.tags
+        smem = [m[k] for k in ("smem_static_bytes", "smem_dynamic_bytes") if k in m]
+        spills = (f"{m['spill_stores_bytes']:.0f} / {m['spill_loads_bytes']:.0f}"
+                  if {"spill_stores_bytes", "spill_loads_bytes"} <= set(m) else "-")
+        mix = sorted(((n, k[len("sass_"):]) for k, n in m.items()
+                      if k.startswith("sass_") and k != "sass_instructions" and n), reverse=True)
+        sass = (", ".join(f"{op} {n:.0f}" for n, op in mix)
+                + (f" of {m['sass_instructions']:.0f}" if "sass_instructions" in m else "")) if mix else "-"
+        native = t.get("mma_native", "-")
+        if native == "false":
+            emulated[kern] = t.get("mma_native_reason", "")
+        occupancy = _fmt(m.get("theoretical_occupancy"), ".0%")
+        out.append(f"| {kern} | {arch} | {_fmt(m.get('registers'), '.0f')} | {spills} | "
+                   f"{_fmt(sum(smem) if smem else None, '.0f')} | {occupancy} | {sass} | {native} |")
+    out += ["", *(f"- {kern}: {why}" for kern, why in emulated.items())] if emulated else []
+    return "\n".join(out) + "\n"
+
+
+NO_STATIC = "No static run in "       # how static_table starts when there is none
+
+
+def static_command(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
+    """The command line that tables the static runs of the store ``uri`` (of ``sweep``, a parent run
+    id), for the messages of the readers that need GPU runs."""
+    return ("python -m experiments.report --static --uri " + shlex.quote(uri)
+            + ("" if experiment == "tensor-core-ablations" else f" --experiment {shlex.quote(experiment)}")
+            + (f" --sweep {sweep}" if sweep else ""))
 
 
 def _fmt(v, fmt: str) -> str:
@@ -349,6 +413,8 @@ def main(argv=None) -> int:
     ap.add_argument("--by-family", action="store_true",
                     help="families side by side: throughput, pct_of_peak, speedups "
                          "(results/h200/baselines.md)")
+    ap.add_argument("--static", action="store_true",
+                    help="the runs made without a GPU: registers, spills, shared memory, occupancy, SASS mix")
     ap.add_argument("--against", default=None, metavar="URI",
                     help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
     ap.add_argument("--repeat", action="append", default=None, metavar="URI",
@@ -358,6 +424,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeat is not None and args.against is None:
         ap.error("--repeat widens the spread of an --against comparison: give --against too")
+    if args.static and (args.by_family or args.against is not None):
+        ap.error("--static tables the runs made without a GPU; --by-family and --against read GPU runs: "
+                 "give one")
     if args.against is not None and args.sweep is not None:
         ap.error("--against compares two stores' latest measurements run by run; --sweep selects one "
                  "sweep of one store: give one")
@@ -393,11 +462,13 @@ def main(argv=None) -> int:
                              "--repeat: the first sweep run once more")
                 repeats.append(rep)
             text = against_table(uri, other, args.experiment, tuple(repeats))
+        elif args.static:
+            text = static_table(uri, args.experiment, args.sweep)
         else:
             text = table(uri, args.experiment, args.sweep)
     except StoreError as exc:
         raise SystemExit(f"Store error: {exc}") from None
-    if text.startswith(NOTHING_MEASURED):        # nothing measured: a results file is not overwritten
+    if text.startswith((NOTHING_MEASURED, NO_STATIC)):    # nothing to table: an --out file is kept
         print(text + (f"{args.out} left as it is.\n" if args.out else ""), end="", file=sys.stderr)
         return 2
     print(text)

@@ -44,12 +44,14 @@ def check_no_tails(entry: str, size: tuple, tile: tuple) -> None:
         raise SpecError(f"{entry} handles no tails: " + "; ".join(bad) + NO_TAILS_ADVICE)
 
 
-def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None = None) -> str:
+def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None = None,
+                   fits=None) -> str:
     """One message for the problem sizes ``bad`` ([(M, N, K), reason]) of ``shapes`` that kernel
     ``entry`` cannot run: each size with its reason (the kernel's name and the advice said once),
     then, given the kernel's ``multiples`` (what M, N, K must be multiples of: BM, BN, BK, or a
     cluster's tiles), the square sizes that fit: multiples of their least common multiple L, each
-    requested size rounded up to one."""
+    requested size rounded up to one, or, where ``fits`` (square size N -> whether the kernel takes
+    N x N x N, e.g. below its 32-bit offset limit) refuses that, down to the largest one it takes."""
     lines = []
     for (m, n, k), why in bad:
         why = str(why).removeprefix(f"{entry} handles no tails: ").removesuffix(NO_TAILS_ADVICE)
@@ -57,11 +59,26 @@ def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None 
     text = f"{len(bad)} of {len(shapes)} problem sizes do not fit {entry}: " + "; ".join(lines)
     if multiples:
         lcm = math.lcm(*multiples)
-        fit = sorted({-(-max(shape) // lcm) * lcm for shape in shapes})
+        fit = sorted({f for shape in shapes if (f := _square_fit(max(shape), lcm, fits))})
         tile = ", ".join(map(str, multiples))
-        text += (f". Square sizes must be multiples of {lcm} (M, N, K: multiples of {tile}), "
-                 f"e.g. problem.sizes=[{','.join(map(str, fit))}]")
+        text += f". Square sizes must be multiples of {lcm} (M, N, K: multiples of {tile})"
+        if fits is not None and any(not fits(-(-max(shape) // lcm) * lcm) for shape in shapes):
+            text += f" and at most {_square_fit(1 << 62, lcm, fits)} (the largest this kernel takes)"
+        text += f", e.g. problem.sizes=[{','.join(map(str, fit))}]" if fit else ""
     return text
+
+
+def _square_fit(n: int, lcm: int, fits) -> int | None:
+    """``n`` rounded up to a multiple of ``lcm``; where ``fits`` refuses that, the largest multiple
+    of ``lcm`` it takes (a binary search: ``fits`` holds up to a limit), or None when it takes none."""
+    up = -(-n // lcm)
+    if fits is None or fits(up * lcm):
+        return up * lcm
+    lo, hi = 0, up                       # fits(lo * lcm) (or lo = 0), not fits(hi * lcm)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * lcm) else (lo, mid)
+    return lo * lcm or None
 
 
 @dataclass(frozen=True)
@@ -123,7 +140,8 @@ class KernelSpec(Geometry):
         and below 2^32 bytes per operand and 2^40 bytes of C (32-bit row offsets)."""
         check_no_tails(self.entry, (m, n, k), (self.bm, self.bn, self.ktile))
         if max(m, n) * k * self.prec.bits // 8 >= 2 ** 32 or m * n * 4 >= 2 ** 40:
-            raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}")
+            raise SpecError(f"problem {m}x{n}x{k} is too large for 32-bit offsets in {self.entry}: A and B "
+                            "must each stay below 2^32 bytes, C below 2^40 bytes")
 
 
 _DOMAINS = {"loader_a": ("loader.a", LOADERS), "loader_b": ("loader.b", LOADERS),

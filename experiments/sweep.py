@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -26,9 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from .record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count, sweep_note,
                      sweep_view,
                      throughput_figure)
+from .report import static_command
 from .kernel import resolved
 from .spec import value
-from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers
+from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers, unwritable
 
 __all__ = ["count_jobs", "job_dir_name", "sweep_info", "current_sweep", "gpu_time", "prewarm",
            "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
@@ -326,6 +328,27 @@ def _hand_to_jobs(config: DictConfig, env: dict) -> None:
         config.hydra.overrides.hydra.extend([f"++hydra.job.env_set.{k}={v}" for k, v in quoted.items()])
 
 
+def _unwritable_output(config: DictConfig, multirun: bool) -> str | None:
+    """The message for a Hydra output folder (``hydra.sweep.dir``, ``hydra.run.dir`` of one run) that
+    this process cannot make or write, before anything is tracked (Hydra's own error is a traceback
+    after the sweep has started), with the store's error where it cannot be written either; None when
+    the folder can be written, or when its path cannot be resolved (Hydra says so)."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        folder = Path(str(OmegaConf.select(config, key, throw_on_missing=True)))
+    except Exception:  # noqa: BLE001 - an interpolation that fails: left to Hydra
+        return None
+    if (blocked := unwritable(folder)) is None:
+        return None
+    problem = (f"{key}={folder} cannot be made or written: {blocked} is read-only for this user. Give a "
+               f"writable folder for Hydra's job configs and logs: {key}=PATH")
+    try:                                  # a read-only project folder holds the default store too
+        resolve_uri(config.tracking.uri)
+    except StoreError as exc:
+        problem += f"\nStore error: {exc}"
+    return problem
+
+
 class SweepCallback(Callback):
     """Resolves the store once, prints the GPU and where results go, and closes the parent run.
 
@@ -353,6 +376,8 @@ class SweepCallback(Callback):
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         check_output_dirs(config, multirun)
+        if problem := _unwritable_output(config, multirun):
+            raise SystemExit(problem)
         guard_slurm(config.hydra.launcher)
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
@@ -410,14 +435,15 @@ class SweepCallback(Callback):
         ``tracking.*`` keys writes to several), with a summary. Any run of this command FAILED (rejected
         by the assembler, a wrong result, a GPU fault, a job that could not run): the parent ends FAILED
         with the count as its reason and the command exits 1, after every job ran; skipped runs are
-        no failure."""
-        failures, total, closed, emulated = [], 0, 0, []
+        no failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2."""
+        failures, total, closed, emulated, outcomes = [], 0, 0, [], collections.Counter()
         stores = {(self.uri, self.experiment)} | {(t.uri, t.experiment) for t in trackers()}
         for uri, experiment in sorted(stores):
             tracker = get_tracker(uri, experiment)
             parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
             runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
+            outcomes.update(outcome_of(r) for r in runs)
             if parent is not None and not runs:          # made at the start, nothing joined it
                 tracker.end(parent, "KILLED", "no run joined this sweep")
                 tracker.client.delete_run(parent)
@@ -458,8 +484,10 @@ class SweepCallback(Callback):
                 print(busy_line, flush=True)
             tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
             page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
-            print(f"Browse the results:  mlflow ui --backend-store-uri {uri}\n"
+            print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
                   f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
+            if not self.measured:                    # no GPU: the resources of its static runs
+                print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
         if emulated:
@@ -473,6 +501,13 @@ class SweepCallback(Callback):
                                  "why, the same command runs them again", *([failed] if failed else [])])
         if failed:
             raise SystemExit(failed)
+        if set(outcomes) == {"skipped"}:
+            # nothing the command asks for can exist: exit 2, as for a value no kernel takes (run.py),
+            # apart from 1, a run or job that failed
+            print(f"Every job of this sweep was skipped ({outcomes['skipped']} combination(s) that cannot "
+                  "exist; see their runs' skip_reason): nothing was built or measured. Exit status 2.",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
     def _benchmark(self) -> str | None:
         """The performance check of this sweep (``benchmark``); returns why it failed, or None."""

@@ -37,7 +37,7 @@ from .record import MEMBER, NEW, REUSED
 
 __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
            "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV",
-           "MEMBER", "sweep_runs", "sweeps_of"]
+           "MEMBER", "sweep_runs", "sweeps_of", "unwritable"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
@@ -111,7 +111,25 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise StoreError(f"the tracking URI {uri}: {_store_problem(path)}") from None
+        except PermissionError:
+            pass                                     # named below
+        if (folder := unwritable(path) or unwritable(path.parent)) is not None:
+            raise StoreError(f"the store {path} cannot be written: {folder} is read-only for this user "
+                             "(SQLite writes the database and its journal beside it, the artifacts go there "
+                             "too); give a writable place: tracking.uri=sqlite:////PATH/mlflow.db, or "
+                             "MLFLOW_TRACKING_URI")
     return f"sqlite:///{path}"
+
+
+def unwritable(path: Path) -> Path | None:
+    """What keeps this process from writing ``path`` (a file, or a folder to be made): ``path`` when
+    it exists and is read-only, else the nearest existing folder above it when that is read-only
+    (files cannot be made in it); None when ``path`` can be written or made."""
+    path = Path(path).absolute()
+    if path.exists():
+        return None if os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)) else path
+    folder = next((p for p in path.parents if p.exists()), None)
+    return folder if folder is not None and not os.access(folder, os.W_OK | os.X_OK) else None
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -147,3 +147,17 @@ def test_outcome_from_tag_or_status():
     df = tidy_from_runs([run("a", "KILLED", {"outcome": "interrupted"}), run("b", "KILLED", {}),
                          run("c", "FINISHED", {"backend": "static"}), run("d", "FAILED", {})])
     assert df["outcome"].tolist() == ["interrupted", "skipped", "static", "failed"]
+
+
+def test_store_experiments_keep_artifacts_beside_the_database(store):
+    """An experiment made without an artifact location sends its artifacts to ./mlruns of the working
+    folder (MLflow's default): the test suite left an mlruns/ folder in the checkout."""
+    import mlflow
+
+    from experiments.track import sqlite_path
+    client = mlflow.MlflowClient(store["uri"])
+    beside = (sqlite_path(store["uri"]).parent / "artifacts").as_uri()
+    made = [e for e in client.search_experiments() if e.name != "Default"]     # MLflow's own, never used
+    assert made and {e.artifact_location for e in made} == {beside}
+    if store["reference"]:                   # analysis.reference.load_into_mlflow made it
+        assert "reference-l4-study" in {e.name for e in made}

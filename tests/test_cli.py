@@ -500,9 +500,10 @@ def test_cfg_with_multirun_is_one_line_and_exit_2(tmp_path):
 
 
 def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):
-    """A multirun of one job is still a multirun: the combination is recorded as skipped."""
+    """A multirun of one job is still a multirun: the combination is recorded as skipped (and, as
+    every job of the sweep was skipped, the command exits 2)."""
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "mma=m16n8k64", *store_args(tmp_path))
-    assert rc == 0, out
+    assert rc == 2, out
     assert "[1/1] skipped" in out
     parents, children = all_runs(tmp_path)
     assert [p.info.status for p in parents] == ["FINISHED"]
@@ -510,6 +511,6 @@ def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):
     assert MMA_K64_INT8 in children[0].data.tags["skip_reason"]
     # the same command again resumes: the skipped combination is not recorded a second time
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "mma=m16n8k64", *store_args(tmp_path))
-    assert rc == 0 and f"[1/1] skipped precision=int8 mma=m16n8k64: already recorded (run {children[0].info.run_id})" \
+    assert rc == 2 and f"[1/1] skipped precision=int8 mma=m16n8k64: already recorded (run {children[0].info.run_id})" \
         in out, out
     assert [c.info.run_id for c in all_runs(tmp_path)[1]] == [children[0].info.run_id]

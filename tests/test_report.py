@@ -1,4 +1,6 @@
 """experiments/report.py: the results table groups runs by GPU and only reads the store."""
+import pytest
+
 from experiments.report import results_table
 from experiments.track import Tracker
 
@@ -21,8 +23,9 @@ def test_results_table_of_a_store_without_gpu_runs_says_so(tmp_path):
     for _ in range(2):
         tr.end(tr.start("int8 bk64", {}, {"backend": "static"}))
     assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
-                                          "(rendered and assembled only; their registers, spills and occupancy "
-                                          "are in the MLflow UI).\n")
+                                          f"(rendered and assembled only; python -m experiments.report --static "
+                                          f"--uri {tr.uri} --experiment e tables their registers, spills, "
+                                          "occupancy and SASS).\n")
 
 
 def test_results_table_shows_the_sm_clock_of_runs_timed_with_it(tmp_path):
@@ -46,9 +49,71 @@ def test_skipped_runs_are_not_counted_as_static(tmp_path):
     for outcome in ("static", "static", "skipped"):
         tr.end(tr.start("wgmma fp16", {}, {"backend": "static", "outcome": outcome}))
     assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
-                                          "(rendered and assembled only; their registers, spills and occupancy "
-                                          "are in the MLflow UI) and 1 skipped (combinations that do not exist, "
+                                          f"(rendered and assembled only; python -m experiments.report --static "
+                                          f"--uri {tr.uri} --experiment e tables their registers, spills, "
+                                          "occupancy and SASS) and 1 skipped (combinations that do not exist, "
                                           "each with its reason).\n")
+
+
+def _static_store(tmp_path):
+    """A sweep of static runs: an mma_sync kernel, an emulated int4 one (run twice: the latest counts),
+    a library call without PTX, a skipped combination; and another sweep's kernel."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    sweeps = [tr.start(f"sweep {i}", {}, {"kind": "sweep", "sweep_key": f"k{i}"}) for i in range(2)]
+    asm = {"registers": 186, "spill_stores_bytes": 0, "spill_loads_bytes": 0, "smem_static_bytes": 0,
+           "smem_dynamic_bytes": 55296, "theoretical_occupancy": 0.125, "sass_IMMA": 32, "sass_LDSM": 24,
+           "sass_LDGSTS": 12, "sass_BAR": 2, "sass_HMMA": 0, "sass_instructions": 406}
+    runs = [("gemm_int8", {**asm}, {"mma_native": "true"}, 0),
+            ("gemm_int4", {**asm, "registers": 250}, {"mma_native": "false"}, 0),
+            ("gemm_int4", {**asm, "registers": 197, "spill_stores_bytes": 8, "spill_loads_bytes": 16,
+                           "sass_CALL": 32, "sass_IMMA": 2},
+             {"mma_native": "false", "mma_native_reason": "ptxas emulates .s4 with IMMA.16816.S8.S8"}, 0),
+            ("cublas_int8", {}, {"ptxas": "not applicable"}, 0),
+            ("gemm_fp16", {**asm}, {"mma_native": "true"}, 1)]
+    for kernel, metrics, tags, sweep in runs:
+        rid = tr.start(kernel, {}, {"backend": "static", "outcome": "static", "kernel": kernel, "arch": "sm_90",
+                                    **tags}, sweeps[sweep])
+        tr.log(rid, metrics)
+        tr.end(rid)
+    tr.end(tr.start("skipped", {}, {"backend": "static", "outcome": "skipped"}, sweeps[0]))
+    for rid in sweeps:
+        tr.end(rid)
+    return tr, sweeps
+
+
+def test_static_table_one_row_per_kernel(tmp_path):
+    """Without a GPU the reports had nothing to show: the static runs get a table of their own."""
+    from experiments.report import static_table
+    tr, sweeps = _static_store(tmp_path)
+    assert static_table(tr.uri, "e", sweeps[0]).splitlines() == [
+        f"Static runs (rendered and assembled, not run) in sweep {sweeps[0]} of {tr.uri}: 3 kernel(s)", "",
+        "| kernel | arch | registers | spills st/ld B | shared memory B | occupancy | SASS mix | mma_native |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+        "| cublas_int8 | sm_90 | - | - | - | - | - | - |",
+        "| gemm_int4 | sm_90 | 197 | 8 / 16 | 55296 | 12% | CALL 32, LDSM 24, LDGSTS 12, IMMA 2, BAR 2 of 406 | false |",
+        "| gemm_int8 | sm_90 | 186 | 0 / 0 | 55296 | 12% | IMMA 32, LDSM 24, LDGSTS 12, BAR 2 of 406 | true |",
+        "", "- gemm_int4: ptxas emulates .s4 with IMMA.16816.S8.S8"]
+    every = static_table(tr.uri, "e")
+    assert every.startswith(f"Static runs (rendered and assembled, not run) in {tr.uri}: 4 kernel(s)")
+    assert "| gemm_fp16 | sm_90 | 186 |" in every
+    assert static_table(tr.uri, "e", "latest") == static_table(tr.uri, "e", sweeps[1])
+
+
+def test_static_report_command(tmp_path, capsys):
+    from experiments.report import main
+    tr, sweeps = _static_store(tmp_path)
+    out = tmp_path / "static.md"
+    assert main(["--uri", tr.uri, "--experiment", "e", "--static", "--sweep", sweeps[0], "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| gemm_int8 | sm_90 | 186 |" in printed and out.read_text() == printed.removesuffix("\n")
+    empty = Tracker(f"sqlite:///{tmp_path}/empty.db", "e")
+    empty.end(empty.start("gpu run", {}, {"backend": "gpu", "outcome": "verified"}))
+    assert main(["--uri", empty.uri, "--experiment", "e", "--static"]) == 2
+    assert capsys.readouterr().err == (f"No static run in {empty.uri}: a sweep without a GPU (or backend=static) "
+                                       "makes them.\n")
+    with pytest.raises(SystemExit) as err:
+        main(["--uri", tr.uri, "--experiment", "e", "--static", "--by-family"])
+    assert err.value.code == 2 and "--static tables the runs made without a GPU" in capsys.readouterr().err
 
 
 def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):

@@ -149,17 +149,19 @@ def test_static_and_skipped_runs_reused_by_another_sweep(tmp_path, need_ptxas):
     """Without a GPU, run.py: a second sweep that asks for a static run and a skipped combination
     the first one tracked links them (and says so) instead of leaving them out; run again, it counts
     nothing twice."""
-    rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,int4", *_cli_store(tmp_path))
+    rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,fp8_e4m3", "target.arch=sm_80",
+                      *_cli_store(tmp_path))
     assert rc == 0, out
     tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT, create=False)
     [first] = [r.info.run_id for r in tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'")]
     done = {r.data.tags["outcome"]: r.info.run_id for r in tr.sweep_runs(first)}
     assert sorted(done) == ["skipped", "static"]
-    rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,int4,fp16", *_cli_store(tmp_path))
+    rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,fp8_e4m3,fp16", "target.arch=sm_80",
+                      *_cli_store(tmp_path))
     assert rc == 0, out
     assert f"cublas_int8: already tracked (run {done['static']}, reused by this sweep)" in out
-    assert f"skipped family=cublas precision=int4: already recorded (run {done['skipped']}, reused by this " \
-           "sweep)" in out
+    assert (f"skipped family=cublas precision=fp8_e4m3 target.arch=sm_80: already recorded (run {done['skipped']}, "
+            "reused by this sweep)") in out
     [second] = [r.info.run_id for r in tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'")
                 if r.info.run_id != first]
     assert f"Parent run {second}: 1 skipped, 2 static; 2 reused." in out
@@ -170,7 +172,8 @@ def test_static_and_skipped_runs_reused_by_another_sweep(tmp_path, need_ptxas):
     assert {r.info.run_id for r in profile.select_runs(tr.client, tr.experiment_id, second, None)[0]} == ids
     df = load_runs(tr.uri, EXPERIMENT, sweep=second, backends=None)
     assert set(df["run_id"]) == ids and set(df.loc[df["reused"], "run_id"]) == set(done.values())
-    rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,int4,fp16", *_cli_store(tmp_path))
+    rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,fp8_e4m3,fp16", "target.arch=sm_80",
+                      *_cli_store(tmp_path))
     assert rc == 0 and "Nothing new was tracked" in out and ", reused by this sweep" in out, out
     assert tr.client.get_run(second).data.tags["runs"] == "1 skipped, 2 static; 2 reused"
     assert len(tr.sweep_runs(second)) == 3

@@ -425,7 +425,8 @@ def test_check_problem_too_large_for_32_bit_offsets():
     with pytest.raises(SpecError) as err:
         s.check_problem(65536, 128, 65536)     # 65536 x 65536 bytes of A = 2**32
     assert str(err.value) == ("problem 65536x128x65536 is too large for 32-bit offsets in "
-                              "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s2_128x128_w2x4_g8")
+                              "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s2_128x128_w2x4_g8: A and B must each "
+                              "stay below 2^32 bytes, C below 2^40 bytes")
     s.check_problem(65536, 128, 65472)          # 65536 x 65472 < 2**32
 
 

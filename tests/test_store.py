@@ -192,7 +192,7 @@ def test_problem_sizes_are_checked_before_any_work(tmp_path, multirun):
     assert reason in out, out
     parents, children = all_runs(tmp_path)
     if multirun:
-        assert rc == 0 and [c.data.tags["outcome"] for c in children] == ["skipped"]
+        assert rc == 2 and [c.data.tags["outcome"] for c in children] == ["skipped"]     # every job skipped
         assert reason in children[0].data.tags["skip_reason"]
     else:
         assert rc == 1 and parents == [] and children == []
@@ -295,9 +295,11 @@ def test_shapes_and_settings_are_checked():
     from experiments.kernel import check_settings, shapes_of
     from experiments.spec import SpecError
     base = OmegaConf.structured(Config)
-    for dotlist, text in ((["problem.shapes=[[256,128]]"], "problem.shapes entry [256, 128] is not [M, N, K]"),
-                          (["problem.sizes=[512,-512]"], "problem.sizes: sizes must be positive; got -512x-512x-512"),
-                          (["problem.sizes=[0]"], "got 0x0x0")):
+    for dotlist, text in ((["problem.shapes=[[256,128]]"], "problem.shapes=[[256,128]] is not valid: entry [256,128] "
+                           "is not [M, N, K] of positive integers"),
+                          (["problem.sizes=[512,-512]"], "problem.sizes=[512,-512] is not valid: square sizes M=N=K "
+                           "must be positive integers, e.g. problem.sizes=[512,1024]"),
+                          (["problem.sizes=[0]"], "problem.sizes=[0] is not valid")):
         with pytest.raises(SpecError, match=re.escape(text)):
             shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
     assert shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(["problem.shapes=[[512,1024,256]]"]))) == \

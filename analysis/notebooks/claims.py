@@ -28,7 +28,7 @@ from pathlib import Path
 
 from analysis import claims, figures, tables
 from analysis.reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from analysis.runs import RunsError, load_runs, ok_runs
+from analysis.runs import RunsError, load_runs, ok_runs, unmeasured_note
 
 show = getattr(builtins, "display", print)
 URI = os.environ.get("ANALYSIS_URI")
@@ -66,6 +66,8 @@ if reference is not None:
 
 # %%
 runs = load_runs(URI, EXPERIMENT, SWEEP or None)
+if note := unmeasured_note(runs):
+    print(note)
 for gpu in ok_runs(runs)["gpu"].dropna().unique():
     table = claims.evaluate(spec, runs[runs["gpu"] == gpu], reference)
     print(f"{gpu}: " + ", ".join(f"{n} {v}" for v, n in table["verdict"].value_counts().items()))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from analysis import figures, tables
 from analysis.predictors import PREDICTORS, predictor_study
-from analysis.runs import load_runs, ok_runs
+from analysis.runs import load_runs, ok_runs, unmeasured_note
 
 show = getattr(builtins, "display", print)          # Jupyter's display, print when run as a script
 URI = os.environ.get("ANALYSIS_URI")                # default: the store run.py uses
@@ -52,7 +52,8 @@ OUT.mkdir(parents=True, exist_ok=True)
 # %%
 runs = load_runs(URI, EXPERIMENT, SWEEP or None)
 measured = ok_runs(runs)
-print(f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
+print(unmeasured_note(runs)
+      or f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
 show(runs[["kernel", "size", "status", "median_us", "throughput", *PREDICTORS]].head(12))
 
 # %% [markdown]

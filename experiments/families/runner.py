@@ -68,8 +68,18 @@ def family_shapes(fam: Family, spec: FamilySpec, shapes: list) -> list:
         except SpecError as exc:
             bad.append(((m, n, k), exc))
     if bad:
-        raise SpecError(misfit_message(spec.entry, shapes, bad, fam.multiples(spec)))
+        raise SpecError(misfit_message(spec.entry, shapes, bad, fam.multiples(spec),
+                                       lambda n: _takes(fam, spec, n)))
     return shapes
+
+
+def _takes(fam: Family, spec: FamilySpec, n: int) -> bool:
+    """Whether the family's kernel ``spec`` takes the square problem N x N x N."""
+    try:
+        fam.check_problem(spec, n, n, n)
+        return True
+    except SpecError:
+        return False
 
 
 def resources(fam: Family, spec: FamilySpec, build: Build, workdir: Path) -> tuple[Assembly | None, str]:

@@ -88,9 +88,13 @@ def ncu_metrics(row: dict) -> dict:
 class _Store:
     def __init__(self, uri: str, experiment: str):
         import mlflow
+
+        from experiments.track import sqlite_path
         self.c = mlflow.MlflowClient(tracking_uri=uri)
         exp = self.c.get_experiment_by_name(experiment)
-        self.exp = exp.experiment_id if exp else self.c.create_experiment(experiment)
+        db = sqlite_path(uri)      # artifacts beside the database: MLflow's default is ./mlruns of the cwd
+        self.exp = exp.experiment_id if exp else self.c.create_experiment(
+            experiment, artifact_location=(db.parent / "artifacts").as_uri() if db else None)
 
     def run(self, name, params, tags, metrics, status="FINISHED", parent=None, start=None):
         from mlflow.entities import Metric, Param

@@ -1,0 +1,316 @@
+"""What a new user meets on a fresh clone without a GPU: presets without -m, values no kernel can take
+(an error before any work) beside combinations a sweep cannot run (skipped runs), sizes too large for
+the kernels' 32-bit offsets, the printed `mlflow ui` line, read-only folders, non-ASCII values.
+
+Each test runs ``run.py`` as a user would (the static path) and asserts on the exit status, the
+message and the store.
+"""
+import shlex
+
+import pytest
+from test_cli import ROOT, _empty_store, _run_module, all_runs, run_cli, store_args
+
+pytestmark = pytest.mark.usefixtures("need_ptxas")
+
+
+@pytest.mark.parametrize("preset, swept, keys, first", [
+    ("l4_run4_int4_k64_ablation", "variant (6 values)", "variant", "variant=int4_ptx_mma_k64_x4_x2nontrans_ca"),
+    ("generations", "precision (4 values), variant (22 values)", "precision and variant",
+     "precision=fp16 variant=gen_mma_sync"),
+])
+def test_preset_sweep_without_multirun_stops_and_gives_the_command(tmp_path, preset, swept, keys, first):
+    """Without -m Hydra ignored the preset's sweep and tracked one default fp16 kernel, exit 0."""
+    args = [f"experiment={preset}", *store_args(tmp_path, False, new_store=True)]
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 2 and "Traceback" not in out, out
+    given = " ".join(args)
+    assert out.strip() == (
+        f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run a single "
+        f"job with {keys} at the config's default: nothing was run. Run the sweep: python run.py -m {given}   "
+        f"or one of its jobs: python run.py {given} {first}")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
+def test_one_job_of_a_preset_sweep_runs_without_multirun(tmp_path):
+    """Every swept key given: one job of the sweep, as the message suggests."""
+    rc, out = run_cli(tmp_path, "experiment=l4_run4_int4_k64_ablation", "variant=int4_ptx_mma_k64_x4_x2nontrans_ca",
+                      "problem.sizes=[512]", *store_args(tmp_path, False))
+    assert rc == 0 and "Traceback" not in out, out
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1 and len(children) == 1
+    assert children[0].data.tags["study_kernel"] == "int4_ptx_mma_k64_x4_x2nontrans_ca"
+    assert children[0].data.tags["outcome"] == "static"
+
+
+def test_cfg_job_of_a_preset_says_where_its_sweep_is(tmp_path):
+    rc, out = run_cli(tmp_path, "--cfg", "job", "experiment=generations")
+    assert rc == 0, out
+    lines = out.splitlines()
+    assert lines[0] == ("# experiment=generations sweeps precision (4 values), variant (22 values); this is one "
+                        "job's config with them at their defaults. The sweep: python run.py --cfg hydra "
+                        "experiment=generations (hydra.sweeper.params); run it: python run.py -m "
+                        "experiment=generations")
+    assert "precision: fp16" in lines and "ktile: 64" in lines
+    import yaml
+    assert yaml.safe_load(out)["ktile"] == 64          # the comment keeps the output YAML
+    rc, out = run_cli(tmp_path, "--cfg", "job", "experiment=generations", "precision=int8", "variant=gen_peak")
+    assert rc == 0 and not out.startswith("#") and "precision: int8" in out.splitlines(), out
+    assert list(tmp_path.iterdir()) == []
+
+
+VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a precision of family=peak)"
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+@pytest.mark.parametrize("args, message", [
+    (["target.arch=sm_75"], "target.arch=sm_75 is not valid for family=mma_sync; valid: auto, sm_80, sm_86, "
+                            "sm_89, sm_90, sm_90a, sm_100, sm_120 ('target.arch=sm_75')"),
+    (["precision=copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC} ('precision=copy')"),
+    (["problem.sizes=[0]"], "problem.sizes=[0] is not valid: square sizes M=N=K must be positive integers, e.g. "
+                            "problem.sizes=[512,1024] ('problem.sizes=[0]')"),
+    (["problem.shapes=[[512,512]]"], "problem.shapes=[[512,512]] is not valid: entry [512,512] is not [M, N, K] "
+                                     "of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]] "
+                                     "('problem.shapes=[[512,512]]')"),
+    (["family=wgmma", "target.arch=sm_80"], "target.arch=sm_80 is not valid for family=wgmma; valid: auto, sm_90, "
+                                            "sm_90a ('target.arch=sm_80')"),
+])
+def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, args, message, multirun):
+    """These became green skipped runs in a sweep (exit 0) and errors after the store was opened in a
+    single run (exit 1), while precision=int5 stopped at once with exit 2: now all stop at once."""
+    rc, out = run_cli(tmp_path, *(["-m", "pipeline.stages=2,3"] if multirun else []), *args,
+                      *store_args(tmp_path, multirun, new_store=True))
+    assert rc == 2 and "Traceback" not in out, out
+    assert out.strip() == message
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-m", "precision=fp16,copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC} "
+                                    "('precision=fp16,copy')"),
+    (["-m", "problem.sizes=[512],[-512]"], "problem.sizes=[-512] is not valid: square sizes M=N=K must be positive "
+                                          "integers, e.g. problem.sizes=[512,1024] ('problem.sizes=[512],[-512]')"),
+    (["-m", "problem.shapes=[[512,512,512,1]]"], "problem.shapes=[[512,512,512,1]] is not valid: entry "
+     "[512,512,512,1] is not [M, N, K] of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]] "
+     "('problem.shapes=[[512,512,512,1]]')"),
+    (["family=wgmma", "precision=int4"], "precision=int4 is not valid for family=wgmma; valid: fp16, bf16, fp8_e4m3, "
+     "fp8_e5m2, int8 (int4 is a precision of family=mma_sync or wmma or peak) ('precision=int4')"),
+    # a value some family of a sweep over families takes: each job decides (a skipped run where it cannot)
+    (["-m", "family=mma_sync,peak", "precision=copy"], None),
+    (["-m", "family=wmma,cublas", "precision=int4"], None),
+    # a valid arch that some precision cannot use: a combination, decided per job
+    (["-m", "target.arch=sm_80,sm_90", "precision=fp8_e4m3"], None),
+    (["variant=h200_perf_peak", "precision=copy"], None),      # the variant chooses family=peak
+    (["problem.sizes=[46336]", "problem.shapes=[[256,128,32]]", "target.arch=auto"], None),
+])
+def test_values_of_every_family_are_checked_before_hydra(argv, message):
+    assert _run_module().check_override_keys(argv) == message
+
+
+def test_sweep_whose_every_job_is_skipped_exits_2(tmp_path):
+    """A sweep of combinations that cannot exist tracked its skipped runs and exited 0."""
+    args = ["-m", "precision=int8", "mma=m16n8k64", "ktile=32,64", *store_args(tmp_path)]
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 2 and "Traceback" not in out, out
+    assert out.strip().endswith("Every job of this sweep was skipped (2 combination(s) that cannot exist; see their "
+                                "runs' skip_reason): nothing was built or measured. Exit status 2.")
+    parents, children = all_runs(tmp_path)
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    assert sorted((c.info.status, c.data.tags["outcome"]) for c in children) == [("FINISHED", "skipped")] * 2
+    # the same command again: nothing new, the same answer
+    rc, out = run_cli(tmp_path, *args)
+    assert rc == 2 and out.count("already recorded") == 2 and "Every job of this sweep was skipped" in out, out
+    assert len(all_runs(tmp_path)[1]) == 2
+
+
+@pytest.mark.parametrize("size, reason", [
+    (50000, "M=50000 is not a multiple of BM=256"),
+    (1048576, "too large for 32-bit offsets in gemm_fp16_bk32_m16n8k16_ldx4x2_cg_bcol_s3_256x128_w4x2_g8: A and B "
+              "must each stay below 2^32 bytes, C below 2^40 bytes"),
+])
+def test_too_large_size_suggests_one_that_fits(tmp_path, size, reason):
+    """The hint rounded up past the 32-bit offset limit: [50000] suggested [50176], [1048576] itself."""
+    rc, out = run_cli(tmp_path, f"problem.sizes=[{size}]", *store_args(tmp_path, False))
+    assert rc == 1 and "Traceback" not in out, out
+    assert reason in out
+    assert out.strip().endswith("Square sizes must be multiples of 256 (M, N, K: multiples of 256, 128, 32) and at "
+                                "most 46336 (the largest this kernel takes), e.g. problem.sizes=[46336]"), out
+    assert all_runs(tmp_path) == ([], [])
+
+
+def test_suggested_sizes_are_taken():
+    """The suggestion is the largest multiple the kernel takes, for every precision's element size."""
+    from omegaconf import OmegaConf
+
+    from experiments.config import Config
+    from experiments.kernel import _check_shapes
+    from experiments.spec import SpecError, spec_from_config
+    for precision, largest in (("fp16", 46336), ("int8", 65280), ("int4", 92672)):
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist([f"precision={precision}"]))
+        spec = spec_from_config(cfg)
+        _check_shapes(spec, [(largest,) * 3])
+        with pytest.raises(SpecError, match=rf"at most {largest} .*e\.g\. problem\.sizes=\[512,{largest}\]$"):
+            _check_shapes(spec, [(512,) * 3, (largest + 256,) * 3])
+
+
+def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(tmp_path):
+    folder = tmp_path / "my runs"
+    folder.mkdir()
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "problem.sizes=[512]", f"tracking.uri=sqlite:///{folder}/m.db",
+                      "tracking.experiment=cli-tests", f"hydra.sweep.dir={tmp_path}/out")
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if "mlflow ui" in x)
+    assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/m.db"]
+
+
+def _as_user(*command):
+    """``command`` as a user that read-only modes hold: root ignores them, so root runs it in a user
+    namespace of its own (``unshare --user``), where the files it owns obey their modes."""
+    import os
+    import shutil
+    import subprocess
+    if os.geteuid() != 0:
+        return list(command)
+    if not shutil.which("unshare") or subprocess.run(["unshare", "--user", "true"]).returncode:
+        pytest.skip("running as root without user namespaces: read-only folders cannot be made")
+    return ["unshare", "--user", *command]
+
+
+def _run_as_user(cwd, script, *args):
+    """``python script ARGS`` in ``cwd`` as :func:`_as_user`, every GPU hidden; stdout and stderr."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(_as_user(sys.executable, str(script), *args), cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    return proc.returncode, proc.stdout
+
+
+def test_read_only_store_folder_names_the_folder(tmp_path):
+    """A store in a read-only folder: "attempt to write a readonly database" (or a lock-file
+    PermissionError) with no word of which file, after the sweep had started."""
+    import shutil
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(_empty_store(), ro / "mlflow.db")
+    ro.chmod(0o555)
+    try:
+        for db in (ro / "mlflow.db", ro / "new" / "mlflow.db"):
+            rc, out = _run_as_user(tmp_path, ROOT / "run.py", "precision=int8", f"tracking.uri=sqlite:///{db}",
+                                   f"hydra.run.dir={tmp_path}/out")
+            assert rc == 1 and "Traceback" not in out, out
+            assert out.strip() == (f"Store error: the store {db} cannot be written: {ro} is read-only for this user "
+                                   "(SQLite writes the database and its journal beside it, the artifacts go there "
+                                   "too); give a writable place: tracking.uri=sqlite:////PATH/mlflow.db, or "
+                                   "MLFLOW_TRACKING_URI"), out
+    finally:
+        ro.chmod(0o755)
+    assert sorted(p.name for p in ro.iterdir()) == ["mlflow.db"] and not (tmp_path / "out").exists()
+    assert all_runs(ro) == ([], [])
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_read_only_project_folder_names_both_folders(tmp_path, multirun):
+    """run.py from a read-only copy of the project: Hydra's 15-line traceback for the output folder,
+    and the default store (outputs/mlflow.db of the project) could not be written either."""
+    import shutil
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("run.py", "conf", "experiments", "kernels_ptx"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, project / name)
+    modes = {p: p.stat().st_mode for p in (project, *project.rglob("*")) if p.is_dir()}
+    for p in modes:
+        p.chmod(0o555)
+    try:
+        rc, out = _run_as_user(project, project / "run.py", *(["-m"] if multirun else []), "precision=int8")
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+    key = "hydra.sweep.dir=outputs/multirun/" if multirun else "hydra.run.dir=outputs/runs/"
+    lines = out.strip().splitlines()
+    assert rc == 1 and "Traceback" not in out and len(lines) == 2, out
+    assert lines[0].startswith(key) and lines[0].endswith(
+        f" cannot be made or written: {project} is read-only for this user. Give a writable folder for Hydra's "
+        f"job configs and logs: {key.split('=')[0]}=PATH"), out
+    assert lines[1].startswith(f"Store error: the store {project}/outputs/mlflow.db cannot be written: {project} is "
+                               "read-only for this user"), out
+    assert not (project / "outputs").exists() and not (project / "multirun").exists()
+
+
+@pytest.mark.parametrize("arg, quoted", [
+    ("tracking.experiment=tëst", "tracking.experiment='tëst'"),
+    ("study_kernel=café", "study_kernel='café'"),
+    ("tracking.experiment=ü,a", "tracking.experiment='ü',a"),
+    ("hydra.sweep.dir=/tmp/é", "hydra.sweep.dir='/tmp/é'"),
+])
+def test_unquoted_non_ascii_value_says_how_to_quote_it(tmp_path, arg, quoted):
+    """Hydra's answer was LexerNoViableAltException with no hint to quote the value."""
+    rc, out = run_cli(tmp_path, "-m", arg, *store_args(tmp_path, new_store=True))
+    assert rc == 2 and "Traceback" not in out and "LexerNoViableAltException" not in out, out
+    assert out.strip() == (f"{arg!r}: Hydra reads a value with non-ASCII characters only in quotes; give {quoted} "
+                           f"(in the shell: \"{quoted}\")")
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_quoted_non_ascii_values_are_tracked(tmp_path):
+    """The quoted form the message gives works: the experiment, the store folder and study_kernel."""
+    import mlflow
+    db = tmp_path / "résultats" / "mlflow.db"
+    rc, out = run_cli(tmp_path, "precision=int8", "problem.sizes=[512]", "tracking.experiment='tëst'",
+                      "study_kernel='café'", f"tracking.uri='sqlite:///{db}'", f"hydra.run.dir={tmp_path}/out")
+    assert rc == 0, out
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("tëst").experiment_id])
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert child.data.params["study_kernel"] == "café" and child.data.tags["outcome"] == "static"
+
+
+def test_without_a_gpu_every_next_step_points_to_the_static_table(tmp_path):
+    """experiments.report, experiments.performance and analysis.report exited 2 on a sweep of static
+    runs and the notebooks printed "0 runs": each now names what the sweep holds and the command that
+    tables its static runs, which the sweep prints too."""
+    import subprocess
+    import sys
+
+    from analysis.runs import load_runs, unmeasured_note
+    rc, out = run_cli(tmp_path, "-m", "precision=int8,int4", "problem.sizes=[512]", *store_args(tmp_path))
+    assert rc == 0, out
+    parents, children = all_runs(tmp_path)
+    uri, parent = f"sqlite:///{tmp_path}/mlflow.db", parents[0].info.run_id
+    command = f"python -m experiments.report --static --uri {uri} --experiment cli-tests --sweep {parent}"
+    assert f"  as a table: {command}" in out.splitlines()
+    table = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.startswith("| gemm_")]
+    assert len(rows) == 2
+    for r in children:
+        row = next(line for line in rows if line.startswith(f"| {r.data.tags['kernel']} | sm_90 |"))
+        assert f"| {r.data.metrics['registers']:.0f} |" in row and row.endswith(f"| {r.data.tags['mma_native']} |")
+    for module in ("experiments.report", "experiments.performance", "analysis.report"):
+        args = ["--uri", uri, "--experiment", "cli-tests"] + (["--no-log"] if module == "analysis.report" else [])
+        proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 2 and "2 static" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert "python -m experiments.report --static --uri " + uri in proc.stderr, (module, proc.stderr)
+    note = unmeasured_note(load_runs(uri, "cli-tests", "latest"))
+    assert note == (f"sweep {parent} of experiment 'cli-tests' in {uri} holds no run measured on a GPU (2 static): "
+                    f"static runs are rendered and assembled only; their table: {command}")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cfg=all", "-cd", "conf", "experiment=l4_run1_fp16"],
+     "# experiment=l4_run1_fp16 sweeps variant (6 values); this is one job's config with them at their defaults. "
+     "The sweep: python run.py --cfg hydra -cd conf experiment=l4_run1_fp16 (hydra.sweeper.params); run it: "
+     "python run.py -m -cd conf experiment=l4_run1_fp16"),
+    (["-c", "hydra", "experiment=generations"], None),          # shows the sweep itself
+    (["--help", "experiment=generations"], None),
+    (["-m", "experiment=generations"], None),
+    (["experiment=generations", "variant=gen_wgmma", "precision=fp16"], None),
+    (["experiment=h200_performance", "variant=h200_perf_peak"],
+     "experiment=h200_performance defines a sweep over precision (3 values); without -m Hydra would ignore it and "
+     "run a single job with precision at the config's default: nothing was run. Run the sweep: python run.py -m "
+     "experiment=h200_performance variant=h200_perf_peak   or one of its jobs: python run.py "
+     "experiment=h200_performance variant=h200_perf_peak precision=fp16"),
+])
+def test_preset_sweep_check(argv, message):
+    assert _run_module().check_preset_sweep(argv) == message
