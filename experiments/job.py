@@ -53,8 +53,12 @@ class _Job:
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
         data = resolved(cfg)
-        self.tr = track.get_tracker(track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment,
-                                    float(cfg.tracking.wait))
+        # the store and experiment the sweep's start resolved (experiments.sweep.tracking_target), not
+        # this job's tracking.* again: a relative URI would be relative to the job's folder (chdir)
+        uri, experiment = self.sweep["uri"], self.sweep["experiment"]
+        if not uri:                 # a job started without run.py's sweep start
+            uri, experiment = track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
+        self.tr = track.get_tracker(uri, experiment, float(cfg.tracking.wait), restore=True)
         self.params = {**record.params_of(track.flatten(data), {}), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0

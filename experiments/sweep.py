@@ -30,10 +30,10 @@ from .record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotti
 from .report import static_command
 from .kernel import resolved
 from .spec import value
-from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, trackers, unwritable
+from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
 
-__all__ = ["count_jobs", "job_dir_name", "sweep_info", "current_sweep", "gpu_time", "prewarm",
-           "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
+__all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "current_sweep", "gpu_time",
+           "prewarm", "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -171,6 +171,80 @@ def _tracking_key(override: str) -> bool:
     return override.lstrip("+~").startswith("tracking.")
 
 
+# Hydra's values that differ from job to job of a multirun
+_PER_JOB = ("job.num", "job.id", "job.override_dirname", "runtime.output_dir", "sweep.subdir")
+
+
+def tracking_target(config: DictConfig, multirun: bool) -> tuple[str | None, str]:
+    """Where the sweep (or run) of ``config`` is tracked: ``tracking.uri`` and ``tracking.experiment``
+    as plain strings, their interpolations resolved once, enum values by their names
+    (``abl-${precision}`` is ``abl-int8``, not ``abl-Precision.int8``). Every job writes there.
+
+    One sweep is tracked in one experiment of one store, so in a multirun no ``tracking.*`` key may
+    differ between jobs: raises SystemExit, before any work, for a sweep over one (``tracking.experiment=
+    a,b``, also in a preset's ``hydra.sweeper.params``) and for a ``tracking.*`` value that
+    interpolates a key the sweep varies or a per-job Hydra value (``${hydra:job.num}``); the message
+    says to run one sweep per experiment. Also for an interpolation that cannot be resolved."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    if multirun:
+        _refuse_per_job_tracking(config)
+    plain = OmegaConf.create(OmegaConf.to_container(OmegaConf.masked_copy(config, [k for k in config
+                                                                                   if k != "hydra"]),
+                                                    resolve=False, enum_to_str=True))
+    try:
+        uri, experiment = plain.tracking.uri, plain.tracking.experiment
+    except OmegaConfBaseException as exc:
+        raise SystemExit(f"Invalid configuration: tracking: {str(exc).splitlines()[0]}") from None
+    return (None if uri is None else str(uri)), str(experiment)
+
+
+def _refuse_per_job_tracking(config: DictConfig) -> None:
+    """tracking_target's check of a multirun: SystemExit when a tracking.* key varies per job."""
+    from omegaconf import OmegaConf
+    task, given = _overrides(config, True)
+    swept = {}                          # key -> the override that sweeps it
+    for text in given:
+        with contextlib.suppress(Exception):   # another sweeper's syntax: Hydra has the last word
+            override = _parse(text)
+            if override.is_sweep_override():
+                swept[override.key_or_group.lstrip("+~")] = (text, override)
+    once = "a sweep is tracked in one store and experiment, set at its start"
+    for key, (text, override) in swept.items():
+        if key.startswith("tracking."):
+            first = next(iter(override.sweep_string_iterator()), "VALUE")
+            rest = " ".join(o for o in task if o != text)
+            raise SystemExit(f"Cannot sweep {key} ({text}): {once}. Run one sweep per value instead: "
+                             f"python run.py -m {rest} {key}={first}, then the next value.")
+    for key, raw in OmegaConf.to_container(config.tracking, resolve=False).items():
+        for hydra, ref in re.findall(r"\$\{\s*(hydra:)?\s*([\w./-]+)\s*\}", str(raw)):
+            # a preset swept by experiment= or variant= may set any key
+            by = ([] if hydra else [t for k, (t, _) in swept.items() if k in ("experiment", "variant")
+                                    or ref.split(".")[0] == k.split(".")[0]])
+            if (hydra and ref in _PER_JOB) or by:
+                preset = by and not by[0].startswith(ref.split(".")[0] + "=")     # a preset may set it
+                where = (f"{'hydra:' * bool(hydra)}{ref} {'may differ' if preset else 'differs'} from job "
+                         "to job" + (f" ({by[0]})" if by else ""))
+                raise SystemExit(f"Cannot use tracking.{key}={raw} in this sweep: {where}, and {once}. Run "
+                                 f"one sweep per value, or give tracking.{key} a value that is the same for "
+                                 "every job.")
+
+
+def _overrides(config: DictConfig, multirun: bool) -> tuple[list, list]:
+    """The command line's task overrides, and those after a preset's sweep (``hydra.sweeper.params``,
+    in a multirun), as written: their interpolations are not resolved (a job resolves them)."""
+    from omegaconf import OmegaConf
+    task = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    params = config.hydra.sweeper.get("params") if multirun else None
+    params = OmegaConf.to_container(params, resolve=False) if params else {}
+    return task, [f"{k}={v}" for k, v in params.items()] + task
+
+
+def _parse(text: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    return OverridesParser.create().parse_override(text)
+
+
 def sweep_info(config: DictConfig, multirun: bool) -> dict:
     """Identity of the sweep (or single run) of ``config`` (the composed config with its hydra node).
 
@@ -182,9 +256,7 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     shows such a sweep with the values that run (``sweep pipeline.stages=4,2,0``), never values that
     did not.
     """
-    task = [str(o) for o in config.hydra.overrides.task]
-    params = config.hydra.sweeper.get("params") if multirun else None
-    given = [f"{k}={v}" for k, v in (params or {}).items()] + task
+    task, given = _overrides(config, multirun)
     kept = [o for o in given if not _tracking_key(o)]
     jobs = "1"
     if multirun:
@@ -192,7 +264,7 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
             jobs = str(count_jobs(given))
         except Exception:  # noqa: BLE001 - another sweeper's syntax: the count is unknown
             jobs = "?"
-    key = hashlib.sha256("|".join([config.tracking.experiment, str(multirun), *sorted(kept)])
+    key = hashlib.sha256("|".join([tracking_target(config, False)[1], str(multirun), *sorted(kept)])
                          .encode()).hexdigest()[:24]
     # the name shows what runs: a preset's sweep value that the command line overrides is left out
     # (`experiment=h200_performance precision=fp16` sweeps fp16 only); the key keeps both as before
@@ -374,6 +446,7 @@ class SweepCallback(Callback):
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
+        given_uri, experiment = tracking_target(config, multirun)   # stops a sweep over tracking.*
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         check_output_dirs(config, multirun)
         if problem := _unwritable_output(config, multirun):
@@ -390,17 +463,19 @@ class SweepCallback(Callback):
             raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
         try:
-            uri = resolve_uri(config.tracking.uri)
-            tracker = get_tracker(uri, config.tracking.experiment, float(config.tracking.wait))
+            uri = resolve_uri(given_uri)
+            tracker = get_tracker(uri, experiment, float(config.tracking.wait))
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
-        self.uri, self.experiment = uri, config.tracking.experiment
+        self.uri, self.experiment = uri, experiment
         self.measured = gpu is not None
         self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
-        handoff = {"MLFLOW_TRACKING_URI": uri, SWEEP_ENV["key"]: info["key"], SWEEP_ENV["jobs"]: info["jobs"]}
+        # every job writes to this store and experiment, also in another process or folder (chdir)
+        handoff = {"MLFLOW_TRACKING_URI": uri, SWEEP_ENV["uri"]: uri, SWEEP_ENV["experiment"]: experiment,
+                   SWEEP_ENV["key"]: info["key"], SWEEP_ENV["jobs"]: info["jobs"]}
         known = tracker.find_parent(self.key)
         if multirun:
             handoff[SWEEP_ENV["parent"]] = tracker.parent(info)
@@ -431,16 +506,20 @@ class SweepCallback(Callback):
             warming.join()
 
     def _close(self, failed_job: bool = False) -> None:
-        """End the parent run(s) this sweep added runs to (one per store and experiment: a sweep over
-        ``tracking.*`` keys writes to several), with a summary. Any run of this command FAILED (rejected
-        by the assembler, a wrong result, a GPU fault, a job that could not run): the parent ends FAILED
-        with the count as its reason and the command exits 1, after every job ran; skipped runs are
-        no failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2."""
+        """End the parent run this sweep added runs to (in the one store and experiment of the sweep,
+        :func:`tracking_target`), with a summary. Any run of this command FAILED (rejected by the
+        assembler, a wrong result, a GPU fault, a job that could not run): the parent ends FAILED with
+        the count as its reason and the command exits 1, after every job ran; skipped runs are no
+        failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2. A
+        parent or experiment deleted while the sweep ran is restored first (:meth:`Tracker.keep_live`)."""
         failures, total, closed, emulated, outcomes = [], 0, 0, [], collections.Counter()
-        stores = {(self.uri, self.experiment)} | {(t.uri, t.experiment) for t in trackers()}
+        stores = {(self.uri, self.experiment)}
         for uri, experiment in sorted(stores):
             tracker = get_tracker(uri, experiment)
+            tracker.keep_live(None)          # a deleted experiment first: its runs are found again
             parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
+            if parent is not None:
+                tracker.keep_live(parent)
             runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
             outcomes.update(outcome_of(r) for r in runs)
@@ -478,8 +557,7 @@ class SweepCallback(Callback):
             else:
                 tracker.end(parent)
             closed += 1
-            where = f" ({experiment} in {uri})" if len(stores) > 1 else ""
-            print(f"Parent run {parent}{where}: {summary}.", flush=True)
+            print(f"Parent run {parent}: {summary}.", flush=True)
             if busy_line:
                 print(busy_line, flush=True)
             tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))

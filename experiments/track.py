@@ -32,6 +32,7 @@ import re
 import socket
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 from .record import MEMBER, NEW, REUSED
 
@@ -44,7 +45,8 @@ HOST, PID = socket.gethostname(), os.getpid()
 START_MS = int(time.time() * 1000)      # about when this process started (runs newer than it are its)
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
 SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEEP_JOBS",
-             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID", "values": "TCA_SWEEP_VALUES"}
+             "overrides": "TCA_SWEEP_OVERRIDES", "parent": "TCA_PARENT_RUN_ID", "values": "TCA_SWEEP_VALUES",
+             "uri": "TCA_TRACKING_URI", "experiment": "TCA_EXPERIMENT"}
 
 
 STORE_WAIT_S = 30.0      # how long a write waits for another process's write transaction (tracking.wait)
@@ -65,7 +67,10 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     """Absolute tracking URI: ``uri``, else $MLFLOW_TRACKING_URI, else the project's SQLite store.
 
     A relative ``sqlite:///path`` is made absolute against ``base`` (default: the current directory)
-    and, with ``create``, its folder is made. ``http(s)://`` and ``databricks`` URIs are kept.
+    and, with ``create``, its folder is made. The path is the text after ``sqlite:///`` with its
+    percent-escapes decoded as SQLAlchemy decodes them (``%20`` is a space), ``~`` the home folder and
+    ``..`` resolved; StoreError for a '?' or '%' in it (:func:`_odd_path` says why). ``http(s)://``
+    and ``databricks`` URIs are kept.
     Raises StoreError for a file store (``file:...`` or a plain folder): MLflow 3 keeps runs in a
     database; the message gives the SQLite URI to use instead. Also for ``sqlite:`` spelled otherwise
     than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), for another scheme (``ftp://``, ``s3://``),
@@ -86,8 +91,12 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
         raise StoreError(f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and the database "
                          f"file's path, e.g. sqlite:///{example} (four slashes for an absolute path)")
     elif uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
-        path = path if path.is_absolute() else (base / path).resolve()
+        # the path as SQLAlchemy reads it (percent-escapes decoded), '~' the home folder
+        written = unquote(uri[len("sqlite:///"):])
+        path = Path(written).expanduser()
+        path = path if path.is_absolute() and ".." not in path.parts else (base / path).resolve()
+        if bad := next((c for c in "?%" if c in written), None):
+            raise StoreError(_odd_path(uri, bad, path))
     elif uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
         return uri
     elif re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", uri) and not uri.startswith("file:"):
@@ -132,9 +141,22 @@ def unwritable(path: Path) -> Path | None:
     return folder if folder is not None and not os.access(folder, os.W_OK | os.X_OK) else None
 
 
+def _odd_path(uri: str, char: str, path: Path) -> str:
+    """Why the SQLite path ``path`` of ``uri``, which holds ``char`` ('?' or '%'), cannot be a store."""
+    if "?" in uri:
+        why = f"SQLAlchemy ends the path at '?': the store would be {unquote(uri.split('?')[0][len('sqlite:///'):])}"
+    else:
+        why = ("SQLAlchemy reads '%' as the start of an escape such as %20, and " if char == "%" else "")
+        why += f"MLflow makes a stray folder named with %{ord(char):02X} beside the store"
+    fixed = str(path).replace("?", "_").replace("%", "_")
+    return (f"the tracking URI {uri}: a SQLite store's path cannot hold '{char}' ({why}); use a path "
+            f"without '?' and '%', e.g. sqlite:///{fixed}")
+
+
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, else None."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    """The database file a ``sqlite:///`` URI names, as SQLAlchemy reads it (the path ends at '?',
+    percent-escapes decoded), else None."""
+    return Path(unquote(uri[len("sqlite:///"):].split("?", 1)[0])) if uri.startswith("sqlite:///") else None
 
 
 _LOCKS: dict = {}
@@ -498,14 +520,17 @@ class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
     ``create=False`` opens an existing store and experiment only (for read-only commands). ``wait``:
-    seconds a write waits for another process's write transaction on a SQLite store.
+    seconds a write waits for another process's write transaction on a SQLite store. ``restore=True``
+    (a job of a sweep that started in the experiment) restores a deleted experiment, as
+    :meth:`keep_live` does.
     Raises StoreError when the store does not exist or is no MLflow store (``create=False``), has the
-    schema of another MLflow (:func:`check_schema`), or the experiment was deleted. Once opened, its
-    client raises StoreUnavailable (``create``; StoreError otherwise) when a SQLite store stays locked
-    past ``wait`` or its disk is full.
+    schema of another MLflow (:func:`check_schema`), or the experiment was deleted (unless
+    ``restore``). Once opened, its client raises StoreUnavailable (``create``; StoreError otherwise)
+    when a SQLite store stays locked past ``wait`` or its disk is full.
     """
 
-    def __init__(self, uri: str, experiment: str, create: bool = True, wait: float = STORE_WAIT_S):
+    def __init__(self, uri: str, experiment: str, create: bool = True, wait: float = STORE_WAIT_S,
+                 restore: bool = False):
         import logging
 
         import mlflow
@@ -562,7 +587,7 @@ class Tracker:
             if exp is None:
                 artifacts = (db.parent / "artifacts").as_uri() if db else None
                 self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
-            elif exp.lifecycle_stage == "deleted":
+            elif exp.lifecycle_stage == "deleted" and not (restore and create):
                 raise StoreError(
                     f"experiment {experiment!r} (id {exp.experiment_id}) in {uri} was deleted. Restore it "
                     f"with `mlflow experiments restore --experiment-id {exp.experiment_id}` "
@@ -570,6 +595,8 @@ class Tracker:
                     "tracking.experiment=NAME; the report and profile commands: --experiment NAME).")
             else:
                 self.experiment_id = exp.experiment_id
+                if exp.lifecycle_stage == "deleted":
+                    self.keep_live(None)
                 if db is not None and create:         # a read-only command changes nothing
                     self._relocate(exp, db)
 
@@ -603,6 +630,7 @@ class Tracker:
         tags, long_tags = _fit({k: str(v) for k, v in tags.items()}, MAX_TAG_VAL_LENGTH)
         tags.update(owner_host=HOST, owner_pid=str(PID))
         if parent:
+            self.keep_live(parent)
             tags.update({"mlflow.parentRunId": parent, MEMBER.format(parent): NEW})
         if len(name) > RUN_NAME_LENGTH:         # a label: the values it is made of are params or tags
             name = name[:RUN_NAME_LENGTH - 3] + "..."
@@ -634,6 +662,22 @@ class Tracker:
         names = self._long.setdefault(rid, set())
         names.update(whole)
         self.client.set_tag(rid, "long_values", ", ".join(sorted(names)))
+
+    def keep_live(self, parent: str | None) -> None:
+        """Restore the experiment and the sweep's parent run ``parent`` when they were deleted (in the
+        MLflow UI, say) while the sweep runs, and say so: its runs are never added to, or left under, a
+        deleted run, and the link it prints leads to a live one. Delete them again once it has ended."""
+        exp = self.client.get_experiment(self.experiment_id)
+        if exp.lifecycle_stage == "deleted":         # its runs were deleted with it, and come back with it
+            self.client.restore_experiment(self.experiment_id)
+            print(f"Experiment {exp.name!r} (id {self.experiment_id}) was deleted while this sweep ran: "
+                  "restored it with its runs, so that the sweep's runs stay under a live parent; delete "
+                  "it once the sweep has ended.", flush=True)
+        if parent and self.client.get_run(parent).info.lifecycle_stage == "deleted":
+            self.client.restore_run(parent)
+            print(f"Parent run {parent} of this sweep was deleted while the sweep ran: restored it, so "
+                  "that the sweep's runs stay under a live parent; delete it once the sweep has ended.",
+                  flush=True)
 
     def log(self, rid: str, metrics: dict | None = None, tags: dict | None = None) -> None:
         """Log finite numeric metrics (inf/NaN are dropped, never logged) and string tags."""
@@ -794,10 +838,11 @@ def trackers() -> list:
     return list(_TRACKERS.values())
 
 
-def get_tracker(uri: str, experiment: str, wait: float = STORE_WAIT_S) -> Tracker:
-    """The process's Tracker for (store, experiment), created on first use (``wait``: see Tracker)."""
+def get_tracker(uri: str, experiment: str, wait: float = STORE_WAIT_S, restore: bool = False) -> Tracker:
+    """The process's Tracker for (store, experiment), created on first use (``wait``, ``restore``: see
+    Tracker)."""
     if (uri, experiment) not in _TRACKERS:
-        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment, wait=wait)
+        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment, wait=wait, restore=restore)
     return _TRACKERS[(uri, experiment)]
 
 
