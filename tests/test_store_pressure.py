@@ -65,21 +65,16 @@ def _dump(path: Path) -> list:
         return list(con.iterdump())
 
 
-def _report(uri: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "experiments.report", "--uri", uri], cwd=ROOT, env=cli_env(),
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys):
+def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys, module_cli):
     """A read-only command refuses it unchanged and names the upgrade; run.py keeps a copy first."""
     from analysis.runs import RunsError, load_runs
     db = tmp_path / "mlflow.db"
     shutil.copy(_mlflow_2_16_store(), db)
     before, rows = _sha(db), _dump(db)
-    proc = _report(f"sqlite:///{db}")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"was written by an older MLflow (schema revision {MLFLOW_2_16_HEAD}" in proc.stderr
-    assert f"mlflow db upgrade sqlite:///{db}" in proc.stderr
+    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
+    assert rc == 1 and "Traceback" not in err, err
+    assert f"was written by an older MLflow (schema revision {MLFLOW_2_16_HEAD}" in err
+    assert f"mlflow db upgrade sqlite:///{db}" in err
     with pytest.raises(RunsError, match="older MLflow"):
         load_runs(f"sqlite:///{db}")
     assert _sha(db) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
@@ -101,7 +96,7 @@ def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys
     assert "upgraded" not in capsys.readouterr().out
 
 
-def test_store_of_a_newer_mlflow_is_left_alone_with_the_pip_command(tmp_path):
+def test_store_of_a_newer_mlflow_is_left_alone_with_the_pip_command(tmp_path, module_cli):
     import mlflow
     db = tmp_path / "mlflow.db"
     shutil.copy(_empty_store(), db)
@@ -112,8 +107,8 @@ def test_store_of_a_newer_mlflow_is_left_alone_with_the_pip_command(tmp_path):
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=64", *store_args(tmp_path))
     assert rc == 1 and "Traceback" not in out, out
     assert advice in out and f"pip install 'mlflow>{mlflow.__version__}'" in out, out
-    proc = _report(f"sqlite:///{db}")
-    assert proc.returncode == 1 and advice in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
+    assert rc == 1 and advice in err and "Traceback" not in err, err
     assert _sha(db) == before and _revision(db) == "f00dfeed1234"
 
 
