@@ -153,14 +153,21 @@ def test_suggested_sizes_are_taken():
             _check_shapes(spec, [(512,) * 3, (largest + 256,) * 3])
 
 
-def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(tmp_path):
-    folder = tmp_path / "my runs"
+@pytest.fixture(scope="module")
+def static_sweep(tmp_path_factory):
+    """A sweep of two static runs into a store in a folder with a space in its name, run once for the
+    tests that read it: (the store's folder, exit status, output)."""
+    folder = tmp_path_factory.mktemp("static_sweep") / "my runs"
     folder.mkdir()
-    rc, out = run_cli(tmp_path, "-m", "precision=int8", "problem.sizes=[512]", f"tracking.uri=sqlite:///{folder}/m.db",
-                      "tracking.experiment=cli-tests", f"hydra.sweep.dir={tmp_path}/out")
-    assert rc == 0, out
+    rc, out = run_cli(folder.parent, "-m", "precision=int8,int4", "problem.sizes=[512]", *store_args(folder))
+    return folder, rc, out
+
+
+def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(static_sweep):
+    folder, rc, out = static_sweep
+    assert rc == 0 and " " in folder.name, out
     line = next(x for x in out.splitlines() if "mlflow ui" in x)
-    assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/m.db"]
+    assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db"]
 
 
 def _as_user(*command):
@@ -267,18 +274,19 @@ def test_quoted_non_ascii_values_are_tracked(tmp_path):
     assert child.data.params["study_kernel"] == "café" and child.data.tags["outcome"] == "static"
 
 
-def test_without_a_gpu_every_next_step_points_to_the_static_table(tmp_path, module_cli):
+def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, module_cli):
     """experiments.report, experiments.performance and analysis.report exited 2 on a sweep of static
     runs and the notebooks printed "0 runs": each now names what the sweep holds and the command that
     tables its static runs, which the sweep prints too."""
     from analysis.runs import load_runs, unmeasured_note
-    rc, out = run_cli(tmp_path, "-m", "precision=int8,int4", "problem.sizes=[512]", *store_args(tmp_path))
+    folder, rc, out = static_sweep
     assert rc == 0, out
-    parents, children = all_runs(tmp_path)
-    uri, parent = f"sqlite:///{tmp_path}/mlflow.db", parents[0].info.run_id
-    command = f"python -m experiments.report --static --uri {uri} --experiment cli-tests --sweep {parent}"
+    parents, children = all_runs(folder)
+    uri, parent = f"sqlite:///{folder}/mlflow.db", parents[0].info.run_id
+    command = (f"python -m experiments.report --static --uri {shlex.quote(uri)} --experiment cli-tests "
+               f"--sweep {parent}")
     assert f"  as a table: {command}" in out.splitlines()
-    rc, table, err = module_cli(*command.split()[2:], cwd=ROOT)      # python -m MODULE ARGS, in this process
+    rc, table, err = module_cli(*shlex.split(command)[2:], cwd=ROOT)   # python -m MODULE ARGS, in this process
     assert rc == 0, err
     rows = [line for line in table.splitlines() if line.startswith("| gemm_")]
     assert len(rows) == 2
@@ -289,7 +297,7 @@ def test_without_a_gpu_every_next_step_points_to_the_static_table(tmp_path, modu
         args = ["--uri", uri, "--experiment", "cli-tests"] + (["--no-log"] if module == "analysis.report" else [])
         rc, _, err = module_cli(module, *args, cwd=ROOT)
         assert rc == 2 and "2 static" in err and "Traceback" not in err, err
-        assert "python -m experiments.report --static --uri " + uri in err, (module, err)
+        assert "python -m experiments.report --static --uri " + shlex.quote(uri) in err, (module, err)
     note = unmeasured_note(load_runs(uri, "cli-tests", "latest"))
     assert note == (f"sweep {parent} of experiment 'cli-tests' in {uri} holds no run measured on a GPU (2 static): "
                     f"static runs are rendered and assembled only; their table: {command}")
