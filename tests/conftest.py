@@ -39,3 +39,77 @@ def need_ptxas():
     if find_ptxas() is None:
         pytest.skip("ptxas not found (CUDA toolkit or pip install nvidia-cuda-nvcc)")
     return shutil.which("ptxas")
+
+
+def _cli_env(mp, cwd):
+    """The environment and folder of a command as tests/test_cli.run_cli gives them, in this process."""
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mp.delenv("HYDRA_FULL_ERROR", raising=False)
+    mp.setenv("CUDA_VISIBLE_DEVICES", "")
+    if cwd is not None:
+        mp.chdir(cwd)
+
+
+@pytest.fixture
+def run_checks(capsys):
+    """``run_checks(cwd, *args)``: ``python run.py ARGS`` for a command its checks stop before Hydra
+    starts, run in this process (no interpreter start-up, no imports): (exit status, stdout + stderr)
+    as ``run_cli`` returns them. A command that gets past the checks fails the test."""
+    import runpy
+    import signal
+    import sys
+    from pathlib import Path
+
+    import hydra
+
+    def past_checks(*args, **kwargs):
+        def decorate(fn):
+            def refused(*a, **k):
+                raise AssertionError("run.py went past its checks into Hydra: run it with run_cli")
+            return refused
+        return decorate
+
+    def run(cwd, *args):
+        script = Path(__file__).resolve().parent.parent / "run.py"
+        handler = signal.getsignal(signal.SIGTERM)
+        capsys.readouterr()
+        with pytest.MonkeyPatch.context() as mp:
+            _cli_env(mp, cwd)
+            mp.setattr(sys, "argv", [str(script), *args])
+            mp.setattr(hydra, "main", past_checks)
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+                rc = 0
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else 1
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+            finally:
+                signal.signal(signal.SIGTERM, handler)
+        out, err = capsys.readouterr()
+        return rc, out + err
+    return run
+
+
+@pytest.fixture
+def module_cli(capsys):
+    """``module_cli(module, *args, cwd=None)``: ``python -m MODULE ARGS`` as its ``main(argv)`` in this
+    process, without a GPU: (exit status, stdout, stderr). A SystemExit's message goes to stderr with
+    status 1, as the interpreter does."""
+    import importlib
+    import sys
+
+    def run(module, *args, cwd=None):
+        capsys.readouterr()
+        with pytest.MonkeyPatch.context() as mp:
+            _cli_env(mp, cwd)
+            try:
+                result = importlib.import_module(module).main(list(args))
+                rc = result if isinstance(result, int) else 0
+            except SystemExit as exc:
+                rc = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+        out, err = capsys.readouterr()
+        return rc, out, err
+    return run

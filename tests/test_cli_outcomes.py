@@ -7,8 +7,6 @@ values that ran. Values longer than MLflow keeps are kept whole as artifacts. Jo
 file system. Each test runs ``run.py`` (or ``experiments.profile``) as a user would, on the static path.
 """
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -112,7 +110,7 @@ def test_a_bad_interpolation_in_the_output_folder_is_one_line(tmp_path, sweep):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_a_group_of_a_config_dir_is_added_with_plus(tmp_path):
+def test_a_group_of_a_config_dir_is_added_with_plus(tmp_path, run_checks):
     """+mygroup=option of a --config-dir's group was refused as an "Unknown key"."""
     group = tmp_path / "cd" / "mygroup"
     group.mkdir(parents=True)
@@ -123,14 +121,14 @@ def test_a_group_of_a_config_dir_is_added_with_plus(tmp_path):
     assert rc == 0 and "Traceback" not in out, out
     (child,) = all_runs(tmp_path)[1]
     assert (child.data.params["precision"], child.data.params["ktile"]) == ("int8", "64")
-    rc, out = run_cli(tmp_path, cd, "mygroup=fast", *store_args(tmp_path, False))
+    rc, out = run_checks(tmp_path, cd, "mygroup=fast", *store_args(tmp_path, False))
     assert rc == 2 and out.strip() == (f"mygroup is a config group of --config-dir {tmp_path / 'cd'}, not one of "
                                        "the config's defaults: add it with +mygroup=fast")
-    rc, out = run_cli(tmp_path, cd, "+mygroup=nested", *store_args(tmp_path, False))
+    rc, out = run_checks(tmp_path, cd, "+mygroup=nested", *store_args(tmp_path, False))
     assert rc == 2 and out.strip() == (f"mygroup=nested ({group / 'nested.yaml'}) puts its keys under 'mygroup', "
                                        "which the config has no key for: begin the file with '# @package "
                                        "_global_' to set the config's keys (precision, tile.block, ...)")
-    rc, out = run_cli(tmp_path, cd, "+mygroup=slow", *store_args(tmp_path, False))
+    rc, out = run_checks(tmp_path, cd, "+mygroup=slow", *store_args(tmp_path, False))
     assert rc == 2 and out.strip() == f"mygroup=slow is not a preset ('+mygroup=slow'); valid: fast, nested ({group})"
     assert len(all_runs(tmp_path)[1]) == 1
 
@@ -173,12 +171,12 @@ def test_slurm_launcher_without_slurm_is_one_line(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_import_into_a_file_store_is_one_line(tmp_path):
+def test_import_into_a_file_store_is_one_line(tmp_path, module_cli):
     report = ROOT / "tests" / "data" / "ncu" / "text_report_synthetic.txt"
-    proc = subprocess.run([sys.executable, "-m", "experiments.profile", "--import-text", str(report),
-                           "--uri", f"file:{tmp_path}/mlruns"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-    assert proc.stderr.splitlines() == [
+    rc, out, err = module_cli("experiments.profile", "--import-text", str(report), "--uri", f"file:{tmp_path}/mlruns",
+                              cwd=ROOT)
+    assert rc == 2 and out == "", out + err
+    assert err.splitlines() == [
         f"error: the tracking URI file:{tmp_path}/mlruns is a file store; MLflow 3 keeps runs in a database store. "
         f"Use a SQLite file instead, e.g. sqlite:///{tmp_path}/mlruns.db, or a tracking server (http://host:port)."]
     assert list(tmp_path.iterdir()) == []

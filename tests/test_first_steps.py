@@ -18,10 +18,11 @@ pytestmark = pytest.mark.usefixtures("need_ptxas")
     ("generations", "precision (4 values), variant (22 values)", "precision and variant",
      "precision=fp16 variant=gen_mma_sync"),
 ])
-def test_preset_sweep_without_multirun_stops_and_gives_the_command(tmp_path, preset, swept, keys, first):
+def test_preset_sweep_without_multirun_stops_and_gives_the_command(tmp_path, run_checks, preset, swept, keys,
+                                                                   first):
     """Without -m Hydra ignored the preset's sweep and tracked one default fp16 kernel, exit 0."""
     args = [f"experiment={preset}", *store_args(tmp_path, False, new_store=True)]
-    rc, out = run_cli(tmp_path, *args)
+    rc, out = run_checks(tmp_path, *args)
     assert rc == 2 and "Traceback" not in out, out
     given = " ".join(args)
     assert out.strip() == (
@@ -74,10 +75,10 @@ VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a p
     (["family=wgmma", "target.arch=sm_80"], "target.arch=sm_80 is not valid for family=wgmma; valid: auto, sm_90, "
                                             "sm_90a ('target.arch=sm_80')"),
 ])
-def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, args, message, multirun):
+def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, run_checks, args, message, multirun):
     """These became green skipped runs in a sweep (exit 0) and errors after the store was opened in a
     single run (exit 1), while precision=int5 stopped at once with exit 2: now all stop at once."""
-    rc, out = run_cli(tmp_path, *(["-m", "pipeline.stages=2,3"] if multirun else []), *args,
+    rc, out = run_checks(tmp_path, *(["-m", "pipeline.stages=2,3"] if multirun else []), *args,
                       *store_args(tmp_path, multirun, new_store=True))
     assert rc == 2 and "Traceback" not in out, out
     assert out.strip() == message
@@ -152,14 +153,21 @@ def test_suggested_sizes_are_taken():
             _check_shapes(spec, [(512,) * 3, (largest + 256,) * 3])
 
 
-def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(tmp_path):
-    folder = tmp_path / "my runs"
+@pytest.fixture(scope="module")
+def static_sweep(tmp_path_factory):
+    """A sweep of two static runs into a store in a folder with a space in its name, run once for the
+    tests that read it: (the store's folder, exit status, output)."""
+    folder = tmp_path_factory.mktemp("static_sweep") / "my runs"
     folder.mkdir()
-    rc, out = run_cli(tmp_path, "-m", "precision=int8", "problem.sizes=[512]", f"tracking.uri=sqlite:///{folder}/m.db",
-                      "tracking.experiment=cli-tests", f"hydra.sweep.dir={tmp_path}/out")
-    assert rc == 0, out
+    rc, out = run_cli(folder.parent, "-m", "precision=int8,int4", "problem.sizes=[512]", *store_args(folder))
+    return folder, rc, out
+
+
+def test_printed_mlflow_ui_line_works_with_a_space_in_the_store_path(static_sweep):
+    folder, rc, out = static_sweep
+    assert rc == 0 and " " in folder.name, out
     line = next(x for x in out.splitlines() if "mlflow ui" in x)
-    assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/m.db"]
+    assert shlex.split(line.split(":", 1)[1]) == ["mlflow", "ui", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db"]
 
 
 def _as_user(*command):
@@ -244,9 +252,9 @@ def test_read_only_project_folder_names_both_folders(tmp_path, multirun):
     ("tracking.experiment=ü,a", "tracking.experiment='ü',a"),
     ("hydra.sweep.dir=/tmp/é", "hydra.sweep.dir='/tmp/é'"),
 ])
-def test_unquoted_non_ascii_value_says_how_to_quote_it(tmp_path, arg, quoted):
+def test_unquoted_non_ascii_value_says_how_to_quote_it(tmp_path, run_checks, arg, quoted):
     """Hydra's answer was LexerNoViableAltException with no hint to quote the value."""
-    rc, out = run_cli(tmp_path, "-m", arg, *store_args(tmp_path, new_store=True))
+    rc, out = run_checks(tmp_path, "-m", arg, *store_args(tmp_path, new_store=True))
     assert rc == 2 and "Traceback" not in out and "LexerNoViableAltException" not in out, out
     assert out.strip() == (f"{arg!r}: Hydra reads a value with non-ASCII characters only in quotes; give {quoted} "
                            f"(in the shell: \"{quoted}\")")
@@ -266,32 +274,30 @@ def test_quoted_non_ascii_values_are_tracked(tmp_path):
     assert child.data.params["study_kernel"] == "café" and child.data.tags["outcome"] == "static"
 
 
-def test_without_a_gpu_every_next_step_points_to_the_static_table(tmp_path):
+def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, module_cli):
     """experiments.report, experiments.performance and analysis.report exited 2 on a sweep of static
     runs and the notebooks printed "0 runs": each now names what the sweep holds and the command that
     tables its static runs, which the sweep prints too."""
-    import subprocess
-    import sys
-
     from analysis.runs import load_runs, unmeasured_note
-    rc, out = run_cli(tmp_path, "-m", "precision=int8,int4", "problem.sizes=[512]", *store_args(tmp_path))
+    folder, rc, out = static_sweep
     assert rc == 0, out
-    parents, children = all_runs(tmp_path)
-    uri, parent = f"sqlite:///{tmp_path}/mlflow.db", parents[0].info.run_id
-    command = f"python -m experiments.report --static --uri {uri} --experiment cli-tests --sweep {parent}"
+    parents, children = all_runs(folder)
+    uri, parent = f"sqlite:///{folder}/mlflow.db", parents[0].info.run_id
+    command = (f"python -m experiments.report --static --uri {shlex.quote(uri)} --experiment cli-tests "
+               f"--sweep {parent}")
     assert f"  as a table: {command}" in out.splitlines()
-    table = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True)
-    assert table.returncode == 0, table.stderr
-    rows = [line for line in table.stdout.splitlines() if line.startswith("| gemm_")]
+    rc, table, err = module_cli(*shlex.split(command)[2:], cwd=ROOT)   # python -m MODULE ARGS, in this process
+    assert rc == 0, err
+    rows = [line for line in table.splitlines() if line.startswith("| gemm_")]
     assert len(rows) == 2
     for r in children:
         row = next(line for line in rows if line.startswith(f"| {r.data.tags['kernel']} | sm_90 |"))
         assert f"| {r.data.metrics['registers']:.0f} |" in row and row.endswith(f"| {r.data.tags['mma_native']} |")
     for module in ("experiments.report", "experiments.performance", "analysis.report"):
         args = ["--uri", uri, "--experiment", "cli-tests"] + (["--no-log"] if module == "analysis.report" else [])
-        proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True)
-        assert proc.returncode == 2 and "2 static" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-        assert "python -m experiments.report --static --uri " + uri in proc.stderr, (module, proc.stderr)
+        rc, _, err = module_cli(module, *args, cwd=ROOT)
+        assert rc == 2 and "2 static" in err and "Traceback" not in err, err
+        assert "python -m experiments.report --static --uri " + shlex.quote(uri) in err, (module, err)
     note = unmeasured_note(load_runs(uri, "cli-tests", "latest"))
     assert note == (f"sweep {parent} of experiment 'cli-tests' in {uri} holds no run measured on a GPU (2 static): "
                     f"static runs are rendered and assembled only; their table: {command}")

@@ -65,15 +65,6 @@ def default_store():
     return db.stat().st_mtime_ns if db.exists() else None
 
 
-def reader(cwd, module, *args):
-    """``python -m MODULE ARGS`` of this checkout in ``cwd``: (exit status, stdout + stderr)."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 # -- hydra.job.chdir and launcher processes -----------------------------------------------------
 
 @pytest.mark.parametrize("multirun", [True, False])
@@ -94,7 +85,7 @@ def test_chdir_with_a_relative_store_writes_to_the_announced_store(tmp_path, mul
     assert f"Parent run {pid}: {n} static." in out
 
 
-def test_parallel_launcher_with_chdir_and_an_odd_relative_path(tmp_path):
+def test_parallel_launcher_with_chdir_and_an_odd_relative_path(tmp_path, module_cli):
     """Job processes of the joblib launcher, each in its own folder: one store, at the path written
     (a space, '#', non-ASCII, %20 and '..' in it), found by the report at the URI run.py printed and
     at the URI the user wrote."""
@@ -110,7 +101,8 @@ def test_parallel_launcher_with_chdir_and_an_odd_relative_path(tmp_path):
     assert sorted(p.name for p in (tmp_path / "odd dir").iterdir()) == ["st #1 ü b"]   # no stray folder
     assert_one_live_sweep(db, 2)
     for uri in (printed, written):
-        rc, text = reader(tmp_path, "experiments.report", "--uri", uri, "--experiment", EXPERIMENT)
+        rc, out, err = module_cli("experiments.report", "--uri", uri, "--experiment", EXPERIMENT, cwd=tmp_path)
+        text = out + err
         assert f"{printed} was measured on a GPU yet: 2 static run(s)" in text, text    # found, read
 
 
@@ -215,7 +207,7 @@ def test_sqlite_paths_sqlalchemy_or_mlflow_would_misread_are_refused(tmp_path, w
     assert list(tmp_path.iterdir()) == []
 
 
-def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path):
+def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path, module_cli):
     """The reported input end to end: run.py stops before any work with the path to use, and writes no
     store (it wrote one to {tmp}/s/q); the report says the same of that URI."""
     uri = f"sqlite:///{tmp_path}/s/q?x=1/mlflow.db"
@@ -226,7 +218,8 @@ def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path):
            f"path at '?': the store would be {tmp_path}/s/q); use a path without '?' and '%', e.g. " \
            f"sqlite:///{tmp_path}/s/q_x=1/mlflow.db" in out
     assert not (tmp_path / "s").exists() and list(tmp_path.rglob("*.db")) == []
-    rc, text = reader(ROOT, "experiments.report", "--uri", uri)
+    rc, out, err = module_cli("experiments.report", "--uri", uri, cwd=ROOT)
+    text = out + err
     assert rc != 0 and "a SQLite store's path cannot hold '?'" in text and "Traceback" not in text, text
     assert not (tmp_path / "s").exists()
 
