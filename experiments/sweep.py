@@ -214,7 +214,9 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
         if key.startswith("tracking."):
             first = next(iter(override.sweep_string_iterator()), "VALUE")
             rest = " ".join(o for o in task if o != text)
-            raise SystemExit(f"Cannot sweep {key} ({text}): {once}. Run one sweep per value instead: "
+            why = {"tracking.rerun": "whether finished runs are measured again is set once for the whole sweep",
+                   "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}
+            raise SystemExit(f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value instead: "
                              f"python run.py -m {rest} {key}={first}, then the next value.")
     for key, raw in OmegaConf.to_container(config.tracking, resolve=False).items():
         for hydra, ref in re.findall(r"\$\{\s*(hydra:)?\s*([\w./-]+)\s*\}", str(raw)):
@@ -395,9 +397,17 @@ def _hand_to_jobs(config: DictConfig, env: dict) -> None:
     job's config and applies around the job."""
     from omegaconf import open_dict, read_write
     os.environ.update(env)
-    quoted = {k: "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for k, v in env.items()}
+    quoted = {k: _quoted(v) for k, v in env.items()}
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.overrides.hydra.extend([f"++hydra.job.env_set.{k}={v}" for k, v in quoted.items()])
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a quoted value of Hydra's override grammar that OmegaConf reads back unchanged, any
+    character kept: Hydra takes a backslash as an escape only before a quote or at the end of the
+    string, OmegaConf only before ``${`` (an interpolation, escaped too)."""
+    text = re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("'", "\\'").replace("${", "\\${") + "'"
 
 
 def _unwritable_output(config: DictConfig, multirun: bool) -> str | None:
