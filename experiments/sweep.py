@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import hashlib
 import os
 import re
@@ -456,6 +457,9 @@ class SweepCallback(Callback):
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
+        from hydra.core.hydra_config import HydraConfig
+        if not HydraConfig.initialized():     # ${hydra:runtime.cwd} and the like resolve here as in a job
+            HydraConfig.instance().set_config(copy.deepcopy(config))     # a copy: it makes hydra read-only
         given_uri, experiment = tracking_target(config, multirun)   # stops a sweep over tracking.*
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         check_output_dirs(config, multirun)

@@ -371,3 +371,14 @@ def test_invalid_tracking_settings_stop_before_hydra(tmp_path, run_checks, args,
     rc, out = run_checks(tmp_path, *args)
     assert rc == 2 and message in out and len(out.strip().splitlines()) == 1, out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hydra_values_the_same_in_every_job_resolve_at_the_start(tmp_path):
+    """tracking.uri=sqlite:///${hydra:runtime.cwd}/x.db and tracking.experiment=e-${hydra:job.name}
+    ended in "HydraConfig was not set" (exit 1): the sweep's start resolves them from its config."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32", "tracking.uri=sqlite:///${hydra:runtime.cwd}/x.db",
+                      "tracking.experiment=e-${hydra:job.name}", f"hydra.sweep.dir={tmp_path}/out")
+    assert rc == 0 and "Traceback" not in out, out
+    assert f"Tracking 1 job(s) in sqlite:///{tmp_path}/x.db" in out, out
+    assert sorted(tmp_path.rglob("*.db")) == [tmp_path / "x.db"]
+    assert_one_live_sweep(tmp_path / "x.db", 1, experiment="e-run")
