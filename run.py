@@ -194,6 +194,11 @@ def check_override_keys(argv: list) -> str | None:
             if bad:
                 valid = f"; valid: {', '.join(map(str, KTILES))}" if key == "ktile" else ""
                 return f"{key}={bad[0]} is not an integer ({arg!r}){valid}"
+        if kind in (float, typing.Optional[float]) and values is not None:
+            if problem := _float_problem(key, arg, values):
+                return problem
+        if top == "tracking" and (problem := _tracking_problem(key, arg, values, argv)):
+            return problem
         if kind is bool and values is not None and (bad := _outside(values, ("true", "false"))) is not None:
             return f"{key}={bad} is not valid ({arg!r}); valid: true, false"
         if typing.get_origin(kind) is list and values is not None \
@@ -209,6 +214,37 @@ def check_override_keys(argv: list) -> str | None:
         if (problem := _value_problem(key, arg, family)) is not None:
             return problem
     return None
+
+
+def _float_problem(key: str, arg: str, values: list) -> str | None:
+    """check_override_keys for a float key: a value that is no number; for tracking.wait (seconds) a
+    negative one."""
+    for v in values:
+        text = v.strip().strip("'\"")
+        try:
+            number = None if text == "null" else float(text)
+        except ValueError:
+            return f"{key}={v} is not a number ({arg!r})" + ("; valid: 0 or more seconds" * (key == "tracking.wait"))
+        if key == "tracking.wait" and number is not None and not number >= 0:
+            return f"{key}={v} is out of range ({arg!r}); valid: 0 or more seconds (0: no waiting for the store's lock)"
+    return None
+
+
+def _tracking_problem(key: str, arg: str, values: list | None, argv: list) -> str | None:
+    """check_override_keys for tracking.*: an empty experiment name (MLflow takes none), and a sweep
+    over tracking.rerun or tracking.wait (set once for a sweep; a sweep over the store or experiment is
+    refused at the sweep's start, experiments.sweep.tracking_target)."""
+    if key == "tracking.experiment" and any(not v.strip().strip("'\"").strip() for v in values or ()):
+        return (f"{arg!r}: the experiment name is empty; give one, e.g. tracking.experiment=ablation, or "
+                "leave it out for the default")
+    override = _parsed(arg) if key in ("tracking.rerun", "tracking.wait") else None  # uri, experiment: the sweep's start
+    if override is None or not override.is_sweep_override() or not {"-m", "--multirun"} & set(argv):
+        return None
+    why = {"tracking.rerun": "whether finished runs are measured again is set once for the whole sweep",
+           "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}[key]
+    first = str((values or ["VALUE"])[0])
+    first = first.lower() if first in ("True", "False") else first
+    return f"Cannot sweep {key} ({arg}): {why}. Give one value, e.g. {key}={first}, and run one sweep per value."
 
 
 def _value_problem(key: str, arg: str, family: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import hashlib
 import os
 import re
@@ -214,7 +215,9 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
         if key.startswith("tracking."):
             first = next(iter(override.sweep_string_iterator()), "VALUE")
             rest = " ".join(o for o in task if o != text)
-            raise SystemExit(f"Cannot sweep {key} ({text}): {once}. Run one sweep per value instead: "
+            why = {"tracking.rerun": "whether finished runs are measured again is set once for the whole sweep",
+                   "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}
+            raise SystemExit(f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value instead: "
                              f"python run.py -m {rest} {key}={first}, then the next value.")
     for key, raw in OmegaConf.to_container(config.tracking, resolve=False).items():
         for hydra, ref in re.findall(r"\$\{\s*(hydra:)?\s*([\w./-]+)\s*\}", str(raw)):
@@ -395,9 +398,17 @@ def _hand_to_jobs(config: DictConfig, env: dict) -> None:
     job's config and applies around the job."""
     from omegaconf import open_dict, read_write
     os.environ.update(env)
-    quoted = {k: "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'" for k, v in env.items()}
+    quoted = {k: _quoted(v) for k, v in env.items()}
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.overrides.hydra.extend([f"++hydra.job.env_set.{k}={v}" for k, v in quoted.items()])
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a quoted value of Hydra's override grammar that OmegaConf reads back unchanged, any
+    character kept: Hydra takes a backslash as an escape only before a quote or at the end of the
+    string, OmegaConf only before ``${`` (an interpolation, escaped too)."""
+    text = re.sub(r"(\\+)(?='|\$\{|$)", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("'", "\\'").replace("${", "\\${") + "'"
 
 
 def _unwritable_output(config: DictConfig, multirun: bool) -> str | None:
@@ -446,6 +457,9 @@ class SweepCallback(Callback):
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         gpu = nvml_gpu() if value(config.backend) != "static" else None
+        from hydra.core.hydra_config import HydraConfig
+        if not HydraConfig.initialized():     # ${hydra:runtime.cwd} and the like resolve here as in a job
+            HydraConfig.instance().set_config(copy.deepcopy(config))     # a copy: it makes hydra read-only
         given_uri, experiment = tracking_target(config, multirun)   # stops a sweep over tracking.*
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         check_output_dirs(config, multirun)

@@ -30,6 +30,7 @@ import numbers
 import os
 import re
 import socket
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import unquote
@@ -90,6 +91,10 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
         example = base / (given or "mlflow.db")         # sqlite:/abs/x.db keeps its absolute path
         raise StoreError(f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and the database "
                          f"file's path, e.g. sqlite:///{example} (four slashes for an absolute path)")
+    elif uri.startswith("sqlite:///") and unquote(uri[len("sqlite:///"):]).split("?")[0] in ("", ":memory:"):
+        raise StoreError(f"the tracking URI {uri} is an in-memory SQLite store, which ends with the process "
+                         "that opened it and cannot be shared with the sweep's jobs: give a file, e.g. "
+                         f"sqlite:///{base / 'mlflow.db'}")
     elif uri.startswith("sqlite:///"):
         # the path as SQLAlchemy reads it (percent-escapes decoded), '~' the home folder
         written = unquote(uri[len("sqlite:///"):])
@@ -120,8 +125,8 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise StoreError(f"the tracking URI {uri}: {_store_problem(path)}") from None
-        except PermissionError:
-            pass                                     # named below
+        except OSError:
+            pass                                     # named below (also /proc: no folder can be made)
         if (folder := unwritable(path) or unwritable(path.parent)) is not None:
             raise StoreError(f"the store {path} cannot be written: {folder} is read-only for this user "
                              "(SQLite writes the database and its journal beside it, the artifacts go there "
@@ -133,12 +138,20 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
 def unwritable(path: Path) -> Path | None:
     """What keeps this process from writing ``path`` (a file, or a folder to be made): ``path`` when
     it exists and is read-only, else the nearest existing folder above it when that is read-only
-    (files cannot be made in it); None when ``path`` can be written or made."""
+    (files cannot be made in it); None when ``path`` can be written or made. A folder counts as
+    writable only when a file can be made in it: the superuser passes every permission check, but not
+    on a pseudo file system (/proc, /sys), where SQLite and the store's lock would fail or hang."""
     path = Path(path).absolute()
-    if path.exists():
-        return None if os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)) else path
-    folder = next((p for p in path.parents if p.exists()), None)
-    return folder if folder is not None and not os.access(folder, os.W_OK | os.X_OK) else None
+    if path.exists() and not path.is_dir():
+        return None if os.access(path, os.W_OK) else path
+    folder = path if path.exists() else next((p for p in path.parents if p.exists()), None)
+    if folder is None:
+        return None
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            return None
+    except OSError:
+        return folder
 
 
 def _odd_path(uri: str, char: str, path: Path) -> str:

@@ -114,7 +114,6 @@ REFUSED = [
      "and experiment, set at its start. Run one sweep per value instead: python run.py -m "
      "precision=int4,int8 ktile=64 tracking.experiment=abl-a, then the next value."),
     (["precision=int8", "tracking.uri=sqlite:///{tmp}/a.db,sqlite:///{tmp}/b.db"], "Cannot sweep tracking.uri ("),
-    (["precision=int8", "tracking.rerun=true,false"], "Cannot sweep tracking.rerun ("),
     (["precision=int4,int8", "tracking.experiment=abl-${precision}"],
      "Cannot use tracking.experiment=abl-${precision} in this sweep: precision differs from job to job "
      "(precision=int4,int8), and a sweep is tracked in one store and experiment, set at its start. Run one "
@@ -297,3 +296,89 @@ def test_a_job_process_restores_an_experiment_deleted_mid_sweep(tmp_path, capsys
         assert tr.client.get_run(rid).info.lifecycle_stage == "active"
     assert tr.client.get_run(child).data.tags["mlflow.parentRunId"] == parent
     assert capsys.readouterr().out.count("was deleted while this sweep ran: restored it") == 1
+
+
+# -- every character of the store's path reaches the jobs; stores that cannot hold a sweep ---------
+
+@pytest.mark.parametrize("text", ["/tmp/a\\b/s.db", "tail\\", "a\\'b", "q'u\"o", "$HOME ${x} \\${y}", "a b=c,d",
+                                  "sqlite:////t r\\\\'\"$=,{}[]()#"])
+def test_the_hand_off_to_jobs_keeps_every_character(text):
+    """The store's URI went to the jobs with each backslash doubled (a\\b became a\\\\b): the jobs
+    opened another store and failed with "Run ... not found". Hydra's grammar and OmegaConf now read
+    the handed value back unchanged, whatever it holds."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from experiments.sweep import _quoted
+    override = OverridesParser.create().parse_override(f"++hydra.job.env_set.K={_quoted(text)}")
+    assert OmegaConf.create({"k": override.value()}).k == text
+
+
+def test_a_backslash_in_the_store_path_keeps_one_store(tmp_path):
+    """python run.py -m ... 'tracking.uri="sqlite:////PATH/a\\b/s.db"' made the parent in a\\b and the
+    job looked for it in a\\\\b: two stores, two tracebacks. Now one store holds the whole sweep."""
+    db = tmp_path / "a\\b $x=1,y" / "s.db"
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32", f'tracking.uri="sqlite:///{db}"',
+                      f"tracking.experiment={EXPERIMENT}", f"hydra.sweep.dir={tmp_path}/out")
+    assert rc == 0 and "Traceback" not in out, out
+    assert sorted(tmp_path.rglob("*.db")) == [db]
+    assert_one_live_sweep(db, 1)
+
+
+@pytest.mark.parametrize("uri, folder", [("sqlite:////proc/x.db", "/proc"), ("sqlite:////sys/x.db", "/sys"),
+                                         ("sqlite:////proc/sub/x.db", "/proc")])
+def test_a_store_on_a_pseudo_file_system_is_refused(uri, folder):
+    """/proc hung for minutes (past tracking.wait) and /sys ended in "PermissionError ... x.db.lock":
+    the superuser passes every permission check there. A folder counts as writable only where a file
+    can be made in it."""
+    with pytest.raises(StoreError, match=f"cannot be written: {folder} is read-only .* give a writable place"):
+        resolve_uri(uri)
+
+
+def test_a_store_on_procfs_stops_the_command_at_once(tmp_path):
+    rc, out = run_cli(tmp_path, "precision=int8", "ktile=32", "tracking.uri=sqlite:////proc/x.db",
+                      f"hydra.run.dir={tmp_path}/out", timeout=120)
+    assert rc == 1 and "Traceback" not in out, out
+    assert "Store error: the store /proc/x.db cannot be written: /proc is read-only" in out, out
+    assert "Tracking" not in out and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///:memory:", "sqlite:///", "sqlite:///:memory:?cache=shared"])
+def test_an_in_memory_store_is_refused_with_a_file_to_use(tmp_path, uri):
+    """sqlite:///:memory: made the files ':memory:', ':memory:.lock' and artifacts/ in the project
+    folder; an in-memory store neither outlives the command nor reaches the jobs."""
+    with pytest.raises(StoreError, match=f"in-memory SQLite store, .* give a file, e.g. sqlite:///{tmp_path}/mlflow.db"):
+        resolve_uri(uri, base=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tracking.wait=-1"], "tracking.wait=-1 is out of range ('tracking.wait=-1'); valid: 0 or more seconds"),
+    (["tracking.wait=abc"], "tracking.wait=abc is not a number ('tracking.wait=abc'); valid: 0 or more seconds"),
+    (["-m", "tracking.wait=5,-2"], "tracking.wait=-2 is out of range"),
+    (["tracking.experiment=''"], "\"tracking.experiment=''\": the experiment name is empty; give one, e.g. "
+                                 "tracking.experiment=ablation"),
+    (["-m", "precision=int8", "tracking.rerun=true,false"],
+     "Cannot sweep tracking.rerun (tracking.rerun=true,false): whether finished runs are measured again is set "
+     "once for the whole sweep. Give one value, e.g. tracking.rerun=true, and run one sweep per value."),
+    (["-m", "precision=int8", "tracking.wait=1,2"],
+     "Cannot sweep tracking.wait (tracking.wait=1,2): the wait for the store's write lock is set once"),
+])
+def test_invalid_tracking_settings_stop_before_hydra(tmp_path, run_checks, args, message):
+    """tracking.wait=-1 was taken ("holding a write transaction for -1 s"), tracking.wait=abc gave Hydra's
+    two-line merge error, an empty experiment an MlflowException, and a sweep over tracking.rerun or
+    tracking.wait the reason of the store's keys with exit 1: now one line each, exit 2."""
+    rc, out = run_checks(tmp_path, *args)
+    assert rc == 2 and message in out and len(out.strip().splitlines()) == 1, out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hydra_values_the_same_in_every_job_resolve_at_the_start(tmp_path):
+    """tracking.uri=sqlite:///${hydra:runtime.cwd}/x.db and tracking.experiment=e-${hydra:job.name}
+    ended in "HydraConfig was not set" (exit 1): the sweep's start resolves them from its config."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32", "tracking.uri=sqlite:///${hydra:runtime.cwd}/x.db",
+                      "tracking.experiment=e-${hydra:job.name}", f"hydra.sweep.dir={tmp_path}/out")
+    assert rc == 0 and "Traceback" not in out, out
+    assert f"Tracking 1 job(s) in sqlite:///{tmp_path}/x.db" in out, out
+    assert sorted(tmp_path.rglob("*.db")) == [tmp_path / "x.db"]
+    assert_one_live_sweep(tmp_path / "x.db", 1, experiment="e-run")
