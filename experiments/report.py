@@ -217,7 +217,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
             if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
                 best[key] = r
     if not best and not peaks:
-        return _nothing_measured(tr, uri, "", ": nothing to compare.")
+        return _nothing_measured(tr, uri, "", ": nothing to compare.", parent)
     order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
     out = [f"Families by precision and size; store: {uri}" + (f"; sweep {parent}" if parent else ""), ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):

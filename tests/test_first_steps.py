@@ -376,3 +376,7 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
                               cwd=ROOT)
     assert rc == 2 and f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s)" in err
     assert f"python -m experiments.report --static --uri {tr.uri} --experiment e --sweep {sweeps[1]} tables" in err
+    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+                              "--by-family", cwd=ROOT)
+    assert rc == 2 and err == (f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s) "
+                               "(rendered and assembled only): nothing to compare.\n"), err
