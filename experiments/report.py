@@ -26,7 +26,8 @@ sweeps included and marked reused (experiments.track.sweep_runs).
 
 ``--static``: the runs made without a GPU (rendered and assembled only), one row per kernel and
 arch: registers, spills, shared memory, theoretical occupancy, SASS instruction mix and whether the
-SASS holds the precision's tensor-core MMA (``mma_native``).
+SASS holds the precision's tensor-core MMA (``mma_native``); with ``--sweep`` the kernels it reused
+are marked; kernels that failed (the ptxas error line) or were skipped (the reason) are listed below.
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
-        return _nothing_measured(tr, uri, f"; {static_command(uri, experiment)} tables their registers, "
-                                 "spills, occupancy and SASS", ".")
+        return _nothing_measured(tr, uri, f"; {static_command(uri, experiment, parent)} tables their registers, "
+                                 "spills, occupancy and SASS", ".", parent)
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
@@ -101,11 +102,14 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
 NOTHING_MEASURED = "No run in "      # how the tables start when the store holds no GPU measurement
 
 
-def _nothing_measured(tr: Tracker, uri: str, detail: str, end: str) -> str:
-    runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'static'", max_results=50000)
+def _nothing_measured(tr: Tracker, uri: str, detail: str, end: str, parent: str | None = None) -> str:
+    where = "tags.backend = 'static'"
+    runs = (tr.sweep_runs(parent, where) if parent
+            else tr.client.search_runs([tr.experiment_id], where, max_results=50000))
     skipped = sum(r.data.tags.get("outcome") == "skipped" for r in runs)
     also = f" and {skipped} skipped (combinations that do not exist, each with its reason)" if skipped else ""
-    return (f"{NOTHING_MEASURED}{uri} was measured on a GPU yet: {len(runs) - skipped} static run(s) "
+    scope = f"sweep {parent} of {uri}" if parent else uri
+    return (f"{NOTHING_MEASURED}{scope} was measured on a GPU yet: {len(runs) - skipped} static run(s) "
             f"(rendered and assembled only{detail}){also}{end}\n")
 
 
@@ -116,21 +120,29 @@ def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str
     (static + dynamic, bytes), theoretical occupancy, the SASS instruction mix (the classes of
     experiments.assemble.SASS_OPS, most frequent first, of all instructions) and mma_native, with
     the reasons of kernels whose MMA is emulated below. "-" where a value is missing (a library
-    call has no PTX; without cuobjdump/nvdisasm there is no SASS).
+    call has no PTX; without cuobjdump/nvdisasm there is no SASS). Kernels the sweep reused from
+    earlier sweeps are marked "(reused)" and counted in the header; kernels whose latest run failed,
+    was skipped or interrupted are listed under "Not assembled:" with the first line of the reason.
 
     Read-only: raises StoreError when the store, experiment or sweep does not exist; returns a line
-    starting with "No static run" when there is none."""
+    starting with "No static run" when there is no static-backend run at all."""
     tr = Tracker(uri, experiment, create=False)
-    where = "tags.backend = 'static' and tags.outcome = 'static'"
+    where = "tags.backend = 'static'"
     parent = sweep_run(tr, sweep) if sweep else None
     runs = (tr.sweep_runs(parent, where) if parent       # oldest first, those it reused included
             else tr.client.search_runs([tr.experiment_id], where, max_results=50000,
                                        order_by=["attributes.start_time ASC"]))
-    latest = {(r.data.tags.get("kernel", "?"), r.data.tags.get("arch", "?")): r for r in runs}
+    every = {(r.data.tags.get("kernel") or r.info.run_name or "?", r.data.tags.get("arch", "-")): r for r in runs}
+    latest = {k: r for k, r in every.items() if r.data.tags.get("outcome") == "static"}
+    others = {k: r for k, r in every.items() if k not in latest}
     scope = f"sweep {parent} of {uri}" if parent else uri
-    if not latest:
+    if not every:
         return f"{NO_STATIC}{scope}: a sweep without a GPU (or backend=static) makes them.\n"
-    out = [f"Static runs (rendered and assembled, not run) in {scope}: {len(latest)} kernel(s)", "",
+    reused = sum(bool(reused_in(r, parent)) for r in latest.values())
+    also = "".join(f", {n} {what}" for what, n in sorted(collections.Counter(
+        r.data.tags.get("outcome") or r.info.status.lower() for r in others.values()).items()))
+    out = [f"Static runs (rendered and assembled, not run) in {scope}: {len(latest)} kernel(s)"
+           + (f" ({reused} reused from earlier sweeps)" if reused else "") + also, "",
            "| kernel | arch | registers | spills st/ld B | shared memory B | occupancy | SASS mix "
            "| mma_native |",
            "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
@@ -148,9 +160,15 @@ def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str
         if native == "false":
             emulated[kern] = t.get("mma_native_reason", "")
         occupancy = _fmt(m.get("theoretical_occupancy"), ".0%")
-        out.append(f"| {kern} | {arch} | {_fmt(m.get('registers'), '.0f')} | {spills} | "
+        mark = " (reused)" if reused_in(r, parent) else ""
+        out.append(f"| {kern}{mark} | {arch} | {_fmt(m.get('registers'), '.0f')} | {spills} | "
                    f"{_fmt(sum(smem) if smem else None, '.0f')} | {occupancy} | {sass} | {native} |")
     out += ["", *(f"- {kern}: {why}" for kern, why in emulated.items())] if emulated else []
+    if others:                              # failed, skipped or interrupted: the first line of the reason
+        out += ["", "Not assembled:", *(
+            f"- {kern} ({arch}): {r.data.tags.get('outcome') or r.info.status.lower()}: "
+            f"{(r.data.tags.get('error') or r.data.tags.get('skip_reason') or '-').splitlines()[0]}"
+            for (kern, arch), r in sorted(others.items()))]
     return "\n".join(out) + "\n"
 
 
@@ -199,7 +217,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
             if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
                 best[key] = r
     if not best and not peaks:
-        return _nothing_measured(tr, uri, "", ": nothing to compare.")
+        return _nothing_measured(tr, uri, "", ": nothing to compare.", parent)
     order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
     out = [f"Families by precision and size; store: {uri}" + (f"; sweep {parent}" if parent else ""), ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):

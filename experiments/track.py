@@ -732,7 +732,7 @@ class Tracker:
         """Start the run of measurement ``key`` unless it is done or under way elsewhere.
 
         ``parent`` is a callable returning the parent run id (called only when a run is created or
-        joins the sweep).
+        joins the sweep). A run whose parent run was deleted is not reused: it is measured anew.
         Returns ("done", id) for a FINISHED run, ("busy", id) for a run RUNNING in a live process,
         or ("new", id) for a run started here. A done or busy run of another sweep joins this one as
         reused (:meth:`join`; its id is then in :attr:`reused`). A RUNNING run whose process on this
@@ -740,6 +740,8 @@ class Tracker:
         """
         with store_lock(self.uri):
             for r in self._runs(f"tags.run_key = '{key}'"):
+                if self._parent_deleted(r):     # deleted with its sweep: not a measurement to reuse
+                    continue
                 if r.info.status == "FINISHED" or r.info.status == "RUNNING" and _alive(r.data.tags):
                     if (sweep := parent()) and self.join(r, sweep) is not None:
                         self.reused.add(r.info.run_id)
@@ -747,6 +749,17 @@ class Tracker:
                 if r.info.status == "RUNNING":
                     self._close_orphan(r.info.run_id)
             return "new", self.start(name, params, {**tags, "run_key": key}, parent())
+
+    def _parent_deleted(self, run) -> bool:
+        """Whether the MLflow parent run of ``run`` (an mlflow Run) was deleted (or is gone)."""
+        pid = run.data.tags.get("mlflow.parentRunId")
+        if not pid:
+            return False
+        from mlflow.exceptions import MlflowException
+        try:
+            return self.client.get_run(pid).info.lifecycle_stage == "deleted"
+        except MlflowException:
+            return True
 
     def join(self, run, parent: str) -> bool | None:
         """Make ``run`` (an mlflow Run) a member of the sweep ``parent`` that reused it: tag

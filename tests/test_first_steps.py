@@ -320,3 +320,63 @@ def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, 
 ])
 def test_preset_sweep_check(argv, message):
     assert _run_module().check_preset_sweep(argv) == message
+
+
+def test_the_static_table_of_a_failed_sweep_lists_its_kernels_and_why(tmp_path, module_cli):
+    """The "as a table:" command a sweep prints exited 2 ("No static run in sweep ...") when every run
+    failed (ptxas rejected the PTX) or was skipped: it now lists each kernel with its reason."""
+    rc, out = run_cli(tmp_path, "-m", "target.ptx_version=9.9", *store_args(tmp_path))
+    assert rc != 0 and "1 failed" in out, out
+    [command] = [line.split("as a table: ", 1)[1] for line in out.splitlines() if "as a table: " in line]
+    rc, table, err = module_cli(*shlex.split(command)[2:], cwd=ROOT)
+    assert rc == 0 and "0 kernel(s), 1 failed" in table, (table, err)
+    [_, children] = all_runs(tmp_path)
+    [run] = children
+    assert run.info.status == "FAILED" and run.data.tags["outcome"] == "failed"
+    line = f"- {run.data.tags['kernel']} (sm_90): failed: ptxas "
+    assert any(row.startswith(line) and row.endswith("Unsupported .version 9.9; current version is '9.0'")
+               for row in table.splitlines()), table
+    # a sweep whose runs were all skipped: each with its reason
+    from experiments.track import Tracker
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "cli-tests", create=False)
+    parent = tr.start("sweep skipped", {}, {"kind": "sweep", "sweep_key": "skipped-only"})
+    tr.end(tr.start("skipped family=cublas precision=fp8_e4m3", {}, {"backend": "static"}, parent), "KILLED",
+           "cuBLAS has no fp8 GEMM on sm_80")
+    tr.log(tr.sweep_runs(parent)[0].info.run_id, tags={"outcome": "skipped"})
+    tr.end(parent)
+    rc, table, err = module_cli("experiments.report", "--static", "--uri", tr.uri, "--experiment", "cli-tests",
+                                "--sweep", parent, cwd=ROOT)
+    assert rc == 0 and "0 kernel(s), 1 skipped" in table, (table, err)
+    assert "- skipped family=cublas precision=fp8_e4m3 (-): skipped: cuBLAS has no fp8 GEMM on sm_80" in table
+
+
+def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it_reused(tmp_path, module_cli):
+    """`report --static --sweep latest` after an overlapping sweep listed its kernels with no reused
+    marker; `report --sweep latest` counted the whole store's static runs and dropped --sweep from the
+    command it gave."""
+    from experiments.track import MEMBER, Tracker
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    sweeps = [tr.start(f"sweep {i}", {}, {"kind": "sweep", "sweep_key": f"k{i}"}) for i in range(2)]
+    made = {}
+    for kernel, sweep in (("gemm_int8_bk32", 0), ("gemm_int8_bk64", 0), ("gemm_int8_bk128", 1)):
+        made[kernel] = tr.start(kernel, {}, {"backend": "static", "outcome": "static", "kernel": kernel,
+                                             "arch": "sm_90", "mma_native": "true"}, sweeps[sweep])
+        tr.log(made[kernel], {"registers": 128})
+        tr.end(made[kernel])
+    tr.client.set_tag(made["gemm_int8_bk64"], MEMBER.format(sweeps[1]), "reused")   # as Tracker.join does
+    for rid in sweeps:
+        tr.end(rid)
+    rc, table, err = module_cli("experiments.report", "--static", "--uri", tr.uri, "--experiment", "e",
+                                "--sweep", "latest", cwd=ROOT)
+    assert rc == 0, err
+    assert table.splitlines()[0].endswith(": 2 kernel(s) (1 reused from earlier sweeps)"), table
+    assert "| gemm_int8_bk64 (reused) | sm_90 | 128 |" in table and "| gemm_int8_bk128 | sm_90 | 128 |" in table
+    assert "bk32" not in table
+    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+                              cwd=ROOT)
+    assert rc == 2 and f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s)" in err
+    assert f"python -m experiments.report --static --uri {tr.uri} --experiment e --sweep {sweeps[1]} tables" in err
+    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+                              "--by-family", cwd=ROOT)
+    assert rc == 2 and err == (f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s) "
+                               "(rendered and assembled only): nothing to compare.\n"), err

@@ -86,13 +86,13 @@ def test_static_table_one_row_per_kernel(tmp_path):
     from experiments.report import static_table
     tr, sweeps = _static_store(tmp_path)
     assert static_table(tr.uri, "e", sweeps[0]).splitlines() == [
-        f"Static runs (rendered and assembled, not run) in sweep {sweeps[0]} of {tr.uri}: 3 kernel(s)", "",
+        f"Static runs (rendered and assembled, not run) in sweep {sweeps[0]} of {tr.uri}: 3 kernel(s), 1 skipped", "",
         "| kernel | arch | registers | spills st/ld B | shared memory B | occupancy | SASS mix | mma_native |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
         "| cublas_int8 | sm_90 | - | - | - | - | - | - |",
         "| gemm_int4 | sm_90 | 197 | 8 / 16 | 55296 | 12% | CALL 32, LDSM 24, LDGSTS 12, IMMA 2, BAR 2 of 406 | false |",
         "| gemm_int8 | sm_90 | 186 | 0 / 0 | 55296 | 12% | IMMA 32, LDSM 24, LDGSTS 12, BAR 2 of 406 | true |",
-        "", "- gemm_int4: ptxas emulates .s4 with IMMA.16816.S8.S8"]
+        "", "- gemm_int4: ptxas emulates .s4 with IMMA.16816.S8.S8", "", "Not assembled:", "- skipped (-): skipped: -"]
     every = static_table(tr.uri, "e")
     assert every.startswith(f"Static runs (rendered and assembled, not run) in {tr.uri}: 4 kernel(s)")
     assert "| gemm_fp16 | sm_90 | 186 |" in every

@@ -215,3 +215,22 @@ def test_a_second_gpu_sweep_reports_the_runs_it_reused(tmp_path, capsys):
     rows = [line.split(" | ") for line in lines if line.startswith("| fp16 | ")][:2]
     assert [r[1] for r in rows] == ["512", "1024"]
     assert all(cell.endswith("TFLOP/s") for r in rows for cell in r[2:5]), rows   # mma.sync, wgmma, cuBLAS
+
+
+def test_runs_of_a_deleted_parent_are_measured_anew(tmp_path, monkeypatch, capsys, need_ptxas):
+    """A sweep's parent deleted once it ended (``MlflowClient().delete_run(parent)``): the same sweep
+    run again is a new sweep that measures its runs anew; the deleted sweep's runs are not reused."""
+    job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
+    store[1] = f"tracking.experiment={EXPERIMENT}"
+    first, out1 = _sweep(job, monkeypatch, "again", store, FIRST[:2], capsys)
+    assert f"Parent run {first}: 4 verified." in out1 and len(worker.calls) == 4
+    tr = Tracker(store[0].split("=", 1)[1], EXPERIMENT)
+    old = {r.info.run_id for r in tr.sweep_runs(first)}
+    tr.client.delete_run(first)
+    second, out2 = _sweep(job, monkeypatch, "again", store, FIRST[:2], capsys)
+    assert second != first and len(worker.calls) == 8, out2           # measured again, all four
+    assert f"Parent run {second}: 4 verified." in out2 and "reused" not in out2, out2
+    runs = tr.sweep_runs(second)
+    assert len(runs) == 4 and not old & {r.info.run_id for r in runs}
+    assert all(r.data.tags["mlflow.parentRunId"] == second for r in runs)
+    assert not any(f"in_sweep.{second}" in tr.client.get_run(r).data.tags for r in old)
