@@ -459,6 +459,7 @@ def test_report_on_a_closed_stdout_exits_quietly(static_sweep, buffered):
 
 @pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "analysis.report",
                                     "experiments.profile"])
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")    # runpy, on a module imported before
 def test_report_commands_share_the_closed_stdout_guard(module, monkeypatch):
     """Each report command's entry point runs its main() through experiments.cli.run_main."""
     import runpy
