@@ -269,12 +269,20 @@ def _value_problem(key: str, arg: str, family: str) -> str | None:
 
 def _unquoted_problem(arg: str) -> str | None:
     """The message for an override whose value holds characters Hydra's override grammar takes only
-    quoted (any non-ASCII letter: ``tracking.experiment=tëst`` ended in LexerNoViableAltException),
-    with the quoted override to give instead; None otherwise (also where quoting would not help)."""
+    quoted (any non-ASCII letter: ``tracking.experiment=tëst``; ``~``, ``#`` and the like:
+    ``tracking.uri=sqlite:///~/x.db``; each ended in LexerNoViableAltException), with the quoted
+    override to give instead; None otherwise (also where quoting would not help)."""
     import re
+    import shlex
     key, _, value = arg.partition("=")
-    if value.isascii() or not key.isascii() or _parsed(arg) is not None:
+    if not key.isascii() or _parsed(arg) is not None:
         return None
+    if value.isascii():                        # a plain value (no list, sweep or quotes): quote it whole
+        quoted = f'{key}="{value}"'
+        if re.search(r"""[\[\](){},'"]""", value) or _parsed(quoted) is None:
+            return None                        # quoting is not enough: Hydra's message follows
+        return (f"{arg!r}: Hydra reads this value only in quotes; give {quoted} "
+                f"(in the shell: {shlex.quote(quoted)})")
     # each word of the grammar (between , [ ] ( ) { } and spaces) that holds such a character, quoted
     quoted = f"{key}=" + re.sub(r"""[^\s,\[\](){}'"]*[^\x00-\x7f][^\s,\[\](){}'"]*""", r"'\g<0>'", value)
     if _parsed(quoted) is None:

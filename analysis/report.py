@@ -251,4 +251,5 @@ def main(argv=None) -> Report:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments.cli import run_main
+    sys.exit(run_main(main))

@@ -11,6 +11,7 @@ cannot answer instead of failing.
 """
 from __future__ import annotations
 
+import shlex
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,7 +224,7 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
             client.get_run(sweep)
         except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
             raise RunsError(f"sweep={sweep!r} is not a run id in {uri}; use a parent run id from "
-                            "`mlflow ui` or sweep='latest'") from exc
+                            f"mlflow ui --backend-store-uri {shlex.quote(uri)} or sweep='latest'") from exc
     runs, token = [], None
     id_to_name = {v: k for k, v in all_exps.items()}
     if sweep:                   # the runs it measured and those it reused from earlier sweeps

@@ -72,7 +72,7 @@ def shapes_of(cfg) -> list[tuple[int, int, int]]:
     return [tuple(s) for s in given["shapes"]] or [(n, n, n) for n in given["sizes"]]
 
 
-VALUE_KEYS = ("precision", "target.arch", "problem.sizes", "problem.shapes")   # value_problem's keys
+VALUE_KEYS = ("precision", "target.arch", "target.ptx_version", "problem.sizes", "problem.shapes")   # value_problem's keys
 
 
 def value_problem(key: str, v, families: list | None = None) -> str | None:
@@ -81,8 +81,8 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
     key). Such a value is an error before any work, in a single run and in a sweep alike; a valid
     value that only some combinations cannot take is left to the family's spec (a skipped run in a
     sweep). Checked: precision (the families' precisions), target.arch (auto, or an arch on which
-    some precision of the families has a kernel with its default options), problem.sizes (positive
-    integers) and problem.shapes ([M, N, K] of positive integers)."""
+    some precision of the families has a kernel with its default options), target.ptx_version (auto or
+    MAJOR.MINOR), problem.sizes (positive integers) and problem.shapes ([M, N, K] of positive integers)."""
     families = list(families or [MMA_SYNC, *_family_names()])
     if key == "precision":
         valid = {p: None for f in families for p in _precisions(f)}
@@ -99,6 +99,13 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
             return None
         return (f"target.arch={v} is not valid for family={','.join(families)}; valid: auto, "
                 f"{', '.join(valid)}")
+    if key == "target.ptx_version":
+        from .spec import SpecError, _parse_version
+        try:
+            _parse_version(str(v))
+        except SpecError as exc:
+            return str(exc)
+        return None
     if key == "problem.sizes":
         if isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
                                                 for x in v):

@@ -311,4 +311,5 @@ def _record(client, todo, done, failed, reports, mset, arch, tags, stamp, kfilte
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from experiments.cli import run_main
+    sys.exit(run_main(main))

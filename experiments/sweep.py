@@ -536,12 +536,16 @@ class SweepCallback(Callback):
                 tracker.keep_live(parent)
             runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
             new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
-            outcomes.update(outcome_of(r) for r in runs)
+            # each measurement once: the latest run per run key, or per name and config for a run that
+            # failed before it had one (tracking.rerun=true and a retried failure each add a run)
+            latest = {r.data.tags.get("run_key") or (r.info.run_name, *sorted(r.data.params.items())): r
+                      for r in runs}.values()
+            outcomes.update(outcome_of(r) for r in latest)
             if parent is not None and not runs:          # made at the start, nothing joined it
                 tracker.end(parent, "KILLED", "no run joined this sweep")
                 tracker.client.delete_run(parent)
                 continue
-            counts = collections.Counter(outcome_of(r) for r in runs)
+            counts = collections.Counter(outcome_of(r) for r in latest)
             reused = reused_count(runs, parent)
             summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + (
                 f"; {reused} reused" if reused else "")

@@ -29,6 +29,7 @@ import math
 import numbers
 import os
 import re
+import shlex
 import socket
 import tempfile
 import time
@@ -603,8 +604,8 @@ class Tracker:
             elif exp.lifecycle_stage == "deleted" and not (restore and create):
                 raise StoreError(
                     f"experiment {experiment!r} (id {exp.experiment_id}) in {uri} was deleted. Restore it "
-                    f"with `mlflow experiments restore --experiment-id {exp.experiment_id}` "
-                    f"(MLFLOW_TRACKING_URI={uri}), or use another experiment name (run.py: "
+                    f"with: MLFLOW_TRACKING_URI={shlex.quote(uri)} mlflow experiments restore "
+                    f"--experiment-id {exp.experiment_id} ; or use another experiment name (run.py: "
                     "tracking.experiment=NAME; the report and profile commands: --experiment NAME).")
             else:
                 self.experiment_id = exp.experiment_id

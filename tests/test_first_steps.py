@@ -74,6 +74,16 @@ VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a p
                                      "('problem.shapes=[[512,512]]')"),
     (["family=wgmma", "target.arch=sm_80"], "target.arch=sm_80 is not valid for family=wgmma; valid: auto, sm_90, "
                                             "sm_90a ('target.arch=sm_80')"),
+    (["target.ptx_version=abc,auto"], "target.ptx_version='abc' must be 'auto' or MAJOR.MINOR, e.g. 7.8 "
+                                      "('target.ptx_version=abc,auto')"),
+    (["target.ptx_version=8"], "target.ptx_version='8' must be 'auto' or MAJOR.MINOR, e.g. 7.8 "
+                               "('target.ptx_version=8')"),
+    (["target.arch=sm_9x"], "target.arch=sm_9x is not valid for family=mma_sync; valid: auto, sm_80, sm_86, "
+                            "sm_89, sm_90, sm_90a, sm_100, sm_120 ('target.arch=sm_9x')"),
+    (["verify.rtol=-1"], "verify.rtol=-1 is not valid; it must be a finite number > 0"),
+    (["timing.warmup=-1"], "timing.warmup=-1 is not valid; it must be a finite number >= 0"),
+    (["problem.sizes=[abc]"], "problem.sizes=['abc'] is not valid: square sizes M=N=K must be positive integers, "
+                              "e.g. problem.sizes=[512,1024] ('problem.sizes=[abc]')"),
 ])
 def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, run_checks, args, message, multirun):
     """These became green skipped runs in a sweep (exit 0) and errors after the store was opened in a
@@ -380,3 +390,108 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
                               "--by-family", cwd=ROOT)
     assert rc == 2 and err == (f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s) "
                                "(rendered and assembled only): nothing to compare.\n"), err
+
+
+@pytest.mark.parametrize("arg, quoted", [
+    ("tracking.uri=sqlite:///~/x.db", 'tracking.uri="sqlite:///~/x.db"'),
+    ("tracking.uri=sqlite:////tmp/a#b/m.db", 'tracking.uri="sqlite:////tmp/a#b/m.db"'),
+])
+def test_value_the_override_lexer_rejects_says_how_to_quote_it(tmp_path, run_checks, arg, quoted):
+    """'~' (which the README advertises) and '#' unquoted ended in LexerNoViableAltException."""
+    rc, out = run_checks(tmp_path, arg, "backend=static", f"hydra.run.dir={tmp_path}/out")
+    assert rc == 2 and "LexerNoViableAltException" not in out, out
+    assert out.strip() == (f"{arg!r}: Hydra reads this value only in quotes; give {quoted} "
+                           f"(in the shell: '{quoted}')")
+    assert _run_module()._parsed(quoted).value() == arg.split("=", 1)[1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_restore_command_of_a_deleted_experiment_works_when_pasted(tmp_path):
+    """The command was `mlflow experiments restore ...` with the store's URI beside it: pasted alone it
+    made ./mlflow.db and failed. Now the printed line (the URI shell-quoted) restores it."""
+    import subprocess
+
+    import mlflow
+    from experiments.track import StoreError, Tracker
+    uri = f"sqlite:///{tmp_path}/a store/m.db"
+    (tmp_path / "a store").mkdir()
+    tr = Tracker(uri, "gone")
+    tr.client.delete_experiment(tr.experiment_id)
+    with pytest.raises(StoreError) as err:
+        Tracker(uri, "gone")
+    command = str(err.value).split("Restore it with: ", 1)[1].split(" ; ", 1)[0]
+    assert command == (f"MLFLOW_TRACKING_URI={shlex.quote(uri)} mlflow experiments restore "
+                       f"--experiment-id {tr.experiment_id}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(command, shell=True, cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert mlflow.MlflowClient(uri).get_experiment(tr.experiment_id).lifecycle_stage == "active"
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_unknown_sweep_names_the_store_in_the_mlflow_ui_command(tmp_path):
+    from analysis.runs import RunsError, load_runs
+    from experiments.track import Tracker
+    uri = f"sqlite:///{tmp_path}/a store/m.db"
+    (tmp_path / "a store").mkdir()
+    Tracker(uri, "tensor-core-ablations")
+    with pytest.raises(RunsError) as err:
+        load_runs(uri, sweep="0123456789abcdef")
+    assert f"mlflow ui --backend-store-uri {shlex.quote(uri)} or sweep='latest'" in str(err.value)
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_report_on_a_closed_stdout_exits_quietly(static_sweep, buffered):
+    """`python -m experiments.report ... | head -1` ended in a BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+    folder, rc, out = static_sweep
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED" or not buffered}
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.report", "--static", "--uri",
+                             f"sqlite:///{folder}/mlflow.db", "--experiment", "cli-tests"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()                       # as `| head -1` does once it has its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == "", err
+
+
+@pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "analysis.report",
+                                    "experiments.profile"])
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")    # runpy, on a module imported before
+def test_report_commands_share_the_closed_stdout_guard(module, monkeypatch):
+    """Each report command's entry point runs its main() through experiments.cli.run_main."""
+    import runpy
+
+    import experiments.cli
+    ran = []
+    monkeypatch.setattr(experiments.cli, "run_main", lambda main: ran.append(main.__module__) or 7)
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module(module, run_name="__main__")
+    assert done.value.code == 7 and ran == ["__main__"]
+
+
+def _parent_summary(tmp_path):
+    parents, children = all_runs(tmp_path)
+    assert len(parents) == 1
+    return parents[0].data.tags["runs"], children
+
+
+def test_parent_counts_each_measurement_once(tmp_path):
+    """A kernel that failed twice read "2 failed"; a 2-job sweep with tracking.rerun=true run twice read
+    "4 static": the parent counts the latest run of each measurement."""
+    (tmp_path / "failed").mkdir()
+    (tmp_path / "rerun").mkdir()
+    for _ in range(2):
+        rc, out = run_cli(tmp_path / "failed", "target.ptx_version=9.9", "backend=static", "ktile=32",
+                          *store_args(tmp_path / "failed", False))
+        assert rc == 1 and "Parent run" in out, out
+    summary, children = _parent_summary(tmp_path / "failed")
+    assert summary == "1 failed" and [c.info.status for c in children] == ["FAILED", "FAILED"]
+    for _ in range(2):
+        rc, out = run_cli(tmp_path / "rerun", "-m", "pipeline.stages=2,3", "backend=static", "ktile=32",
+                          "tracking.rerun=true", *store_args(tmp_path / "rerun"))
+        assert rc == 0, out
+    summary, children = _parent_summary(tmp_path / "rerun")
+    assert summary == "2 static" and len(children) == 4
