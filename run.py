@@ -224,9 +224,11 @@ def _float_problem(key: str, arg: str, values: list) -> str | None:
         try:
             number = None if text == "null" else float(text)
         except ValueError:
-            return f"{key}={v} is not a number ({arg!r})" + ("; valid: 0 or more seconds" * (key == "tracking.wait"))
+            return (f"{key}={v} is not a number ({arg!r})"
+                    + ("; valid: 0 or more seconds" * (key == "tracking.wait")))
         if key == "tracking.wait" and number is not None and not number >= 0:
-            return f"{key}={v} is out of range ({arg!r}); valid: 0 or more seconds (0: no waiting for the store's lock)"
+            return (f"{key}={v} is out of range ({arg!r}); valid: 0 or more seconds (0: no waiting for the "
+                    "store's lock)")
     return None
 
 
@@ -237,14 +239,16 @@ def _tracking_problem(key: str, arg: str, values: list | None, argv: list) -> st
     if key == "tracking.experiment" and any(not v.strip().strip("'\"").strip() for v in values or ()):
         return (f"{arg!r}: the experiment name is empty; give one, e.g. tracking.experiment=ablation, or "
                 "leave it out for the default")
-    override = _parsed(arg) if key in ("tracking.rerun", "tracking.wait") else None  # uri, experiment: the sweep's start
+    # uri, experiment: checked at the sweep's start
+    override = _parsed(arg) if key in ("tracking.rerun", "tracking.wait") else None
     if override is None or not override.is_sweep_override() or not {"-m", "--multirun"} & set(argv):
         return None
     why = {"tracking.rerun": "whether finished runs are measured again is set once for the whole sweep",
            "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}[key]
     first = str((values or ["VALUE"])[0])
     first = first.lower() if first in ("True", "False") else first
-    return f"Cannot sweep {key} ({arg}): {why}. Give one value, e.g. {key}={first}, and run one sweep per value."
+    return (f"Cannot sweep {key} ({arg}): {why}. Give one value, e.g. {key}={first}, and run one sweep per "
+            "value.")
 
 
 def _value_problem(key: str, arg: str, family: str) -> str | None:

@@ -72,7 +72,8 @@ def shapes_of(cfg) -> list[tuple[int, int, int]]:
     return [tuple(s) for s in given["shapes"]] or [(n, n, n) for n in given["sizes"]]
 
 
-VALUE_KEYS = ("precision", "target.arch", "target.ptx_version", "problem.sizes", "problem.shapes")   # value_problem's keys
+# value_problem's keys
+VALUE_KEYS = ("precision", "target.arch", "target.ptx_version", "problem.sizes", "problem.shapes")
 
 
 def value_problem(key: str, v, families: list | None = None) -> str | None:

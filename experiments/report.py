@@ -81,8 +81,8 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
-        return _nothing_measured(tr, uri, f"; {static_command(uri, experiment, parent)} tables their registers, "
-                                 "spills, occupancy and SASS", ".", parent)
+        return _nothing_measured(tr, uri, f"; {static_command(uri, experiment, parent)} tables their "
+                                 "registers, spills, occupancy and SASS", ".", parent)
     rows.sort(key=lambda x: (x[7], x[0], x[1]))
     gpus = sorted({x[7] for x in rows})
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
@@ -132,7 +132,8 @@ def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str
     runs = (tr.sweep_runs(parent, where) if parent       # oldest first, those it reused included
             else tr.client.search_runs([tr.experiment_id], where, max_results=50000,
                                        order_by=["attributes.start_time ASC"]))
-    every = {(r.data.tags.get("kernel") or r.info.run_name or "?", r.data.tags.get("arch", "-")): r for r in runs}
+    every = {(r.data.tags.get("kernel") or r.info.run_name or "?", r.data.tags.get("arch", "-")): r
+             for r in runs}
     latest = {k: r for k, r in every.items() if r.data.tags.get("outcome") == "static"}
     others = {k: r for k, r in every.items() if k not in latest}
     scope = f"sweep {parent} of {uri}" if parent else uri

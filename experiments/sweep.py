@@ -215,10 +215,11 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
         if key.startswith("tracking."):
             first = next(iter(override.sweep_string_iterator()), "VALUE")
             rest = " ".join(o for o in task if o != text)
-            why = {"tracking.rerun": "whether finished runs are measured again is set once for the whole sweep",
+            why = {"tracking.rerun":
+                   "whether finished runs are measured again is set once for the whole sweep",
                    "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}
-            raise SystemExit(f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value instead: "
-                             f"python run.py -m {rest} {key}={first}, then the next value.")
+            raise SystemExit(f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value "
+                             f"instead: python run.py -m {rest} {key}={first}, then the next value.")
     for key, raw in OmegaConf.to_container(config.tracking, resolve=False).items():
         for hydra, ref in re.findall(r"\$\{\s*(hydra:)?\s*([\w./-]+)\s*\}", str(raw)):
             # a preset swept by experiment= or variant= may set any key
