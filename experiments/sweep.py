@@ -527,64 +527,7 @@ class SweepCallback(Callback):
         the count as its reason and the command exits 1, after every job ran; skipped runs are no
         failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2. A
         parent or experiment deleted while the sweep ran is restored first (:meth:`Tracker.keep_live`)."""
-        failures, total, closed, emulated, outcomes = [], 0, 0, [], collections.Counter()
-        stores = {(self.uri, self.experiment)}
-        for uri, experiment in sorted(stores):
-            tracker = get_tracker(uri, experiment)
-            tracker.keep_live(None)          # a deleted experiment first: its runs are found again
-            parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
-            if parent is not None:
-                tracker.keep_live(parent)
-            runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
-            new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
-            # each measurement once: the latest run per run key, or per name and config for a run that
-            # failed before it had one (tracking.rerun=true and a retried failure each add a run)
-            latest = {r.data.tags.get("run_key") or (r.info.run_name, *sorted(r.data.params.items())): r
-                      for r in runs}.values()
-            outcomes.update(outcome_of(r) for r in latest)
-            if parent is not None and not runs:          # made at the start, nothing joined it
-                tracker.end(parent, "KILLED", "no run joined this sweep")
-                tracker.client.delete_run(parent)
-                continue
-            counts = collections.Counter(outcome_of(r) for r in latest)
-            reused = reused_count(runs, parent)
-            summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + (
-                f"; {reused} reused" if reused else "")
-            # added: runs it made now, or runs it reused now (the summary it recorded before differs)
-            if parent is None or not new and tracker.client.get_run(parent).data.tags.get("runs") == summary:
-                if parent in tracker.open:                # reopened at the start; nothing was added
-                    tracker.end(parent)
-                continue
-            emulated += sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
-                                f"{r.data.tags.get('mma_native_reason', '')}"
-                                for r in new if r.data.tags.get("mma_native") == "false"})
-            mine = [r for r in new if r.info.status == "FAILED"]
-            failures, total = failures + mine, total + len(new)
-            for r in runs:      # runs tracked before the membership tag: the UI's view filters by it
-                if MEMBER.format(parent) not in r.data.tags:
-                    tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
-            busy_line, busy = gpu_time(new, self.t0, time.time())
-            tracker.log(parent, {**busy, "runs_reused": reused},
-                        tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs, parent)})
-            with tempfile.TemporaryDirectory() as tmp:
-                fig = Path(tmp) / ARTIFACTS["figure"]
-                if throughput_figure(runs, fig):
-                    tracker.artifact_file(parent, fig)
-            if mine or failed_job:
-                why = failure_summary(mine, len(new)) if mine else "1 job(s) could not run"
-                tracker.end(parent, "FAILED", why + "; see their runs' error tag")
-            else:
-                tracker.end(parent)
-            closed += 1
-            print(f"Parent run {parent}: {summary}.", flush=True)
-            if busy_line:
-                print(busy_line, flush=True)
-            tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
-            page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
-            print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
-                  f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
-            if not self.measured:                    # no GPU: the resources of its static runs
-                print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
+        closed, failures, total, emulated, outcomes = self._end_parent(failed_job)
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
         if emulated:
@@ -605,6 +548,66 @@ class SweepCallback(Callback):
                   "exist; see their runs' skip_reason): nothing was built or measured. Exit status 2.",
                   file=sys.stderr, flush=True)
             raise SystemExit(2)
+
+    def _end_parent(self, failed_job: bool) -> tuple:
+        """End the sweep's parent run in its store and experiment (see :meth:`_close`), print its
+        summary and links; returns (parents ended: 0 or 1, the runs this command had FAILED, how many
+        runs it made, the emulated kernels it ran, the outcome counts over each measurement's latest
+        run)."""
+        uri, experiment = self.uri, self.experiment
+        tracker = get_tracker(uri, experiment)
+        tracker.keep_live(None)          # a deleted experiment first: its runs are found again
+        parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
+        if parent is not None:
+            tracker.keep_live(parent)
+        runs = tracker.sweep_runs(parent) if parent else []     # reused ones too
+        new = [r for r in runs if r.info.start_time >= self.t0 * 1000 - 1]
+        # each measurement once: the latest run per run key, or per name and config for a run that
+        # failed before it had one (tracking.rerun=true and a retried failure each add a run)
+        latest = {r.data.tags.get("run_key") or (r.info.run_name, *sorted(r.data.params.items())): r
+                  for r in runs}.values()
+        outcomes = collections.Counter(outcome_of(r) for r in latest)
+        if parent is not None and not runs:          # made at the start, nothing joined it
+            tracker.end(parent, "KILLED", "no run joined this sweep")
+            tracker.client.delete_run(parent)
+            return 0, [], 0, [], outcomes
+        reused = reused_count(runs, parent)
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(outcomes.items())) + (
+            f"; {reused} reused" if reused else "")
+        # added: runs it made now, or runs it reused now (the summary it recorded before differs)
+        if parent is None or not new and tracker.client.get_run(parent).data.tags.get("runs") == summary:
+            if parent in tracker.open:                # reopened at the start; nothing was added
+                tracker.end(parent)
+            return 0, [], 0, [], outcomes
+        emulated = sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
+                            f"{r.data.tags.get('mma_native_reason', '')}"
+                            for r in new if r.data.tags.get("mma_native") == "false"})
+        mine = [r for r in new if r.info.status == "FAILED"]
+        for r in runs:      # runs tracked before the membership tag: the UI's view filters by it
+            if MEMBER.format(parent) not in r.data.tags:
+                tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
+        busy_line, busy = gpu_time(new, self.t0, time.time())
+        tracker.log(parent, {**busy, "runs_reused": reused},
+                    tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs, parent)})
+        with tempfile.TemporaryDirectory() as tmp:
+            fig = Path(tmp) / ARTIFACTS["figure"]
+            if throughput_figure(runs, fig):
+                tracker.artifact_file(parent, fig)
+        if mine or failed_job:
+            why = failure_summary(mine, len(new)) if mine else "1 job(s) could not run"
+            tracker.end(parent, "FAILED", why + "; see their runs' error tag")
+        else:
+            tracker.end(parent)
+        print(f"Parent run {parent}: {summary}.", flush=True)
+        if busy_line:
+            print(busy_line, flush=True)
+        tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
+        page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
+        print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
+              f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
+        if not self.measured:                    # no GPU: the resources of its static runs
+            print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
+        return 1, mine, len(new), emulated, outcomes
 
     def _benchmark(self) -> str | None:
         """The performance check of this sweep (``benchmark``); returns why it failed, or None."""
