@@ -1,0 +1,87 @@
+"""Fingerprint of every kernel the families define: the PTX (or CUDA C++) source, the entry name, the
+run name and the run-key identity of each point, hashed per family.
+
+A change to the code that must not change what the store holds (a refactoring) leaves every digest
+equal: run it before and after and compare the lines.
+
+    python tools/fingerprint.py                 # every point (a few minutes on one core)
+    python tools/fingerprint.py --stride 20     # every 20th point of each family (quick check)
+
+mma_sync: every shaping cell of :func:`experiments.spec.space` at its largest stage count and at one
+stage, the non-shaping axes (cache.op, L2 hints, tile.group_m) rotated over the cells so that every value
+of each occurs. Other families: every point of ``Family.space(arch)`` for every arch.
+Prints one line per family: name, points, sha256 of the records (in enumeration order).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from math import prod
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments import families, record  # noqa: E402
+from experiments.kernel import _identity_axes  # noqa: E402
+from experiments.render import ptx_sha256, render  # noqa: E402
+from experiments.spec import ARCHS, space  # noqa: E402
+
+SIZE = (4096, 4096, 4096)
+
+
+def _mma_sync_points(stride: int):
+    sp = space()
+    rest = [a for a in sp.axes if not a.shaping]
+    n_free = prod(len(a.values) for a in rest)
+    for i, (_, values, max_stages) in enumerate(sp.cells):
+        if i % stride:
+            continue
+        j, free = i % n_free, []
+        for ax in rest:
+            free.append(j % len(ax.values))
+            j //= len(ax.values)
+        for stages in sorted({max_stages, 1}):
+            yield sp.spec(values, stages, tuple(free))
+
+
+def mma_sync_records(stride: int):
+    """(entry, source sha256, identity, run names) of the mma_sync points."""
+    for spec in _mma_sync_points(stride):
+        sha = ptx_sha256(render(spec))
+        yield (spec.entry, sha, str((_identity_axes(spec), sha)),
+               record.run_name(spec, SIZE), record.run_name(spec, None))
+
+
+def family_records(name: str, stride: int):
+    """(entry, source sha256, identity, run names) of a registered family's points."""
+    fam = families.get(name)
+    i = 0
+    for arch in ARCHS:
+        for spec in fam.space(arch):
+            i += 1
+            if (i - 1) % stride:
+                continue
+            sha = ptx_sha256(fam.build(spec).source)
+            yield (spec.entry, sha, str((sorted(spec.flat().items()), sha)),
+                   record.family_run_name(spec, tuple(fam.axes), SIZE),
+                   record.family_run_name(spec, tuple(fam.axes), None))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stride", type=int, default=1, help="every Nth point only (default 1: all)")
+    ap.add_argument("--family", action="append", help="only this family (repeatable)")
+    args = ap.parse_args(argv)
+    wanted = args.family or ["mma_sync", *families.names()]
+    for name in wanted:
+        recs = mma_sync_records(args.stride) if name == "mma_sync" else family_records(name, args.stride)
+        h, n = hashlib.sha256(), 0
+        for rec in recs:
+            h.update(repr(rec).encode())
+            n += 1
+        print(f"{name:10} {n:8d} {h.hexdigest()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
