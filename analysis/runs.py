@@ -45,7 +45,7 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("run_id", "info", "run_id", "str", "MLflow run id"),
     Column("status", "info", "status", "str",
-           "FINISHED, FAILED (tag error) or KILLED (skipped, tag skip_reason)"),
+           "FINISHED (also a skipped run: outcome skipped), FAILED (tag error) or KILLED (interrupted)"),
     Column("start_time", "info", "start_time", "int", "ms since the epoch"),
     Column("parent_run_id", "tag", "mlflow.parentRunId", "str", "the sweep's parent run"),
     Column("outcome", "tag", "outcome", "str",
@@ -57,7 +57,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("verified", "tag", "verified", "bool", "the output matched the reference before timing"),
     Column("throughput_unit", "tag", "throughput_unit", "str", "TFLOP/s (float types) or TOP/s (integer)"),
     Column("error", "tag", "error", "str", "why a FAILED run failed"),
-    Column("skip_reason", "tag", "skip_reason", "str", "why a KILLED run was skipped"),
+    Column("skip_reason", "tag", "skip_reason", "str", "why a run was skipped (or interrupted)"),
     Column("implausible", "tag", "implausible", "str",
            "reference runs: why a published duration cannot be right"),
     Column("derived", "tag", "derived", "str",

@@ -2,8 +2,9 @@
 mma_sync template, or the family's build), assemble, then per problem size verify + time on the GPU
 (in the worker process) and track, or track the static resources (experiments.kernel builds it).
 
-Every run a job starts ends FINISHED, FAILED (tag ``error``, stage in ``failed_stage``) or KILLED
-(tag ``skip_reason``). In a multirun an impossible configuration becomes a skipped run and a job
+Every run a job starts ends FINISHED (a skipped run too: tag ``outcome=skipped``, reason in
+``skip_reason``), FAILED (tag ``error``, stage in ``failed_stage``) or KILLED (interrupted: tag
+``outcome=interrupted``). In a multirun an impossible configuration becomes a skipped run and a job
 that cannot run (no GPU for ``backend=gpu``, an unexpected error) a FAILED run with
 ``failed_stage=job``; the sweep goes on and exits non-zero at its end.
 """
@@ -97,8 +98,8 @@ def run_job(cfg) -> dict:
     """Run one job of the sweep for the composed config ``cfg``; returns counts of run outcomes.
 
     Outside a multirun, raises SpecError (an impossible configuration, before any work) or JobError.
-    In a multirun both become runs with their reason (KILLED skipped, FAILED), as does any other
-    exception, and the job returns; KeyboardInterrupt propagates (run.py closes the open runs).
+    In a multirun both become runs with their reason (FINISHED with outcome=skipped, FAILED), as does
+    any other exception, and the job returns; KeyboardInterrupt propagates (run.py closes the open runs).
     """
     job = _Job(cfg)
     try:
