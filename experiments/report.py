@@ -334,11 +334,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     difference, the median |difference| beside the repeats' median distance (and :func:`_larger_p`),
     each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
 
-    Why one number for the whole sweep: on an H200 some kernels' medians take one of two values about
-    0.8 % apart, a state of the GPU that lasts seconds at an unchanged SM clock, and kernels sensitive
-    to where their operands lie move by up to 5 % from one allocation to the next; a single repeat
-    catches either for some pairs only, so a pair's own repeat distance understates what any rerun
-    may show.
+    Why one number for the whole sweep: a kernel's median can take one of two values for seconds at an
+    unchanged SM clock, and kernels sensitive to where their operands lie move from one allocation to
+    the next (:mod:`experiments.timing` says by how much); a single repeat catches either for some
+    pairs only, so a pair's own repeat distance understates what any rerun may show.
 
     Read-only: raises StoreError when a store or the experiment does not exist, or when two of the
     stores hold the same runs (a copy)."""

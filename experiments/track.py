@@ -4,7 +4,7 @@ The store is resolved once, to an absolute location, by :class:`SweepCallback` a
 or multirun and exported as ``MLFLOW_TRACKING_URI`` so every job (and every launcher process) writes
 to the same store. Default: ``sqlite:///<project>/outputs/mlflow.db``.
 
-What the store guarantees (docs/usage.md, "Interruptions, concurrent sweeps, parallel launchers"):
+What the store guarantees (docs/usage.md, "Interruptions, concurrent sweeps and parallel launchers"):
 - every run ends FINISHED (a skipped one too: tags ``outcome=skipped``, ``skip_reason``), FAILED (reason
   in tag ``error``) or KILLED (interrupted: tag ``outcome=interrupted``, reason in ``skip_reason``); runs a
   process leaves open (Ctrl-C, SIGTERM, a crash) are closed by :func:`abort_open_runs`, and runs of a

@@ -4,7 +4,7 @@
 ``instruction=mma_sync`` (the default): a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which
 every warp keeps ``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK``
 per chain per iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the
-register-only peak of ``reference/h200/README.md``). The loop is written out ``UNROLL`` iterations per
+register-only peak of ``results/h200/README.md``). The loop is written out ``UNROLL`` iterations per
 trip: with one iteration per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an
 H200 (fp16 555 against 638 TFLOP/s, int8 1,114 against 1,271 TOP/s, same clocks). The launch does a
 fixed amount of work, ``units`` of ``iters`` iterations, spread over the grid's warps (warp w takes
@@ -79,7 +79,7 @@ FEEDS = ("registers", "ldmatrix")
 FED_WORK, FED_TILES = (32, 1 << 17), 32
 THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # (iters, units): ~1.3e8 mma per launch where the type is native. s4 on sm_90 (and, assumed, later
-# archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
+# archs) is emulated by ptxas with integer code, ~50x fewer mma per second (results/h200/README.md):
 # ~2e6 mma, one chain step per unit
 NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
 # archs whose SASS of mma.sync .e4m3 is F2FP.F16.E4M3.UNPACK_B + HMMA.16816, no QMMA (ptxas 13.0)

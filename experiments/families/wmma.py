@@ -6,7 +6,7 @@ other is multiplied. Fragments: m16n16k16 for fp16 (f32 or f16 accumulator), bf1
 int4 through the experimental sub-byte API (``wmma::experimental::precision::s4``, m8n8k32, A row-major,
 B col-major, s32), which nvcc 13.0 compiles for every supported arch (sm_80 ... sm_120; the header
 enables it from sm_73 on), sm_90 included. On sm_90 ptxas has no IMMA for s4 and emulates ``mma.sync``
-s4 with integer code (``reference/h200/README.md``); the s4 WMMA is expected to take the same route
+s4 with integer code (``results/h200/README.md``); the s4 WMMA is expected to take the same route
 (cuobjdump's SASS on the GPU node shows it), so the int4 baseline there is an emulation, as the study's
 int4 WMMA baseline was. Sources: CUDA C++ Programming Guide, "Warp Matrix Functions" (fragment shapes
 and types, "Sub-byte Operations"); PTX ISA 9.0, 9.7.9.25 (cp.async).
