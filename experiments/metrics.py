@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .ncu import PREFIX, load_table
 
 __all__ = ["Metric", "DECLARED", "SPEEDUP", "PCT_OF_PEAK", "CLOCK_FIELDS", "KERNEL_CLOCK_FIELDS", "GPU_STATE",
-           "table", "lookup", "rounded", "label", "describe", "undeclared"]
+           "table", "lookup", "rounded", "label", "describe", "undeclared", "units_line"]
 
 SPEEDUP = "speedup_vs_{}"        # this run's throughput / the best baseline run's (experiments.compare)
 PCT_OF_PEAK = "pct_of_peak"      # 100 * this run's throughput / the peak run's (experiments.compare)
@@ -194,3 +194,14 @@ def describe(key: str) -> str:
 def undeclared(keys) -> list[str]:
     """The names among ``keys`` that nothing in :func:`table` declares, sorted."""
     return sorted(k for k in keys if lookup(k) is None)
+
+
+def units_line(keys) -> str:
+    """One markdown line with the unit of each declared metric among the logged names ``keys``, in
+    declaration order, a pattern once (e.g. "Units: `throughput` TFLOP/s, ...; `median_us` us;
+    `sass_<op>` instructions"), for a description the MLflow UI shows beside the raw numbers; "" when
+    none is declared."""
+    found = {m.name: m for m in filter(None, map(lookup, set(keys)))}
+    order = list(table())
+    parts = [f"`{m.name}` {m.unit}" for m in sorted(found.values(), key=lambda m: order.index(m.name))]
+    return "Units: " + "; ".join(parts) + "." if parts else ""

@@ -5,7 +5,7 @@ Tracking (``job``, ``sweep``), the report and the analysis read names from here,
 """
 from __future__ import annotations
 
-from .metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded
+from .metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
@@ -201,7 +201,8 @@ def reused_count(runs: list, parent: str | None) -> int:
 def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
     """The parent run's description (markdown): the command, the outcome counts (and how many of the
     runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision and
-    size (marked "reused" where the sweep reused it), and the skipped combinations with their reasons."""
+    size (marked "reused" where the sweep reused it), the skipped combinations with their reasons, and
+    the units of the metrics the runs logged (experiments.metrics.units_line)."""
     import collections
     counts = collections.Counter(outcome_of(r) for r in runs)
     reused = reused_count(runs, parent)
@@ -234,6 +235,8 @@ def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
     if failed:
         lines += ["", "Failed:"] + [f"- {r.info.run_name}: {r.data.tags.get('error', '').splitlines()[0]}"
                                     for r in failed if r.data.tags.get("error")]
+    if units := units_line({k for r in runs for k in r.data.metrics}):
+        lines += ["", units]
     return "\n".join(lines)
 
 
