@@ -1,5 +1,6 @@
-"""The run record: the names of the params, metrics, tags and artifacts a run carries, their units,
-and how a run presents itself in the MLflow UI (name, one-line description, decoded tags).
+"""The run record: the names of the params, tags and artifacts a run carries (its metrics are declared,
+with their units, in experiments.metrics), and how a run presents itself in the MLflow UI (name,
+one-line description, decoded tags).
 
 Tracking (``job``, ``sweep``), the report and the analysis read names from here, so a rename is one edit.
 """
