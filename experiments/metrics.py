@@ -133,6 +133,8 @@ DECLARED: tuple[Metric, ...] = (
     _M("runs_reused", "runs", "runs the sweep found measured by an earlier sweep", "experiments.track"),
 )
 
+_BY_NAME = {m.name: m for m in DECLARED}
+
 
 def _ncu_metric(m) -> Metric:
     """The declaration of one entry of the ncu table (experiments.ncu.Metric)."""
@@ -152,8 +154,6 @@ def table() -> dict[str, Metric]:
                   "a metric defined in a metric set (conf/ncu/*.yaml)", "ncu")
     return {**out, rest.name: rest}
 
-
-_BY_NAME = {m.name: m for m in DECLARED}
 
 
 def lookup(key: str) -> Metric | None:
@@ -185,7 +185,7 @@ def label(key: str, words: str) -> str:
 
 
 def describe(key: str) -> str:
-    """"unit: description" of a logged name, e.g. "us: median time per launch over the batches";
+    """The unit and meaning of a logged name, e.g. "us: median time per launch over the batches";
     "" for an undeclared name."""
     m = lookup(key)
     return f"{m.unit}: {m.description}" if m else ""
