@@ -67,10 +67,10 @@ def test_gemm_verifies(family, precision, opts, n):
     if precision.startswith("int"):
         assert res.max_error == 0 and res.tolerance == 0
     elif opts.get("acc") == "f16":
-        from experiments.families.wmma import f16_accumulation_rtol
-        assert res.tolerance == f16_accumulation_rtol(n, 1e-3) and res.max_error <= res.tolerance
+        from experiments.dtypes import tolerance
+        assert res.tolerance == tolerance("fp16", "f16", n, 1e-3) and res.max_error <= res.tolerance
     elif precision.startswith("fp8"):      # cuBLASLt FP8: bounded like the wgmma family's fp8
-        from experiments.families.wgmma import FP8_RTOL
+        from experiments.dtypes import FP8_RTOL
         print(f"{spec.entry} at {n}: max error {res.max_error:.3g} (rtol {res.tolerance:.3g})")
         assert res.tolerance == FP8_RTOL and res.max_error <= FP8_RTOL
     else:

@@ -26,7 +26,8 @@ import pytest
 
 from experiments import families
 from experiments.assemble import PtxasError, assemble, fatal_infos
-from experiments.families.wgmma import (FLAG_BYTES, FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, auto_tile, geometry,
+from experiments.dtypes import FP8_RTOL
+from experiments.families.wgmma import (FLAG_BYTES, OMITTED_DEFAULTS, REGS, TYPES, auto_tile, geometry,
                                        persistent_grid, smem_bytes)
 from experiments.spec import SpecError
 
