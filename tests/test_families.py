@@ -567,7 +567,7 @@ def _column_major_gemm_ex(bufs, transa, transb, m, n, k, alpha, a, atype, lda, b
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
 def test_cublas_arguments_give_row_major_a_times_b_transposed(precision):
-    from experiments.families.cublas import CUDA_R_8I, CUDA_R_32I, gemm_args
+    from experiments.families.cublas import gemm_args
     m, n, k = 3, 5, 8
     rs = np.random.RandomState(0)
     a, b = rs.randint(-9, 9, (m, k)), rs.randint(-9, 9, (n, k))
@@ -576,5 +576,6 @@ def test_cublas_arguments_give_row_major_a_times_b_transposed(precision):
     args = gemm_args(precision, m, n, k, 1, 2, 3, 4, 5)
     _column_major_gemm_ex(bufs, *args)
     np.testing.assert_array_equal(bufs[3].reshape(m, n), a @ b.T)
-    want = {"fp16": (2, 0, 68), "bf16": (14, 0, 68), "int8": (CUDA_R_8I, CUDA_R_32I, 72)}[precision]
+    # cudaDataType_t of A/B and C, cublasComputeType_t (library_types.h, cublas_api.h)
+    want = {"fp16": (2, 0, 68), "bf16": (14, 0, 68), "int8": (3, 10, 72)}[precision]
     assert (args[7], args[10], args[14], args[16]) == (want[0], want[0], want[1], want[2])

@@ -1,6 +1,6 @@
 """Kernel families on the GPU (``gpu`` marker): every GEMM family verified at 512, 1024 and 2048 for
 each precision it supports (integers exactly; floats within verify's rtol = 1e-3 of (|A| |B|)_ij, f16
-accumulation within wmma.f16_accumulation_rtol), an unlaunched kernel failing verification, every peak
+accumulation within dtypes.tolerance), an unlaunched kernel failing verification, every peak
 verified exactly and timed (TFLOP/s, TOP/s or GB/s printed), and a throughput table at 4096. On an
 sm_90 GPU also the wgmma peaks (``instruction=wgmma``): each precision verified exactly and faster than
 the mma.sync peak of its precision measured beside it, and the wgmma loop's structures (warpgroups per

@@ -53,7 +53,7 @@ import math
 
 import numpy as np
 
-from ..dtypes import DType
+from ..dtypes import Accum, DType
 from ..hardware import ARCHS
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template, sm_of
 from .wgmma import ARCH as WGMMA_ARCH
@@ -102,7 +102,7 @@ def _mma_rule(precision, p, arch):
         return f"mma={p['mma']} is not valid with precision={precision}; valid: auto, {', '.join(shapes)}"
     if sm_of(arch) < DType[precision].min_arch:
         return f"mma.sync with {precision} needs sm_{DType[precision].min_arch} or later, not {arch}"
-    if precision.startswith("fp8") and sm_of(arch) in NO_FP8_MMA_SYNC:
+    if DType[precision].is_fp8 and sm_of(arch) in NO_FP8_MMA_SYNC:
         folded = ("" if p.get("feed") == "ldmatrix" else ", and with the loop's constant operands it "
                   "computes the product once and adds it in a loop of FADDs")
         return (f"{arch} has no tensor-core instruction for mma.sync on fp8 (ptxas converts to f16 for "
@@ -156,7 +156,7 @@ def _k(spec: FamilySpec) -> int:
 
 
 def _acc_dtype(precision: str):
-    return np.float32 if DType[precision].acc == "f32" else np.int32
+    return Accum[DType[precision].acc].np_dtype
 
 
 def _units_done(p: dict, workers: int, xp):
@@ -189,7 +189,7 @@ def expected_fed(spec: FamilySpec, warps: int, xp=np):
 
 def wgmma_restarts(precision: str) -> bool:
     """Whether the wgmma peak restarts its accumulators every unit: fp8 (narrow accumulation)."""
-    return precision.startswith("fp8")
+    return DType[precision].narrow_rtol > 0
 
 
 def expected_wgmma(spec: FamilySpec, warpgroups: int, xp=np):
