@@ -12,7 +12,8 @@ Sources (each field names its own below):
   (``mma.sync.aligned`` shapes, types and fragments; ``.e4m3``/``.e5m2`` since PTX ISA 8.4, sm_89),
   9.7.15.2 (``wgmma.mma_async`` shapes: K = 16 for .f16/.bf16, 32 for .e4m3/.e5m2/.s8);
   CUDA Runtime API ``library_types.h`` (cudaDataType_t), cuBLAS ``cublas_api.h`` (cublasComputeType_t),
-  CUDA Driver API ``cuda.h`` (CUtensorMapDataType); CUDA Math API (``__half``, ``__nv_bfloat16``);
+  CUDA Driver API ``cuda.h`` (CUtensorMapDataType); CUDA Math API (``__half``, ``__nv_bfloat16``,
+  ``__nv_fp8_e4m3``, ``__nv_fp8_e5m2`` of cuda_fp16.h, cuda_bf16.h, cuda_fp8.h);
   SASS opcodes as ``ptxas 13.0`` emits them (cuobjdump -sass), minimums checked with ``ptxas 13.0``.
 """
 from __future__ import annotations
@@ -66,27 +67,34 @@ class ElementType:
 # Precision"); on an H200 the largest error relative to (|A| |B|)_ij was 1.0e-3 to 1.4e-3 for
 # K = 512 ... 8192, the same for every axis value (a layout error gives errors of order 1). The bound
 # 2**-8 leaves a margin of 2.7 and still flags a kernel that writes zeros: the median
-# |C_ref| / (|A| |B|)_ij is 0.01 at K = 8192 and larger below. mma.sync sums fp8 products in f32
-# (QMMA; on sm_90 converted to f16 for HMMA with an f32 accumulator), so it keeps the f32 bound.
+# |C_ref| / (|A| |B|)_ij is 0.01 at K = 8192 and larger below. mma.sync's fp8 GEMMs keep the f32
+# bound (tests/test_gpu.py verifies them within it).
 FP8_RTOL = 2.0 ** -8
 
 
 class DType(Enum):
     """Element types of A and B by the name users type; each member carries its :class:`ElementType`
     facts as attributes (``DType.int8.bits == 8``). Order: the order of the precision axes."""
-    #                   bits ptx  acc    accs            mma_k    arch  ptx     sass_mma
-    fp16 = ElementType(16, "f16", "f32", ("f32", "f16"), (8, 16), 80, (7, 0), ("HMMA", "", ("BF16", "TF32")),
-                       "__half", "float16", 2, 6, 16, ebits=5, mbits=10)
-    bf16 = ElementType(16, "bf16", "f32", ("f32",), (8, 16), 80, (7, 0), ("HMMA", "BF16", ()),
-                       "__nv_bfloat16", "uint16", 14, 9, 16, ebits=8, mbits=7)
-    int8 = ElementType(8, "s8", "s32", ("s32",), (16, 32), 80, (7, 0), ("IMMA", "S8", ()),
-                       "signed char", "int8", 3, 0, 32)
-    int4 = ElementType(4, "s4", "s32", ("s32",), (32, 64), 80, (7, 0), ("IMMA", "S4", ()),
-                       None, "uint8", 16, None, None)
-    fp8_e4m3 = ElementType(8, "e4m3", "f32", ("f32",), (32,), 89, (8, 4), ("QMMA", "E4M3", ()),
-                           "__nv_fp8_e4m3", "uint8", 28, 0, 32, ebits=4, mbits=3, narrow_rtol=FP8_RTOL)
-    fp8_e5m2 = ElementType(8, "e5m2", "f32", ("f32",), (32,), 89, (8, 4), ("QMMA", "E5M2", ()),
-                           "__nv_fp8_e5m2", "uint8", 29, 0, 32, ebits=5, mbits=2, narrow_rtol=FP8_RTOL)
+    fp16 = ElementType(bits=16, ptx="f16", acc="f32", accs=("f32", "f16"), mma_k=(8, 16), min_arch=80,
+                       min_ptx=(7, 0), sass_mma=("HMMA", "", ("BF16", "TF32")), c_type="__half",
+                       np_dtype="float16", cuda=2, tma=6, wgmma_k=16, ebits=5, mbits=10)
+    bf16 = ElementType(bits=16, ptx="bf16", acc="f32", accs=("f32",), mma_k=(8, 16), min_arch=80,
+                       min_ptx=(7, 0), sass_mma=("HMMA", "BF16", ()), c_type="__nv_bfloat16",
+                       np_dtype="uint16", cuda=14, tma=9, wgmma_k=16, ebits=8, mbits=7)
+    int8 = ElementType(bits=8, ptx="s8", acc="s32", accs=("s32",), mma_k=(16, 32), min_arch=80,
+                       min_ptx=(7, 0), sass_mma=("IMMA", "S8", ()), c_type="signed char",
+                       np_dtype="int8", cuda=3, tma=0, wgmma_k=32)
+    int4 = ElementType(bits=4, ptx="s4", acc="s32", accs=("s32",), mma_k=(32, 64), min_arch=80,
+                       min_ptx=(7, 0), sass_mma=("IMMA", "S4", ()), c_type=None,
+                       np_dtype="uint8", cuda=16, tma=None, wgmma_k=None)
+    fp8_e4m3 = ElementType(bits=8, ptx="e4m3", acc="f32", accs=("f32",), mma_k=(32,), min_arch=89,
+                           min_ptx=(8, 4), sass_mma=("QMMA", "E4M3", ()), c_type="__nv_fp8_e4m3",
+                           np_dtype="uint8", cuda=28, tma=0, wgmma_k=32, ebits=4, mbits=3,
+                           narrow_rtol=FP8_RTOL)
+    fp8_e5m2 = ElementType(bits=8, ptx="e5m2", acc="f32", accs=("f32",), mma_k=(32,), min_arch=89,
+                           min_ptx=(8, 4), sass_mma=("QMMA", "E5M2", ()), c_type="__nv_fp8_e5m2",
+                           np_dtype="uint8", cuda=29, tma=0, wgmma_k=32, ebits=5, mbits=2,
+                           narrow_rtol=FP8_RTOL)
 
     def __init__(self, facts: ElementType):
         self.__dict__.update(vars(facts))
@@ -137,9 +145,12 @@ F16_ROUNDOFF = 2.0 ** -10
 class Accum(Enum):
     """Accumulators by name (``acc=f32``); each member carries its :class:`Accumulator` facts and the
     one verification bound of its accumulation (:meth:`tolerance`)."""
-    f32 = Accumulator("f32", "float32", 4, 4, "float", "0.0f", 0, 68, 7)
-    f16 = Accumulator("f16", "float16", 2, 2, "__half", "__float2half(0.0f)", 2, None, None)  # 2 .f16x2 regs
-    s32 = Accumulator("s32", "int32", 4, 4, "int", "0", 10, 72, 3, exact=True)
+    f32 = Accumulator(ptx="f32", c_dtype="float32", c_bytes=4, regs_per_tile=4, c_type="float", c_zero="0.0f",
+                      cuda=0, compute=68, tma=7)
+    f16 = Accumulator(ptx="f16", c_dtype="float16", c_bytes=2, regs_per_tile=2,     # two .f16x2 registers
+                      c_type="__half", c_zero="__float2half(0.0f)", cuda=2, compute=None, tma=None)
+    s32 = Accumulator(ptx="s32", c_dtype="int32", c_bytes=4, regs_per_tile=4, c_type="int", c_zero="0",
+                      cuda=10, compute=72, tma=3, exact=True)
 
     def __init__(self, facts: Accumulator):
         self.__dict__.update(vars(facts))

@@ -374,8 +374,9 @@ class WgmmaFamily(Family):
         rows, with cluster=4 A's BM / 2 rows as well, and a persistent grid is whole clusters, as many
         as run at once (:func:`persistent_grid`, :func:`~experiments.families.gpu.max_active_clusters`); with
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
-        are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's bound
-        (:meth:`tolerance`), int8 exactly. Raises SpecError (a size that does not fit, a GPU older than sm_90)."""
+        are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's
+        bound (:meth:`tolerance`), int8 exactly. Raises SpecError (a size that does not fit, a GPU older
+        than sm_90)."""
         import cupy
 
         from ..verify import check, make_operands
