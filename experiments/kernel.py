@@ -331,7 +331,7 @@ def _mma_sync_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, sa
     call = ("measure", {"ptx": ptx, "ptx_path": str(ptx_path), "spec": spec.as_kwargs()})
     kern = Kernel(spec.entry, spec.arch, {record.ARTIFACTS["ptx"]: ptx},
                   (_identity_axes(spec), sha, tools["ptxas_version"]),
-                  "TFLOP/s" if spec.prec.is_float else "TOP/s", functools.partial(record.run_name, spec),
+                  spec.prec.unit, functools.partial(record.run_name, spec),
                   call, tflops, shapes, {**record.params_of(params, spec.flat()), "family": MMA_SYNC}, tags)
     try:
         kern.asm = assemble(ptx, spec.entry, spec.arch, threads=spec.threads, dyn_smem=spec.smem_bytes,
