@@ -134,8 +134,8 @@ def test_headline_again_tracks_nothing_new(headline):
     ("family.bn=128", ["family=mma_sync has no option 'bn' ('family.bn=128'); valid options: none, "
                        "family=mma_sync is set by the root keys; bn is an option of family=wgmma"]),
 ])
-def test_bad_override_stops_before_any_run(tmp_path, override, texts):
-    rc, out = run_cli(tmp_path, "-m", override, "pipeline.stages=1,2", *store_args(tmp_path, new_store=True))
+def test_bad_override_stops_before_any_run(tmp_path, run_checks, override, texts):
+    rc, out = run_checks(tmp_path, "-m", override, "pipeline.stages=1,2", *store_args(tmp_path, new_store=True))
     assert rc != 0
     for text in texts:
         assert text in out, out
@@ -143,18 +143,18 @@ def test_bad_override_stops_before_any_run(tmp_path, override, texts):
     assert "Launching" not in out
 
 
-def test_unknown_option_of_the_chosen_family_names_its_options(tmp_path):
-    rc, out = run_cli(tmp_path, "family=wgmma", "family.foo=1", *store_args(tmp_path, new_store=True))
+def test_unknown_option_of_the_chosen_family_names_its_options(tmp_path, run_checks):
+    rc, out = run_checks(tmp_path, "family=wgmma", "family.foo=1", *store_args(tmp_path, new_store=True))
     assert rc == 2 and "Traceback" not in out
     assert ("family=wgmma has no option 'foo' ('family.foo=1'); valid options: bn, consumers, producer, "
             "stages, swizzle, persistent, order") in out
     assert not (tmp_path / "mlflow.db").exists()
     # a family option in a sweep over families: Hydra failed the whole sweep naming MmaSyncConf
-    rc, out = run_cli(tmp_path, "-m", "family=wmma,wgmma", "family.bn=128", *store_args(tmp_path, new_store=True))
+    rc, out = run_checks(tmp_path, "-m", "family=wmma,wgmma", "family.bn=128", *store_args(tmp_path, new_store=True))
     assert rc == 2 and ("'family.bn=128' sets an option of wgmma in a sweep over several families (wmma,wgmma): "
                         "each job's family takes only its own options") in out
     # a value outside the option's own values names them (OmegaConf's message did not)
-    rc, out = run_cli(tmp_path, "-m", "family=wgmma", "family.bn=128,256.0", *store_args(tmp_path, new_store=True))
+    rc, out = run_checks(tmp_path, "-m", "family=wgmma", "family.bn=128,256.0", *store_args(tmp_path, new_store=True))
     assert rc == 2 and "family=wgmma bn=256.0 is not valid ('family.bn=128,256.0'); valid: 256, 192, 128, 64" in out
     assert not (tmp_path / "mlflow.db").exists()
 
@@ -452,9 +452,9 @@ def test_option_below_a_family_option_is_not_an_option():
                               "consumers, producer, stages, swizzle, persistent, order"), message
 
 
-def test_boolean_option_outside_true_false_stops_with_exit_2(tmp_path):
+def test_boolean_option_outside_true_false_stops_with_exit_2(tmp_path, run_checks):
     """family.persistent=2 was read as true (OmegaConf takes any non-zero integer for a bool)."""
-    rc, out = run_cli(tmp_path, "family=wgmma", "family.persistent=2", *store_args(tmp_path, False, new_store=True))
+    rc, out = run_checks(tmp_path, "family=wgmma", "family.persistent=2", *store_args(tmp_path, False, new_store=True))
     assert rc == 2 and "Traceback" not in out
     assert out.strip() == "family=wgmma persistent=2 is not valid ('family.persistent=2'); valid: false, true"
     assert not (tmp_path / "mlflow.db").exists()
@@ -488,9 +488,9 @@ def test_cfg_without_multirun_and_multirun_without_cfg_pass():
     assert check(["--help"]) is None
 
 
-def test_cfg_with_multirun_is_one_line_and_exit_2(tmp_path):
+def test_cfg_with_multirun_is_one_line_and_exit_2(tmp_path, run_checks):
     """Hydra's own answer was a traceback: 'Only one of --run, --multirun, --cfg, ... can be specified'."""
-    rc, out = run_cli(tmp_path, "-m", "precision=int8,fp16", "--cfg", "job")
+    rc, out = run_checks(tmp_path, "-m", "precision=int8,fp16", "--cfg", "job")
     assert rc == 2
     assert out.splitlines() == [CFG_WITH_M.format(one="--cfg job precision=int8", preset="experiment=NAME")]
     assert list(tmp_path.iterdir()) == []
@@ -509,8 +509,4 @@ def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):
     assert [p.info.status for p in parents] == ["FINISHED"]
     assert [(c.info.status, c.data.tags["outcome"]) for c in children] == [("FINISHED", "skipped")]
     assert MMA_K64_INT8 in children[0].data.tags["skip_reason"]
-    # the same command again resumes: the skipped combination is not recorded a second time
-    rc, out = run_cli(tmp_path, "-m", "precision=int8", "mma=m16n8k64", *store_args(tmp_path))
-    assert rc == 2 and f"[1/1] skipped precision=int8 mma=m16n8k64: already recorded (run {children[0].info.run_id})" \
-        in out, out
-    assert [c.info.run_id for c in all_runs(tmp_path)[1]] == [children[0].info.run_id]
+    # the same command again: test_first_steps.test_sweep_whose_every_job_is_skipped_exits_2

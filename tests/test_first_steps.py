@@ -127,10 +127,13 @@ def test_sweep_whose_every_job_is_skipped_exits_2(tmp_path):
     parents, children = all_runs(tmp_path)
     assert [p.info.status for p in parents] == ["FINISHED"]
     assert sorted((c.info.status, c.data.tags["outcome"]) for c in children) == [("FINISHED", "skipped")] * 2
-    # the same command again: nothing new, the same answer
+    # the same command again resumes: nothing new (each combination's line names its run), the same answer
     rc, out = run_cli(tmp_path, *args)
     assert rc == 2 and out.count("already recorded") == 2 and "Every job of this sweep was skipped" in out, out
-    assert len(all_runs(tmp_path)[1]) == 2
+    for c in children:
+        ktile = c.data.params["ktile"]
+        assert f"] skipped precision=int8 mma=m16n8k64 ktile={ktile}: already recorded (run {c.info.run_id})" in out
+    assert sorted(c.info.run_id for c in all_runs(tmp_path)[1]) == sorted(c.info.run_id for c in children)
 
 
 @pytest.mark.parametrize("size, reason", [

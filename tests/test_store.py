@@ -155,10 +155,9 @@ def test_file_store_uri_gets_one_clear_line(tmp_path):
     assert not (tmp_path / "mlruns").exists() and not (tmp_path / "file:").exists()
 
 
-def test_report_is_read_only(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.report", "--uri", f"sqlite:///{tmp_path}/typo.db"],
-                          cwd=ROOT, env=cli_env(), capture_output=True, text=True)
-    assert proc.returncode != 0 and "no store at" in proc.stderr and "typo.db" in proc.stderr
+def test_report_is_read_only(tmp_path, module_cli):
+    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{tmp_path}/typo.db", cwd=ROOT)
+    assert rc != 0 and "no store at" in err and "typo.db" in err
     assert list(tmp_path.iterdir()) == []
 
 
