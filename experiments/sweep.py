@@ -32,6 +32,7 @@ from .report import static_command
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
+from .validate import check
 
 __all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "current_sweep", "gpu_time",
            "prewarm", "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
@@ -467,6 +468,7 @@ class SweepCallback(Callback):
         if problem := _unwritable_output(config, multirun):
             raise SystemExit(problem)
         guard_slurm(config.hydra.launcher)
+        check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
             raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
