@@ -239,11 +239,14 @@ def _reported(func):
     except (HydraException, OmegaConfBaseException) as exc:
         unquoted = (next((p for a in sys.argv[1:] if "=" in a and (p := _unquoted_problem(a))), None)
                     if isinstance(exc, OverrideParseException) else None)
-        raise Invalid(unquoted or one_line(exc)) from None
+        raise Invalid(unquoted or one_line(exc, tuple(sys.argv[1:]))) from None
     except Exception as exc:  # noqa: BLE001 - any other error: Hydra reports it as it does
-        def again():
-            raise exc
-        return _run_and_report(again)
+        error = exc
+    return _run_and_report(lambda: _raise(error))
+
+
+def _raise(error: BaseException):
+    raise error
 
 
 def _terminate(signum, frame):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,10 +28,11 @@ class Invalid(SystemExit):
         return self.message
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException, argv: tuple = ()) -> str:
     """Hydra's or OmegaConf's error ``exc`` (composing the config, parsing or expanding an override)
     as one line: the key, the value given, the valid values (a config group's presets, an Enum's
-    members, a node's keys) and how to fix it. An error of another kind: its first line."""
+    members, a node's keys) and how to fix it; ``argv``, the command line, names a --config-dir's group
+    and folder. An error of another kind: its lines joined."""
     from hydra.errors import MissingConfigException, OverrideParseException
     cause = exc.__cause__ or exc
     text = str(exc).strip()
@@ -38,31 +40,47 @@ def one_line(exc: BaseException) -> str:
     given = re.search(r"override (\S+=.*)$", text.splitlines()[0]) or re.search(r"use \+(\S+=.*)$", text)
     given = f" ({given.group(1)!r})" if given else ""
     msg = str(cause).splitlines()[0] if str(cause) else text
-    if isinstance(exc, MissingConfigException) and (m := re.search(r"Could not find '(.+)/([^/']+)'", text)):
+    missing = re.search(r"Could not find '(.+)/([^/']+)'", text)
+    if isinstance(exc, MissingConfigException) and (m := missing):
         group, name = m.groups()
-        options = re.findall(r"^\t(\S+)$", text.split("Available options", 1)[-1].split("Config search", 1)[0],
-                             re.M)
-        return f"{group}={name} is not a preset; valid: {', '.join(options)} (conf/{group}/)"
+        listed = text.split("Available options", 1)[-1].split("Config search", 1)[0]
+        options = re.findall(r"^\t(\S+)$", listed, re.M)
+        given = next((f" ({a!r})" for a in argv if a.lstrip("+~").partition("=")[0] == group), "")
+        folders = [str(d / group) for d in _config_dirs(argv)[1:] if (d / group).is_dir()]
+        where = ", ".join(folders) if folders and not (_CONF / group).is_dir() else f"conf/{group}/"
+        return f"{group}={name} is not a preset{given}; valid: {', '.join(options)} ({where})"
     if isinstance(exc, OverrideParseException):
         return (f"{text.splitlines()[0]}: Hydra cannot read this override; quote a value with spaces or "
                 "special characters (key='value'), see https://hydra.cc/docs/advanced/override_grammar/basic/")
-    if m := re.search(r"In '(\w+)/(\w+)': \w+ raised while composing config:\nKey '(\w+)' not in '(\w+)Conf'",
-                      text):
+    in_preset = r"In '(\w+)/(\w+)': \w+ raised while composing config:\nKey '(\w+)' not in '(\w+)'"
+    if (m := re.search(in_preset, text)) and m.group(4) == "Config" and m.group(1) == m.group(3):
+        group, name = m.group(1), m.group(2)
+        files = [d / group / f"{name}.yaml" for d in _config_dirs(argv)]
+        path = next((f for f in files if f.is_file()), f"{group}/{name}.yaml")
+        return (f"{group}={name} ({path}) puts its keys under {group!r}, which the config has no key for: "
+                "begin the file with '# @package _global_' to set the config's keys (precision, tile.block, "
+                "...)")
+    if m := re.search(in_preset, text):
         group, name, option, family = m.groups()
-        family = family.lower().replace("mmasync", "mma_sync")
+        family = family.removesuffix("Conf").lower().replace("mmasync", "mma_sync")
         return (f"{group}={name} sets family.{option}, an option family={family} does not have: a family= on "
                 f"the command line replaces the preset's family; drop it, or choose a {group} of "
                 f"family={family} (conf/{group}/)")
     if m := re.match(r"Key '(.+)' not in '(\w+)'", msg):
         return f"Unknown key {key or m.group(1)!r}{given}; {_keys_of(cause, key or m.group(1))}"
     if "No match in the defaults list" in text and (m := re.search(r"Could not override '(\w+)'", text)):
-        return (f"{m.group(1)} is a config group of a --config-dir, not one of the config's defaults: add it "
-                f"with +{m.group(1)}=OPTION")
+        group = m.group(1)
+        given = next((a for a in argv if a.partition("=")[0] == group), f"{group}=OPTION")
+        dirs = ", ".join(map(str, _config_dirs(argv)[1:]))
+        return (f"{group} is a config group of --config-dir {dirs}, not one of the config's defaults: add it "
+                f"with +{given}")
     value = getattr(cause, "value", None)
     shown = f"{key}={value}" if key else ""
     if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg):
         return f"{key}={m.group(1)} is not valid{given}; valid: {m.group(2)}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Integer", msg):
+        if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
+            return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
         return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Float", msg):
         return f"{key}={m.group(1)} is not a number{given}"
@@ -73,10 +91,20 @@ def one_line(exc: BaseException) -> str:
     if "is not a ListConfig" in msg:
         return (f"{key} takes a list{given}; give one in brackets, e.g. {_example(key)} "
                 "(quoted for the shell)")
-    lines = [line.strip() for line in text.splitlines() + ([] if cause is exc else str(cause).splitlines())
-             if line.strip() and not re.match(r"(full_key|object_type|reference_type|Config search|provider=)",
-                                              line.strip())]
+    every = text.splitlines() + ([] if cause is exc else str(cause).splitlines())
+    lines = [line.strip() for line in every if line.strip()
+             and not re.match(r"(full_key|object_type|reference_type|Config search|provider=)", line.strip())]
     return "; ".join(dict.fromkeys(lines))
+
+
+_CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _config_dirs(argv: tuple) -> list:
+    """conf/ and each ``--config-dir`` (``-cd``) of the command line ``argv``."""
+    dirs = [Path(a.partition("=")[2]) for a in argv if a.startswith("--config-dir=")]
+    dirs += [Path(b) for a, b in zip(argv, argv[1:], strict=False) if a in ("--config-dir", "-cd")]
+    return [_CONF, *dirs]
 
 
 def _keys_of(cause, key: str) -> str:
@@ -95,7 +123,8 @@ def _keys_of(cause, key: str) -> str:
         return (f"family={name} has the options: {', '.join(options)}{also}" if options else
                 f"family={name} has no options" + (" (the root keys set it)" * (name == MMA_SYNC)) + also)
     where = f"keys of {parent}" if parent else "top-level keys"
-    return f"valid {where}: {', '.join(f'{parent}.{f}' if parent else f for f in fields)} (python run.py --help)"
+    keys = ", ".join(f"{parent}.{f}" if parent else f for f in fields)
+    return f"valid {where}: {keys} (python run.py --help)"
 
 
 def _declared(cause, key: str) -> str:
@@ -154,8 +183,9 @@ def job_overrides(config: DictConfig, multirun: bool) -> list | None:
             if override.is_interval_sweep():
                 raise Invalid(f"{text!r}: interval(...) is for sweepers that sample (e.g. Optuna's); Hydra's "
                               "basic sweeper takes lists (a,b), range(...) and choice(...)")
-            lists[key] = ([f"{key}={v}" for v in override.sweep_string_iterator()]
-                          if override.is_sweep_override() else [f"{key}={override.get_value_element_as_str()}"])
+            values = (override.sweep_string_iterator() if override.is_sweep_override()
+                      else [override.get_value_element_as_str()])
+            lists[key] = [f"{key}={v}" for v in values]
         except Invalid:
             raise
         except Exception as exc:  # noqa: BLE001 - Hydra's parser and sweep functions raise several kinds
@@ -243,9 +273,10 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
             return problem
     wait = OmegaConf.select(cfg, "tracking.wait", throw_on_resolution_failure=False)
     if isinstance(wait, (int, float)) and not wait >= 0:
-        return f"tracking.wait={wait} is out of range; valid: 0 or more seconds (0: no waiting for the store's lock)"
+        return (f"tracking.wait={wait} is out of range; valid: 0 or more seconds (0: no waiting for the "
+                "store's lock)")
     experiment = OmegaConf.select(cfg, "tracking.experiment", throw_on_resolution_failure=False)
     if isinstance(experiment, str) and not experiment.strip():
-        return ("tracking.experiment is empty; give a name, e.g. tracking.experiment=ablation, or leave it out "
-                "for the default")
+        return ("tracking.experiment is empty; give a name, e.g. tracking.experiment=ablation, or leave it "
+                "out for the default")
     return None
