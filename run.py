@@ -202,7 +202,7 @@ def check_preset_sweep(argv: list) -> str | None:
     try:
         y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) if dirs and preset else None
     except (KeyError, OSError, yaml.YAMLError):
-        return None                        # no such preset: check_override_keys (or Hydra) says so
+        return None                        # no such preset: Hydra says so
     params = (((y or {}).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     folded = {k: re.sub(r",\s+", ",", str(v).strip()) for k, v in params.items()}   # YAML's ">-" values
     missing = {k: _values(f"{k}={v}") or [v] for k, v in folded.items() if k not in given}

@@ -67,7 +67,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                 f"the command line replaces the preset's family; drop it, or choose a {group} of "
                 f"family={family} (conf/{group}/)")
     if m := re.match(r"Key '(.+)' not in '(\w+)'", msg):
-        return f"Unknown key {key or m.group(1)!r}{given}; {_keys_of(cause, key or m.group(1))}"
+        kind = getattr(cause, "object_type", None)
+        return f"Unknown key {key or m.group(1)!r}{given}; {_keys_of(kind, key or m.group(1))}"
     if "No match in the defaults list" in text and (m := re.search(r"Could not override '(\w+)'", text)):
         group = m.group(1)
         given = next((a for a in argv if a.partition("=")[0] == group), f"{group}=OPTION")
@@ -83,7 +84,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
         return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Float", msg):
-        return f"{key}={m.group(1)} is not a number{given}"
+        valid = "; valid: 0 or more seconds" * (key == "tracking.wait")
+        return f"{key}={m.group(1)} is not a number{given}{valid}"
     if re.match(r"Value '(.*)' is not a valid bool", msg):
         return f"{shown or msg} is not valid{given}; valid: true, false"
     if re.match(r"field '.*' is not Optional", msg):
@@ -107,9 +109,8 @@ def _config_dirs(argv: tuple) -> list:
     return [_CONF, *dirs]
 
 
-def _keys_of(cause, key: str) -> str:
-    """The valid keys beside the unknown ``key`` (the fields of the node's structured type)."""
-    kind = getattr(cause, "object_type", None)
+def _keys_of(kind, key: str) -> str:
+    """The valid keys beside the unknown ``key``: the fields of ``kind``, its node's structured type."""
     fields = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
     parent = key.rpartition(".")[0]
     if parent == "family":
@@ -236,18 +237,30 @@ def check(config: DictConfig, multirun: bool) -> None:
                 raise Invalid(problem)
 
 
+def _added_key(node, path: str = "") -> tuple | None:
+    """(structured type, key) of the first key the structured type of its node does not have (one
+    added with '+': Hydra takes it), or None."""
+    kind = OmegaConf.get_type(node)
+    fields = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
+    for key in node.keys() if fields else ():
+        full = f"{path}.{key}" if path else key
+        if key not in fields and full != "hydra":
+            return kind, full
+        if key in fields and OmegaConf.is_dict(child := node._get_node(key)) \
+                and (added := _added_key(child, full)):  # noqa: SLF001
+            return added
+    return None
+
+
 def _problem(cfg: DictConfig, overrides: list) -> str | None:
     """check's per-config checks (all but value_problem), or None."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf.nodes import BooleanNode
 
-    from .config import Config
     from .families import get, names
     from .kernel import SETTING_KEYS, setting_problem
-    known = set(OmegaConf.structured(Config).keys())
-    if unknown := sorted(set(cfg.keys()) - known - {"hydra"}):
-        return (f"Unknown config key(s): {', '.join(unknown)} (added with '+'?). Valid top-level keys: "
-                f"{', '.join(sorted(known))}; see python run.py --help")
+    if added := _added_key(cfg):
+        return f"Unknown key {added[1]!r} (added with '+'); {_keys_of(*added)}"
     parser = OverridesParser.create()
     for text in overrides:
         try:
@@ -273,7 +286,7 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
             return problem
     wait = OmegaConf.select(cfg, "tracking.wait", throw_on_resolution_failure=False)
     if isinstance(wait, (int, float)) and not wait >= 0:
-        return (f"tracking.wait={wait} is out of range; valid: 0 or more seconds (0: no waiting for the "
+        return (f"tracking.wait={wait:g} is out of range; valid: 0 or more seconds (0: no waiting for the "
                 "store's lock)")
     experiment = OmegaConf.select(cfg, "tracking.experiment", throw_on_resolution_failure=False)
     if isinstance(experiment, str) and not experiment.strip():

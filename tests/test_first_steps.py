@@ -497,3 +497,53 @@ def test_parent_counts_each_measurement_once(tmp_path):
         assert rc == 0, out
     summary, children = _parent_summary(tmp_path / "rerun")
     assert summary == "2 static" and len(children) == 4
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+@pytest.mark.parametrize("args, message", [
+    # a key the config does not have, at the top and in a node
+    (["ktil=32"], "Unknown key 'ktil' ('ktil=32'); valid top-level keys: family, precision, ktile, mma, acc, "
+                  "b_layout, smem_layout, backend, study_kernel, tile, loader, pipeline, cache, problem, target, "
+                  "timing, verify, tracking (python run.py --help)"),
+    (["pipeline.stage=3"], "Unknown key 'pipeline.stage' ('pipeline.stage=3'); valid keys of pipeline: "
+                           "pipeline.stages (python run.py --help)"),
+    # a value of the wrong type, outside an Enum, a scalar for a list
+    (["ktile=32.5"], "ktile=32.5 is not an integer ('ktile=32.5'); valid: 16, 32, 64, 128"),
+    (["precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+                         "fp8_e5m2, copy"),
+    (["tile.block=128"], "tile.block takes a list ('tile.block=128'); give one in brackets, e.g. "
+                         "tile.block=[256,128] (quoted for the shell)"),
+    # a boolean given as 1: OmegaConf reads it as true, the typed field takes true or false only
+    (["timing.l2_flush=1"], "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
+    # a preset that does not exist; a family option the family does not have or a value it does not take
+    (["tile=foo"], "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+                   "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)"),
+    (["family=cublas", "family.schedule=streamk"], "Unknown key 'family.schedule' ('family.schedule=streamk'); "
+                                                   "family=cublas has no options; schedule is an option of "
+                                                   "family=wgmma"),
+    (["family=wgmma", "family.bn=100"], "family=wgmma bn=100 is not valid; valid: 256, 192, 128, 64"),
+])
+def test_bad_override_is_refused_before_anything_is_tracked(tmp_path, run_checks, args, message, multirun):
+    """Each kind of bad override, alone and beside a sweep: exit 2, one line naming the key, the value
+    and the valid values, and the store (already there) holds no run; no job folder was made. The check
+    is Hydra's composition against the structured config plus the sweep's start check, not a parser of
+    the command line."""
+    sweep = ["-m", "precision=int8,fp16"] if multirun else []
+    rc, out = run_checks(tmp_path, *sweep, *args, "backend=static", *store_args(tmp_path, multirun))
+    assert (rc, out.strip()) == (2, message), out
+    assert all_runs(tmp_path) == ([], []) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ("ktile=32,32.5", "ktile=32.5 is not an integer ('ktile=32.5'); valid: 16, 32, 64, 128"),
+    ("timing.l2_flush=false,1", "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
+    ("variant=int8_wmma,nosuch", "variant=nosuch is not a preset ('variant=nosuch'); valid: "
+     + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+])
+def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, run_checks, sweep, message):
+    """A bad value among a sweep's values: Hydra composed that job only when it came to it, after the
+    parent run was tracked (a parent without children, exit 1). Now the sweep's start composes every
+    value, and refuses before the parent exists."""
+    rc, out = run_checks(tmp_path, "-m", sweep, "backend=static", *store_args(tmp_path))
+    assert (rc, out.strip()) == (2, message), out
+    assert all_runs(tmp_path) == ([], []) and not (tmp_path / "out").exists()
