@@ -219,7 +219,7 @@ def check(config: DictConfig, multirun: bool) -> None:
             configs.append((GlobalHydra.instance().config_loader().load_sweep_config(config, overrides),
                             overrides))
         except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's errors, one line each
-            raise Invalid(one_line(exc)) from None
+            raise Invalid(one_line(exc, tuple(overrides))) from None
     values: dict = {key: {} for key in VALUE_KEYS}
     families: dict = {}
     for cfg, overrides in configs:

@@ -285,7 +285,9 @@ def _refusal(argv):
                 "config", overrides, RunMode.MULTIRUN if multirun else RunMode.RUN)
             check(cfg, multirun)
     try:
-        _run_module()._reported(compose)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sys, "argv", ["run.py", *argv])
+            _run_module()._reported(compose)
     except Invalid as exc:
         return str(exc)
     return None
@@ -426,26 +428,11 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (["ktile='64.5'"],
      'ktile=64.5 is not an integer ("ktile=\'64.5\'"); valid: 16, 32, 64, 128'),
     (['-m', 'variant=h200_perf_best,nosuch'],
-     'variant=nosuch is not a preset; valid: fp16_ptx_3stage, fp16_ptx_fp16acc, fp16_ptx_k8, '
-     'fp16_ptx_manual_pack, fp16_ptx_mma, fp16_wmma, gen_cublas, gen_mma_sync, gen_mma_sync_auto, '
-     'gen_peak, gen_peak_wgmma, gen_wgmma, gen_wgmma_auto, gen_wgmma_best, '
-     'gen_wgmma_best_streamk, gen_wgmma_bn_128, gen_wgmma_bn_64, gen_wgmma_cluster_2, '
-     'gen_wgmma_cluster_4, gen_wgmma_consumers_1, gen_wgmma_epilogue_tma, gen_wgmma_group_16, '
-     'gen_wgmma_persistent_true, gen_wgmma_producer_false, gen_wgmma_schedule_streamk, '
-     'gen_wgmma_stages_2, gen_wgmma_stages_3, gen_wgmma_swizzle_64, h200_perf_auto, '
-     'h200_perf_best, h200_perf_best_bk128, h200_perf_cublas, h200_perf_peak, '
-     'h200_perf_peak_ldmatrix, h200_perf_tile_128x128, h200_perf_tile_128x128_w2x2, '
-     'h200_perf_tile_128x256, h200_perf_tile_128x256_w4x4, h200_perf_tile_256x128, '
-     'h200_perf_tile_256x128_w4x4, h200_perf_tile_64x64, h200_perf_tile_l4_32x64, '
-     'int4_ptx_3stage, int4_ptx_manual_pack, int4_ptx_mma_k32, int4_ptx_mma_k64, '
-     'int4_ptx_mma_k64_x1_x2nontrans_ca, int4_ptx_mma_k64_x2_x2nontrans_ca, '
-     'int4_ptx_mma_k64_x4_x1nontrans_ca, int4_ptx_mma_k64_x4_x2nontrans_ca, '
-     'int4_ptx_mma_k64_x4_x2nontrans_cg, int4_ptx_mma_k64_x4_x2trans_ca, int4_wmma, int8_dp4a, '
-     'int8_ptx_3stage, int8_ptx_manual_pack, int8_ptx_mma_k16, int8_ptx_mma_k32, int8_wmma '
-     '(conf/variant/)'),
+     "variant=nosuch is not a preset ('variant=nosuch'); valid: "
+     + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
     (['tile=foo'],
-     'tile=foo is not a preset; valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, 256x128, '
-     '256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)'),
+     "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+     '256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)'),
     (['-m', 'tile=glob(128*)', 'family=mma_sync', 'experiment=l4_run1_fp16'],
      None),
     (['variant=h200_perf_peak', 'family.feed=ldmatrix'],
