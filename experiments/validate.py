@@ -67,8 +67,14 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                 f"the command line replaces the preset's family; drop it, or choose a {group} of "
                 f"family={family} (conf/{group}/)")
     if m := re.match(r"Key '(.+)' not in '(\w+)'", msg):
-        kind = getattr(cause, "object_type", None)
-        return f"Unknown key {key or m.group(1)!r}{given}; {_keys_of(kind, key or m.group(1))}"
+        kind, key = getattr(cause, "object_type", None), key or m.group(1)
+        swept = next((a for a in argv if a.partition("=")[0] == "family" and "," in a), None)
+        if swept and key.startswith("family.") and given:
+            owners = " or ".join(_owners(key[7:])) or "no family"
+            return (f"{given.strip(' ()')} sets an option of {owners} in a sweep over several families "
+                    f"({swept}): each job's family takes only its own options; sweep the families separately "
+                    "(or put the option in a variant per family)")
+        return f"Unknown key {key!r}{given}; {_keys_of(kind, key)}"
     if "No match in the defaults list" in text and (m := re.search(r"Could not override '(\w+)'", text)):
         group = m.group(1)
         given = next((a for a in argv if a.partition("=")[0] == group), f"{group}=OPTION")
@@ -109,17 +115,23 @@ def _config_dirs(argv: tuple) -> list:
     return [_CONF, *dirs]
 
 
+def _owners(option: str) -> list:
+    """The families that have the option ``option``."""
+    from .config import family_schema
+    from .families import names
+    return [n for n in names() if option in {f.name for f in dataclasses.fields(family_schema(n))}]
+
+
 def _keys_of(kind, key: str) -> str:
     """The valid keys beside the unknown ``key``: the fields of ``kind``, its node's structured type."""
     fields = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
     parent = key.rpartition(".")[0]
     if parent == "family":
-        from .config import MMA_SYNC, family_schema
-        from .families import names
+        from .config import MMA_SYNC
         options = [f for f in fields if f != "name"]
         name = _family_of(kind) or MMA_SYNC
         option = key.rpartition(".")[2]
-        owners = [n for n in names() if option in {f.name for f in dataclasses.fields(family_schema(n))}]
+        owners = _owners(option)
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return (f"family={name} has the options: {', '.join(options)}{also}" if options else
                 f"family={name} has no options" + (" (the root keys set it)" * (name == MMA_SYNC)) + also)
