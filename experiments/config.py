@@ -153,8 +153,8 @@ def _make_schema(name: str) -> type:
             fields.append((axis, bool, field(default=str(default) == "true")))
             continue
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            # a number: typed int, shown as one (bn: 256); the values are checked by run.py on the
-            # command line and by the family's spec (SpecError naming them) for every config
+            # a number: typed int, shown as one (bn: 256); the values are checked at the sweep's start
+            # (experiments.validate) and by the family's spec (SpecError naming them) for every config
             fields.append((axis, int, field(default=int(default))))
             continue
         enum = Enum(f"{name}_{axis}", {str(v): v for v in values}, module=__name__)
@@ -170,8 +170,8 @@ def family_schema(name: str) -> type:
     """Typed options of family ``name``, derived from its declared axes (``experiments.families``):
     a dataclass with ``name`` and one field per axis other than precision, default as the family
     declares it. A true/false axis is a bool, an axis of integers an int (``family.bn=128``; its values
-    are checked by ``run.py`` and by the family's ``spec``), any other an Enum of its values, so that
-    ``family.block=99x99`` stops before any work with the valid values. The classes are made once,
+    are checked by ``experiments.validate`` and the family's ``spec``), any other an Enum of its values,
+    so that ``family.block=99x99`` stops before any work with the valid values. The classes are made once,
     when this module is imported. Raises KeyError for an unknown family."""
     return _SCHEMAS[name]
 

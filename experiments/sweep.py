@@ -32,6 +32,7 @@ from .report import static_command
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
+from .validate import Invalid, check
 
 __all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "current_sweep", "gpu_time",
            "prewarm", "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
@@ -214,12 +215,15 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
     for key, (text, override) in swept.items():
         if key.startswith("tracking."):
             first = next(iter(override.sweep_string_iterator()), "VALUE")
-            rest = " ".join(o for o in task if o != text)
+            first = first.lower() if first in ("True", "False") else first
+            command = " ".join(["python run.py -m", *(o for o in task if o != text), f"{key}={first}"])
             why = {"tracking.rerun":
                    "whether finished runs are measured again is set once for the whole sweep",
                    "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}
-            raise SystemExit(f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value "
-                             f"instead: python run.py -m {rest} {key}={first}, then the next value.")
+            # a setting (exit 2, as any invalid value); the store or experiment: exit 1
+            raise (Invalid if key in why else SystemExit)(
+                f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value instead: "
+                f"{command}, then the next value.")
     for key, raw in OmegaConf.to_container(config.tracking, resolve=False).items():
         for hydra, ref in re.findall(r"\$\{\s*(hydra:)?\s*([\w./-]+)\s*\}", str(raw)):
             # a preset swept by experiment= or variant= may set any key
@@ -467,6 +471,7 @@ class SweepCallback(Callback):
         if problem := _unwritable_output(config, multirun):
             raise SystemExit(problem)
         guard_slurm(config.hydra.launcher)
+        check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
             raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "

@@ -52,22 +52,27 @@ def _cli_env(mp, cwd):
 
 @pytest.fixture
 def run_checks(capsys):
-    """``run_checks(cwd, *args)``: ``python run.py ARGS`` for a command its checks stop before Hydra
-    starts, run in this process (no interpreter start-up, no imports): (exit status, stdout + stderr)
-    as ``run_cli`` returns them. A command that gets past the checks fails the test."""
+    """``run_checks(cwd, *args)``: ``python run.py ARGS`` for a command refused before any work, run in
+    this process (no interpreter start-up): run.py's checks, Hydra's composition and the sweep's start
+    up to its config check (experiments.validate.check); (exit status, stdout + stderr) as ``run_cli``
+    returns them. A command that gets past the config check fails the test."""
     import runpy
     import signal
     import sys
     from pathlib import Path
 
-    import hydra
+    import hydra._internal.utils as hydra_utils
+    from hydra.core.global_hydra import GlobalHydra
 
-    def past_checks(*args, **kwargs):
-        def decorate(fn):
-            def refused(*a, **k):
-                raise AssertionError("run.py went past its checks into Hydra: run it with run_cli")
-            return refused
-        return decorate
+    import experiments.sweep
+
+    class Past(SystemExit):
+        pass
+
+    def checked(config, multirun):
+        check(config, multirun)
+        raise Past("run.py went past its checks: run it with run_cli")
+    check = experiments.sweep.check
 
     def run(cwd, *args):
         script = Path(__file__).resolve().parent.parent / "run.py"
@@ -76,16 +81,20 @@ def run_checks(capsys):
         with pytest.MonkeyPatch.context() as mp:
             _cli_env(mp, cwd)
             mp.setattr(sys, "argv", [str(script), *args])
-            mp.setattr(hydra, "main", past_checks)
+            mp.setattr(experiments.sweep, "check", checked)
+            mp.setattr(hydra_utils, "run_and_report", hydra_utils.run_and_report)
             try:
                 runpy.run_path(str(script), run_name="__main__")
                 rc = 0
+            except Past:
+                raise AssertionError("run.py went past its checks into the work: run it with run_cli") from None
             except SystemExit as exc:
                 rc = exc.code if isinstance(exc.code, int) else 1
                 if isinstance(exc.code, str):
                     print(exc.code, file=sys.stderr)
             finally:
                 signal.signal(signal.SIGTERM, handler)
+                GlobalHydra.instance().clear()
         out, err = capsys.readouterr()
         return rc, out + err
     return run

@@ -124,19 +124,20 @@ def test_headline_again_tracks_nothing_new(headline):
     ("tile.sms=1.5", ["tile.sms=1.5 is not an integer ('tile.sms=1.5')"]),
     ("precision=int5", ["precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, "
                         "fp8_e4m3, fp8_e5m2, copy"]),
-    ("precsion=int8", ["Unknown key 'precsion' in 'precsion=int8'. Valid top-level keys: acc, b_layout, "
-                       "backend, cache, experiment, family, ktile, loader, mma, pipeline, precision, problem, "
-                       "smem_layout, study_kernel, target, tile, timing, tracking, variant, verify"]),
-    ("+foo=1", ["Unknown key 'foo' in '+foo=1'"]),
-    ("pipeline.stage=3", ["pipeline has no key 'stage' ('pipeline.stage=3'); valid: pipeline.stages"]),
-    ("+tile.blok=[128,128]", ["tile has no key 'blok' ('+tile.blok=[128,128]'); valid: tile.block, tile.warps, "
-                              "tile.group_m, tile.auto, tile.sms"]),
-    ("family.bn=128", ["family=mma_sync has no option 'bn' ('family.bn=128'); valid options: none, "
-                       "family=mma_sync is set by the root keys; bn is an option of family=wgmma"]),
+    ("precsion=int8", ["Unknown key 'precsion' ('precsion=int8'); valid top-level keys: family, precision, "
+                       "ktile, mma, acc, b_layout, smem_layout, backend, study_kernel, tile, loader, pipeline, cache, "
+                       "problem, target, timing, verify, tracking (python run.py --help)"]),
+    ("+foo=1", ["Unknown key 'foo' (added with '+'); valid top-level keys: family, precision, ktile,"]),
+    ("pipeline.stage=3", ["Unknown key 'pipeline.stage' ('pipeline.stage=3'); valid keys of pipeline: "
+                          "pipeline.stages (python run.py --help)"]),
+    ("+tile.blok=[128,128]", ["Unknown key 'tile.blok' (added with '+'); valid keys of tile: tile.block, "
+                              "tile.warps, tile.group_m, tile.auto, tile.sms (python run.py --help)"]),
+    ("family.bn=128", ["Unknown key 'family.bn' ('family.bn=128'); family=mma_sync has no options (the root keys "
+                       "set it); bn is an option of family=wgmma"]),
 ])
-def test_bad_override_stops_before_any_run(tmp_path, run_checks, override, texts):
-    rc, out = run_checks(tmp_path, "-m", override, "pipeline.stages=1,2", *store_args(tmp_path, new_store=True))
-    assert rc != 0
+def test_bad_override_stops_before_any_run(tmp_path, override, texts):
+    rc, out = run_cli(tmp_path, "-m", override, "pipeline.stages=1,2", *store_args(tmp_path, new_store=True))
+    assert rc == 2 and "Traceback" not in out, out
     for text in texts:
         assert text in out, out
     assert not (tmp_path / "mlflow.db").exists()
@@ -146,16 +147,16 @@ def test_bad_override_stops_before_any_run(tmp_path, run_checks, override, texts
 def test_unknown_option_of_the_chosen_family_names_its_options(tmp_path, run_checks):
     rc, out = run_checks(tmp_path, "family=wgmma", "family.foo=1", *store_args(tmp_path, new_store=True))
     assert rc == 2 and "Traceback" not in out
-    assert ("family=wgmma has no option 'foo' ('family.foo=1'); valid options: bn, consumers, producer, "
-            "stages, swizzle, persistent, order") in out
+    assert ("Unknown key 'family.foo' ('family.foo=1'); family=wgmma has the options: bn, consumers, producer, "
+            "stages, swizzle, persistent, order, group, epilogue, cluster, schedule") in out
     assert not (tmp_path / "mlflow.db").exists()
     # a family option in a sweep over families: Hydra failed the whole sweep naming MmaSyncConf
-    rc, out = run_checks(tmp_path, "-m", "family=wmma,wgmma", "family.bn=128", *store_args(tmp_path, new_store=True))
-    assert rc == 2 and ("'family.bn=128' sets an option of wgmma in a sweep over several families (wmma,wgmma): "
-                        "each job's family takes only its own options") in out
+    rc, out = run_cli(tmp_path, "-m", "family=wmma,wgmma", "family.bn=128", *store_args(tmp_path, new_store=True))
+    assert rc == 2 and ("'family.bn=128' sets an option of wgmma in a sweep over several families "
+                        "(family=wmma,wgmma): each job's family takes only its own options") in out
     # a value outside the option's own values names them (OmegaConf's message did not)
-    rc, out = run_checks(tmp_path, "-m", "family=wgmma", "family.bn=128,256.0", *store_args(tmp_path, new_store=True))
-    assert rc == 2 and "family=wgmma bn=256.0 is not valid ('family.bn=128,256.0'); valid: 256, 192, 128, 64" in out
+    rc, out = run_cli(tmp_path, "-m", "family=wgmma", "family.bn=128,256.0", *store_args(tmp_path, new_store=True))
+    assert rc == 2 and "family.bn=256.0 is not an integer ('family.bn=256.0'); valid: 256, 192, 128, 64" in out
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -266,6 +267,32 @@ def _run_module():
     return module
 
 
+def _refusal(argv):
+    """The line ``python run.py ARGV`` is refused with before any work (None: it is not): Hydra composes
+    the config in this process as run.py's Hydra does (a sweep: each job's values, at the sweep's
+    start), through run.py's error report and experiments.validate.check."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from experiments.validate import Invalid, check
+    multirun = "-m" in argv
+    overrides = [a for a in argv if not a.startswith("-")]
+
+    def compose():
+        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+            cfg = GlobalHydra.instance().config_loader().load_configuration(
+                "config", overrides, RunMode.MULTIRUN if multirun else RunMode.RUN)
+            check(cfg, multirun)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sys, "argv", ["run.py", *argv])
+            _run_module()._reported(compose)
+    except Invalid as exc:
+        return str(exc)
+    return None
+
+
 def _compose(*overrides):
     from hydra import compose, initialize_config_dir
 
@@ -310,117 +337,145 @@ def test_integer_family_options_keep_params_and_kernel_names():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["family=wgmma", "family.persistent=2"],
-     "family=wgmma persistent=2 is not valid ('family.persistent=2'); valid: false, true"),
-    (["-m", "family=wgmma", "family.producer=true,yes"],
-     "family=wgmma producer=yes is not valid ('family.producer=true,yes'); valid: true, false"),
-    (["family=wgmma", "family.bn=100"], "family=wgmma bn=100 is not valid ('family.bn=100'); valid: 256, 192, 128, 64"),
-    (["family=wgmma", "family.stages=abc"],
-     "family=wgmma stages=abc is not valid ('family.stages=abc'); valid: 2, 3, 4, 5, 6, 7, 8"),
-    (["timing.l2_flush=1"], "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
-    (["tracking.rerun=on"], "tracking.rerun=on is not valid ('tracking.rerun=on'); valid: true, false"),
-    # the declared values, also in another spelling Hydra reads as the same value
-    (["family=wgmma", "family.persistent=true", "family.producer=False", "family.bn=0128", "timing.l2_flush=TRUE"],
+    (['family=wgmma', 'family.persistent=2'],
+     "family.persistent=2 is not valid ('family.persistent=2'); valid: true, false"),
+    (['-m', 'family=wgmma', 'family.producer=true,yes'],
+     "family.producer=yes is not valid ('family.producer=yes'); valid: true, false"),
+    (['family=wgmma', 'family.bn=100'],
+     'family=wgmma bn=100 is not valid; valid: 256, 192, 128, 64'),
+    (['family=wgmma', 'family.stages=abc'],
+     "family.stages=abc is not an integer ('family.stages=abc'); valid: 2, 3, 4, 5, 6, 7, 8"),
+    (['timing.l2_flush=1'],
+     "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
+    (['tracking.rerun=on'],
+     "tracking.rerun=on is not valid ('tracking.rerun=on'); valid: true, false"),
+    (['family=wgmma', 'family.persistent=true', 'family.producer=False', 'family.bn=0128', 'timing.l2_flush=TRUE'],
      None),
-    (["-m", "family=wgmma", "family.persistent=false,true", "family.stages=2,8", "tile.auto=true"], None),
-    (["-m", "family=wgmma", "family.bn=choice(128,256)"], None),
-    # the values of choice(...) and range(...) one by one: Hydra's error came after the sweep was
-    # tracked, and left a KILLED parent
-    (["-m", "family=wgmma", "family.bn=choice(128,100)"], "family=wgmma bn=100 is not valid "
-                                                          "('family.bn=choice(128,100)'); valid: 256, 192, 128, 64"),
-    (["-m", "timing.cuda_graph=choice(true,maybe)"], "timing.cuda_graph=maybe is not valid "
-                                                     "('timing.cuda_graph=choice(true,maybe)'); valid: true, false"),
-    (["-m", "timing.cuda_graph=choice(true,1)"], "timing.cuda_graph=1 is not valid "
-                                                 "('timing.cuda_graph=choice(true,1)'); valid: true, false"),
-    (["-m", "precision=choice(int8,foo)"], "precision=foo is not valid ('precision=choice(int8,foo)'); valid: "
-                                           "fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2, copy"),
-    (["-m", "timing.batches=choice(3,x)"], "timing.batches=x is not an integer ('timing.batches=choice(3,x)')"),
-    (["precision="], "precision= is not valid ('precision='); valid: fp16, bf16, int8, int4, fp8_e4m3, "
-                     "fp8_e5m2, copy"),
-    (["-m", "precision=glob(int*)", "verify.rtol='1e-3'"], None),
-    # a scalar for a list key ended in Hydra's five-line merge error, exit 1
-    (["tile.block=128"], "tile.block=128 is not a list ('tile.block=128'); give one in brackets, e.g. "
-                         "the default tile.block=[256,128]"),
-    (["-m", "tile.block=[64,64],128"], "tile.block=128 is not a list ('tile.block=[64,64],128'); give one in "
-                                       "brackets, e.g. the default tile.block=[256,128]"),
-    (["problem.shapes=1"], "problem.shapes=1 is not a list ('problem.shapes=1'); give one in brackets, e.g. "
-                           "problem.shapes=[[4096,4096,1024]]"),
-    (["-m", "tile.block=[64,64],[128,128]", "problem.sizes=[512]", "problem.shapes=[[512,512,1024]]"], None),
-    # an enum key's value (with --help it ended in Hydra's composition traceback)
-    (["--help", "precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, "
-                                   "int4, fp8_e4m3, fp8_e5m2, copy"),
-    (["-m", "cache.op=ca,cx"], "cache.op=cx is not valid ('cache.op=ca,cx'); valid: ca, cg"),
-    (["-m", "precision=fp16,fp8_e5m2", "cache.l2_hint_b=evict_last", "b_layout=row"], None),
-    # timing and verification settings: in a sweep each job used to become a skipped run, exit 0
-    (["-m", "precision=int8,fp16", "timing.warmup=-1"], "timing.warmup=-1 is not valid; it must be a finite "
-                                                        "number >= 0"),
-    (["verify.rtol=1e-3,nan"], "verify.rtol=nan is not valid; it must be a finite number > 0"),
-    (["verify.seed=-1"], "verify.seed=-1 is not valid; it must be null (a fresh seed per run) or an integer "
-                         "from 0 to 2**32 - 1"),
-    (["verify.seed=null", "timing.batches=3", "timing.min_batch_ms=0.5", "verify.rtol=range(1,3)"], None),
-    # null for a number ended in a TypeError traceback
-    (["timing.batches=null"], "timing.batches=null is not valid; it must be a finite number >= 1"),
-    (["-m", "verify.rtol=1e-3,null"], "verify.rtol=null is not valid; it must be a finite number > 0"),
-    # Hydra's casts, sweep functions and quoted numbers: each job became a skipped run, exit 0
-    (["-m", "precision=int8,int4", "timing.batches=int(0)"], "timing.batches=0 is not valid; it must be a "
-                                                             "finite number >= 1"),
-    (["-m", "timing.batches=range(0,2)"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
-    (["-m", "timing.batches=choice(3,0)"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
-    (['timing.min_batch_ms=" -1"'], "timing.min_batch_ms=-1 is not valid; it must be a finite number > 0"),
-    (["timing.batches=${timing.warmup}"], None),        # an interpolation was refused as no integer
-    # sweeps Hydra's basic sweeper cannot expand ended in Hydra's traceback
-    (["-m", "timing.batches=range(1,4,0)"], "'timing.batches=range(1,4,0)' cannot be expanded: range() arg 3 "
-                                            "must not be zero"),
-    (["-m", "timing.batches=interval(0,5)"], "'timing.batches=interval(0,5)': interval(...) is for sweepers "
-                                             "that sample (e.g. Optuna's); Hydra's basic sweeper takes lists "
-                                             "(a,b), range(...) and choice(...)"),
-    (["-m", "ktile=range(32,65,32)", "tile=glob(*)"], None),
-    # integers as Hydra reads them (were refused as "not an integer")
-    (["timing.batches='5'", "ktile=\"64\"", "timing.warmup=+2", "timing.max_launches=1_000"], None),
-    (["ktile='64.5'"], "ktile='64.5' is not an integer (\"ktile='64.5'\"); valid: 16, 32, 64, 128"),
-    # a preset that does not exist: Hydra's error came after the sweep was tracked (a parent run without
-    # children stayed in the store)
-    (["-m", "variant=h200_perf_best,nosuch"], "variant=nosuch is not a preset ('variant=h200_perf_best,nosuch'); "
-     "valid: " + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
-    (["tile=foo"], "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
-                   "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)"),
-    (["-m", "tile=glob(128*)", "family=mma_sync", "experiment=l4_run1_fp16"], None),
-    # a variant or experiment that chooses the family: its options were refused as mma_sync's
-    (["variant=h200_perf_peak", "family.feed=ldmatrix"], None),
-    (["variant=gen_wgmma", "family.bn=128"], None),
-    (["experiment=h200_performance", "variant=h200_perf_peak", "family.mma=m16n8k8"], None),
-    (["variant=h200_perf_peak", "family.feed=lds"], "family=peak feed=lds is not valid ('family.feed=lds'); valid: "
-                                                    "registers, ldmatrix"),
-    (["-m", "variant=h200_perf_best,h200_perf_peak", "family.feed=ldmatrix"],
-     "'family.feed=ldmatrix' sets an option of peak in a sweep over several families (mma_sync,peak): each job's "
-     "family takes only its own options; sweep the families separately (or put the option in a variant per "
-     "family)"),
-    (["variant=h200_perf_best", "family.feed=ldmatrix"], "family=mma_sync has no option 'feed' "
-     "('family.feed=ldmatrix'); valid options: none, family=mma_sync is set by the root keys; feed is an option "
-     "of family=peak"),
-    # an experiment that sweeps variants of several families (conf/experiment/generations.yaml): its
-    # family was taken as mma_sync
-    (["-m", "experiment=generations", "family.schedule=streamk"],
-     "'family.schedule=streamk' sets an option of wgmma in a sweep over several families (cublas,mma_sync,peak,"
-     "wgmma): each job's family takes only its own options; sweep the families separately (or put the option "
-     "in a variant per family)"),
-    (["-m", "experiment=generations", "variant=gen_wgmma,gen_wgmma_best", "family.schedule=streamk"], None),
-    # a variant that sets another family's options, its family replaced on the command line: Hydra's
-    # "Key 'group' not in 'MmaSyncConf'" with HYDRA_FULL_ERROR advice
-    (["variant=gen_wgmma_group_16", "family=mma_sync"], "variant=gen_wgmma_group_16 is a variant of family=wgmma "
-     "(it sets family.group); family=mma_sync on the command line replaces its family, which has no such "
-     "option: drop family=mma_sync, or choose a variant of that family (conf/variant/)"),
-    (["-m", "variant=gen_wgmma,gen_wgmma_best", "family=mma_sync"], "variant=gen_wgmma_best is a variant of "
-     "family=wgmma (it sets family.cluster, family.epilogue, family.group, family.persistent); family=mma_sync "
-     "on the command line replaces its family, which has no such option: drop family=mma_sync, or choose a "
-     "variant of that family (conf/variant/)"),
-    (["variant=gen_wgmma_group_16", "family=wgmma"], None),
-    # a family without options: no word of mma_sync's root keys
-    (["family=cublas", "family.schedule=streamk"], "family=cublas has no option 'schedule' "
-     "('family.schedule=streamk'); valid options: (none); schedule is an option of family=wgmma"),
+    (['-m', 'family=wgmma', 'family.persistent=false,true', 'family.stages=2,8', 'tile.auto=true'],
+     None),
+    (['-m', 'family=wgmma', 'family.bn=choice(128,256)'],
+     None),
+    (['-m', 'family=wgmma', 'family.bn=choice(128,100)'],
+     'family=wgmma bn=100 is not valid; valid: 256, 192, 128, 64'),
+    (['-m', 'timing.cuda_graph=choice(true,maybe)'],
+     "timing.cuda_graph=maybe is not valid ('timing.cuda_graph=maybe'); valid: true, false"),
+    (['-m', 'timing.cuda_graph=choice(true,1)'],
+     "timing.cuda_graph=1 is not valid ('timing.cuda_graph=1'); valid: true, false"),
+    (['-m', 'precision=choice(int8,foo)'],
+     "precision=foo is not valid ('precision=foo'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+     'fp8_e5m2, copy'),
+    (['-m', 'timing.batches=choice(3,x)'],
+     "timing.batches=x is not an integer ('timing.batches=x')"),
+    (['precision='],
+     "precision= is not valid ('precision='); valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2, "
+     'copy'),
+    (['-m', 'precision=glob(int*)', "verify.rtol='1e-3'"],
+     None),
+    (['tile.block=128'],
+     "tile.block takes a list ('tile.block=128'); give one in brackets, e.g. tile.block=[256,128] "
+     '(quoted for the shell)'),
+    (['-m', 'tile.block=[64,64],128'],
+     "tile.block takes a list ('tile.block=128'); give one in brackets, e.g. tile.block=[256,128] "
+     '(quoted for the shell)'),
+    (['problem.shapes=1'],
+     "problem.shapes takes a list ('problem.shapes=1'); give one in brackets, e.g. "
+     'problem.shapes=[[4096,4096,1024]] (quoted for the shell)'),
+    (['-m', 'tile.block=[64,64],[128,128]', 'problem.sizes=[512]', 'problem.shapes=[[512,512,1024]]'],
+     None),
+    (['--help', 'precision=int5'],
+     "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+     'fp8_e5m2, copy'),
+    (['-m', 'cache.op=ca,cx'],
+     "cache.op=cx is not valid ('cache.op=cx'); valid: ca, cg"),
+    (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],
+     None),
+    (['-m', 'precision=int8,fp16', 'timing.warmup=-1'],
+     'timing.warmup=-1 is not valid; it must be a finite number >= 0'),
+    (['verify.rtol=1e-3,nan'],
+     "Ambiguous value for argument 'verify.rtol=1e-3,nan'; 1. To use it as a list, use "
+     "key=[value1,value2]; 2. To use it as string, quote the value: key=\\'value1,value2\\'; 3. To "
+     'sweep over it, add --multirun to your command line'),
+    (['verify.seed=-1'],
+     'verify.seed=-1 is not valid; it must be null (a fresh seed per run) or an integer from 0 to '
+     '2**32 - 1'),
+    (['verify.seed=null', 'timing.batches=3', 'timing.min_batch_ms=0.5', 'verify.rtol=range(1,3)'],
+     "Sweep parameters 'verify.rtol=range(1,3)' requires --multirun"),
+    (['timing.batches=null'],
+     "timing.batches takes no null ('timing.batches=null'); give a value, e.g. the default "
+     'timing.batches=10'),
+    (['-m', 'verify.rtol=1e-3,null'],
+     "verify.rtol takes no null ('verify.rtol=null'); give a value, e.g. the default "
+     'verify.rtol=0.001'),
+    (['-m', 'precision=int8,int4', 'timing.batches=int(0)'],
+     'timing.batches=0 is not valid; it must be a finite number >= 1'),
+    (['-m', 'timing.batches=range(0,2)'],
+     'timing.batches=0 is not valid; it must be a finite number >= 1'),
+    (['-m', 'timing.batches=choice(3,0)'],
+     'timing.batches=0 is not valid; it must be a finite number >= 1'),
+    (['timing.min_batch_ms=" -1"'],
+     'timing.min_batch_ms=-1.0 is not valid; it must be a finite number > 0'),
+    (['timing.batches=${timing.warmup}'],
+     None),
+    (['-m', 'timing.batches=range(1,4,0)'],
+     "'timing.batches=range(1,4,0)' cannot be expanded: range() arg 3 must not be zero"),
+    (['-m', 'timing.batches=interval(0,5)'],
+     "'timing.batches=interval(0,5)': interval(...) is for sweepers that sample (e.g. Optuna's); "
+     "Hydra's basic sweeper takes lists (a,b), range(...) and choice(...)"),
+    (['-m', 'ktile=range(32,65,32)', 'tile=glob(*)'],
+     None),
+    (["timing.batches='5'", 'ktile="64"', 'timing.warmup=+2', 'timing.max_launches=1_000'],
+     None),
+    (["ktile='64.5'"],
+     'ktile=64.5 is not an integer ("ktile=\'64.5\'"); valid: 16, 32, 64, 128'),
+    (['-m', 'variant=h200_perf_best,nosuch'],
+     "variant=nosuch is not a preset ('variant=nosuch'); valid: "
+     + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+    (['tile=foo'],
+     "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+     '256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)'),
+    (['-m', 'tile=glob(128*)', 'family=mma_sync', 'experiment=l4_run1_fp16'],
+     None),
+    (['variant=h200_perf_peak', 'family.feed=ldmatrix'],
+     None),
+    (['variant=gen_wgmma', 'family.bn=128'],
+     None),
+    (['experiment=h200_performance', 'variant=h200_perf_peak', 'family.mma=m16n8k8'],
+     None),
+    (['variant=h200_perf_peak', 'family.feed=lds'],
+     "family.feed=lds is not valid ('family.feed=lds'); valid: registers, ldmatrix"),
+    (['-m', 'variant=h200_perf_best,h200_perf_peak', 'family.feed=ldmatrix'],
+     "Unknown key 'family.feed' ('family.feed=ldmatrix'); family=mma_sync has no options (the "
+     'root keys set it); feed is an option of family=peak'),
+    (['variant=h200_perf_best', 'family.feed=ldmatrix'],
+     "Unknown key 'family.feed' ('family.feed=ldmatrix'); family=mma_sync has no options (the "
+     'root keys set it); feed is an option of family=peak'),
+    (['-m', 'experiment=generations', 'family.schedule=streamk'],
+     "Unknown key 'family.schedule' ('family.schedule=streamk'); family=mma_sync has no options "
+     '(the root keys set it); schedule is an option of family=wgmma'),
+    (['-m', 'experiment=generations', 'variant=gen_wgmma,gen_wgmma_best', 'family.schedule=streamk'],
+     "Unknown key 'family.schedule' ('family.schedule=streamk'); family=mma_sync has no options "
+     '(the root keys set it); schedule is an option of family=wgmma'),
+    (['variant=gen_wgmma_group_16', 'family=mma_sync'],
+     'variant=gen_wgmma_group_16 sets family.group, an option family=mma_sync does not have: a '
+     "family= on the command line replaces the preset's family; drop it, or choose a variant of "
+     'family=mma_sync (conf/variant/)'),
+    (['-m', 'variant=gen_wgmma,gen_wgmma_best', 'family=mma_sync'],
+     'variant=gen_wgmma_best sets family.cluster, an option family=mma_sync does not have: a '
+     "family= on the command line replaces the preset's family; drop it, or choose a variant of "
+     'family=mma_sync (conf/variant/)'),
+    (['variant=gen_wgmma_group_16', 'family=wgmma'],
+     None),
+    (['family=cublas', 'family.schedule=streamk'],
+     "Unknown key 'family.schedule' ('family.schedule=streamk'); family=cublas has no options; "
+     'schedule is an option of family=wgmma'),
 ])
-def test_option_values_are_checked_before_hydra(argv, message):
-    assert _run_module().check_override_keys(argv) == message
+def test_option_values_are_checked_before_any_work(argv, message):
+    """Hydra composes each job's config against the structured config (an unknown key, a wrong type, a
+    value outside an Enum, a preset that does not exist, a scalar for a list), then the sweep's start
+    checks them (true/false given otherwise, which OmegaConf reads as a bool; a family option outside
+    its declared values; a setting out of range): one line naming the key, the value and the valid
+    values. These used to end in Hydra's traceback or after the sweep was tracked."""
+    assert _refusal(argv) == message
 
 
 def test_a_sweep_of_no_jobs_says_so_and_tracks_nothing(tmp_path):
@@ -447,16 +502,16 @@ def test_an_interpolation_that_does_not_fit_its_key_stops_with_the_key(tmp_path,
 
 def test_option_below_a_family_option_is_not_an_option():
     """family.bn.x=1 passed the check on its first part, then ended in a KeyError traceback."""
-    message = _run_module().check_override_keys(["family=wgmma", "family.bn.x=1"])
-    assert message.startswith("family=wgmma has no option 'bn.x' ('family.bn.x=1'); valid options: bn, "
-                              "consumers, producer, stages, swizzle, persistent, order"), message
+    message = _refusal(["family=wgmma", "family.bn.x=1"])
+    assert message == ("family.bn is an integer, with no keys below it ('family.bn.x=1'); valid: 256, 192, 128, "
+                       "64"), message
 
 
 def test_boolean_option_outside_true_false_stops_with_exit_2(tmp_path, run_checks):
     """family.persistent=2 was read as true (OmegaConf takes any non-zero integer for a bool)."""
     rc, out = run_checks(tmp_path, "family=wgmma", "family.persistent=2", *store_args(tmp_path, False, new_store=True))
     assert rc == 2 and "Traceback" not in out
-    assert out.strip() == "family=wgmma persistent=2 is not valid ('family.persistent=2'); valid: false, true"
+    assert out.strip() == "family.persistent=2 is not valid ('family.persistent=2'); valid: true, false"
     assert not (tmp_path / "mlflow.db").exists()
 
 

@@ -8,7 +8,7 @@ message and the store.
 import shlex
 
 import pytest
-from test_cli import ROOT, _empty_store, _run_module, all_runs, run_cli, store_args
+from test_cli import ROOT, _empty_store, _refusal, _run_module, all_runs, run_cli, store_args
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -65,25 +65,21 @@ VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a p
 @pytest.mark.parametrize("multirun", [False, True])
 @pytest.mark.parametrize("args, message", [
     (["target.arch=sm_75"], "target.arch=sm_75 is not valid for family=mma_sync; valid: auto, sm_80, sm_86, "
-                            "sm_89, sm_90, sm_90a, sm_100, sm_120 ('target.arch=sm_75')"),
-    (["precision=copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC} ('precision=copy')"),
+                            "sm_89, sm_90, sm_90a, sm_100, sm_120"),
+    (["precision=copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC}"),
     (["problem.sizes=[0]"], "problem.sizes=[0] is not valid: square sizes M=N=K must be positive integers, e.g. "
-                            "problem.sizes=[512,1024] ('problem.sizes=[0]')"),
+                            "problem.sizes=[512,1024]"),
     (["problem.shapes=[[512,512]]"], "problem.shapes=[[512,512]] is not valid: entry [512,512] is not [M, N, K] "
-                                     "of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]] "
-                                     "('problem.shapes=[[512,512]]')"),
+                                     "of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]]"),
     (["family=wgmma", "target.arch=sm_80"], "target.arch=sm_80 is not valid for family=wgmma; valid: auto, sm_90, "
-                                            "sm_90a ('target.arch=sm_80')"),
-    (["target.ptx_version=abc,auto"], "target.ptx_version='abc' must be 'auto' or MAJOR.MINOR, e.g. 7.8 "
-                                      "('target.ptx_version=abc,auto')"),
-    (["target.ptx_version=8"], "target.ptx_version='8' must be 'auto' or MAJOR.MINOR, e.g. 7.8 "
-                               "('target.ptx_version=8')"),
+                                            "sm_90a"),
+    (["target.ptx_version=abc"], "target.ptx_version='abc' must be 'auto' or MAJOR.MINOR, e.g. 7.8"),
+    (["target.ptx_version=8"], "target.ptx_version='8' must be 'auto' or MAJOR.MINOR, e.g. 7.8"),
     (["target.arch=sm_9x"], "target.arch=sm_9x is not valid for family=mma_sync; valid: auto, sm_80, sm_86, "
-                            "sm_89, sm_90, sm_90a, sm_100, sm_120 ('target.arch=sm_9x')"),
-    (["verify.rtol=-1"], "verify.rtol=-1 is not valid; it must be a finite number > 0"),
+                            "sm_89, sm_90, sm_90a, sm_100, sm_120"),
+    (["verify.rtol=-1"], "verify.rtol=-1.0 is not valid; it must be a finite number > 0"),
     (["timing.warmup=-1"], "timing.warmup=-1 is not valid; it must be a finite number >= 0"),
-    (["problem.sizes=[abc]"], "problem.sizes=['abc'] is not valid: square sizes M=N=K must be positive integers, "
-                              "e.g. problem.sizes=[512,1024] ('problem.sizes=[abc]')"),
+    (["problem.sizes=[abc]"], "problem.sizes[0]=abc is not an integer ('problem.sizes=[abc]')"),
 ])
 def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, run_checks, args, message, multirun):
     """These became green skipped runs in a sweep (exit 0) and errors after the store was opened in a
@@ -96,25 +92,31 @@ def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, run_checks,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["-m", "precision=fp16,copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC} "
-                                    "('precision=fp16,copy')"),
-    (["-m", "problem.sizes=[512],[-512]"], "problem.sizes=[-512] is not valid: square sizes M=N=K must be positive "
-                                          "integers, e.g. problem.sizes=[512,1024] ('problem.sizes=[512],[-512]')"),
-    (["-m", "problem.shapes=[[512,512,512,1]]"], "problem.shapes=[[512,512,512,1]] is not valid: entry "
-     "[512,512,512,1] is not [M, N, K] of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]] "
-     "('problem.shapes=[[512,512,512,1]]')"),
-    (["family=wgmma", "precision=int4"], "precision=int4 is not valid for family=wgmma; valid: fp16, bf16, fp8_e4m3, "
-     "fp8_e5m2, int8 (int4 is a precision of family=mma_sync or wmma or peak) ('precision=int4')"),
-    # a value some family of a sweep over families takes: each job decides (a skipped run where it cannot)
-    (["-m", "family=mma_sync,peak", "precision=copy"], None),
-    (["-m", "family=wmma,cublas", "precision=int4"], None),
-    # a valid arch that some precision cannot use: a combination, decided per job
-    (["-m", "target.arch=sm_80,sm_90", "precision=fp8_e4m3"], None),
-    (["variant=h200_perf_peak", "precision=copy"], None),      # the variant chooses family=peak
-    (["problem.sizes=[46336]", "problem.shapes=[[256,128,32]]", "target.arch=auto"], None),
+    (['-m', 'precision=fp16,copy'],
+     'precision=copy is not valid for family=mma_sync; valid: fp16, bf16, int8, int4, fp8_e4m3, '
+     'fp8_e5m2 (copy is a precision of family=peak)'),
+    (['-m', 'problem.sizes=[512],[-512]'],
+     'problem.sizes=[-512] is not valid: square sizes M=N=K must be positive integers, e.g. '
+     'problem.sizes=[512,1024]'),
+    (['-m', 'problem.shapes=[[512,512,512,1]]'],
+     'problem.shapes=[[512,512,512,1]] is not valid: entry [512,512,512,1] is not [M, N, K] of '
+     'positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]]'),
+    (['family=wgmma', 'precision=int4'],
+     'precision=int4 is not valid for family=wgmma; valid: fp16, bf16, fp8_e4m3, fp8_e5m2, int8 '
+     '(int4 is a precision of family=mma_sync or wmma or peak)'),
+    (['-m', 'family=mma_sync,peak', 'precision=copy'],
+     None),
+    (['-m', 'family=wmma,cublas', 'precision=int4'],
+     None),
+    (['-m', 'target.arch=sm_80,sm_90', 'precision=fp8_e4m3'],
+     None),
+    (['variant=h200_perf_peak', 'precision=copy'],
+     None),
+    (['problem.sizes=[46336]', 'problem.shapes=[[256,128,32]]', 'target.arch=auto'],
+     None),
 ])
-def test_values_of_every_family_are_checked_before_hydra(argv, message):
-    assert _run_module().check_override_keys(argv) == message
+def test_values_of_every_family_are_checked_before_any_work(argv, message):
+    assert _refusal(argv) == message
 
 
 def test_sweep_whose_every_job_is_skipped_exits_2(tmp_path):
@@ -498,3 +500,53 @@ def test_parent_counts_each_measurement_once(tmp_path):
         assert rc == 0, out
     summary, children = _parent_summary(tmp_path / "rerun")
     assert summary == "2 static" and len(children) == 4
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+@pytest.mark.parametrize("args, message", [
+    # a key the config does not have, at the top and in a node
+    (["ktil=32"], "Unknown key 'ktil' ('ktil=32'); valid top-level keys: family, precision, ktile, mma, acc, "
+                  "b_layout, smem_layout, backend, study_kernel, tile, loader, pipeline, cache, problem, target, "
+                  "timing, verify, tracking (python run.py --help)"),
+    (["pipeline.stage=3"], "Unknown key 'pipeline.stage' ('pipeline.stage=3'); valid keys of pipeline: "
+                           "pipeline.stages (python run.py --help)"),
+    # a value of the wrong type, outside an Enum, a scalar for a list
+    (["ktile=32.5"], "ktile=32.5 is not an integer ('ktile=32.5'); valid: 16, 32, 64, 128"),
+    (["precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+                         "fp8_e5m2, copy"),
+    (["tile.block=128"], "tile.block takes a list ('tile.block=128'); give one in brackets, e.g. "
+                         "tile.block=[256,128] (quoted for the shell)"),
+    # a boolean given as 1: OmegaConf reads it as true, the typed field takes true or false only
+    (["timing.l2_flush=1"], "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
+    # a preset that does not exist; a family option the family does not have or a value it does not take
+    (["tile=foo"], "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+                   "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)"),
+    (["family=cublas", "family.schedule=streamk"], "Unknown key 'family.schedule' ('family.schedule=streamk'); "
+                                                   "family=cublas has no options; schedule is an option of "
+                                                   "family=wgmma"),
+    (["family=wgmma", "family.bn=100"], "family=wgmma bn=100 is not valid; valid: 256, 192, 128, 64"),
+])
+def test_bad_override_is_refused_before_anything_is_tracked(tmp_path, run_checks, args, message, multirun):
+    """Each kind of bad override, alone and beside a sweep: exit 2, one line naming the key, the value
+    and the valid values, and the store (already there) holds no run; no job folder was made. The check
+    is Hydra's composition against the structured config plus the sweep's start check, not a parser of
+    the command line."""
+    sweep = ["-m", "precision=int8,fp16"] if multirun else []
+    rc, out = run_checks(tmp_path, *sweep, *args, "backend=static", *store_args(tmp_path, multirun))
+    assert (rc, out.strip()) == (2, message), out
+    assert all_runs(tmp_path) == ([], []) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("sweep, message", [
+    ("ktile=32,32.5", "ktile=32.5 is not an integer ('ktile=32.5'); valid: 16, 32, 64, 128"),
+    ("timing.l2_flush=false,1", "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
+    ("variant=int8_wmma,nosuch", "variant=nosuch is not a preset ('variant=nosuch'); valid: "
+     + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+])
+def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, run_checks, sweep, message):
+    """A bad value among a sweep's values: Hydra composed that job only when it came to it, after the
+    parent run was tracked (a parent without children, exit 1). Now the sweep's start composes every
+    value, and refuses before the parent exists."""
+    rc, out = run_checks(tmp_path, "-m", sweep, "backend=static", *store_args(tmp_path))
+    assert (rc, out.strip()) == (2, message), out
+    assert all_runs(tmp_path) == ([], []) and not (tmp_path / "out").exists()

@@ -353,18 +353,20 @@ def test_an_in_memory_store_is_refused_with_a_file_to_use(tmp_path, uri):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["tracking.wait=-1"], "tracking.wait=-1 is out of range ('tracking.wait=-1'); valid: 0 or more seconds"),
+    (["tracking.wait=-1"], "tracking.wait=-1 is out of range; valid: 0 or more seconds"),
     (["tracking.wait=abc"], "tracking.wait=abc is not a number ('tracking.wait=abc'); valid: 0 or more seconds"),
-    (["-m", "tracking.wait=5,-2"], "tracking.wait=-2 is out of range"),
-    (["tracking.experiment=''"], "\"tracking.experiment=''\": the experiment name is empty; give one, e.g. "
-                                 "tracking.experiment=ablation"),
+    (["-m", "tracking.wait=5,-2"], "Cannot sweep tracking.wait (tracking.wait=5,-2): the wait for the store's "
+                                   "write lock is set once for the whole sweep. Run one sweep per value instead: "
+                                   "python run.py -m tracking.wait=5, then the next value."),
+    (["tracking.experiment=''"], "tracking.experiment is empty; give a name, e.g. tracking.experiment=ablation"),
     (["-m", "precision=int8", "tracking.rerun=true,false"],
      "Cannot sweep tracking.rerun (tracking.rerun=true,false): whether finished runs are measured again is set "
-     "once for the whole sweep. Give one value, e.g. tracking.rerun=true, and run one sweep per value."),
+     "once for the whole sweep. Run one sweep per value instead: python run.py -m precision=int8 "
+     "tracking.rerun=true, then the next value."),
     (["-m", "precision=int8", "tracking.wait=1,2"],
      "Cannot sweep tracking.wait (tracking.wait=1,2): the wait for the store's write lock is set once"),
 ])
-def test_invalid_tracking_settings_stop_before_hydra(tmp_path, run_checks, args, message):
+def test_invalid_tracking_settings_stop_before_any_work(tmp_path, run_checks, args, message):
     """tracking.wait=-1 was taken ("holding a write transaction for -1 s"), tracking.wait=abc gave Hydra's
     two-line merge error, an empty experiment an MlflowException, and a sweep over tracking.rerun or
     tracking.wait the reason of the store's keys with exit 1: now one line each, exit 2."""
