@@ -270,7 +270,9 @@ def _compose(*overrides):
     from hydra import compose, initialize_config_dir
 
     from experiments.config import register
+    from experiments.variants import register as register_variants
     register()
+    register_variants()                 # the variants conf/experiment/ lists (variant=gen_wgmma, ...)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
@@ -305,8 +307,17 @@ def test_integer_family_options_keep_params_and_kernel_names():
     declared = families.get("wgmma").spec("fp16", {"bn": 128, "stages": 3, "persistent": "true"}, "sm_90a")
     assert spec == declared and "_bn128_" in spec.entry and "_stages3_" in spec.entry
     assert spec.p["bn"] == 128 and spec.p["swizzle"] == 128 and spec.p["bk"] == 64 and spec.arch == "sm_90a"
-    # a preset that sets an integer option (conf/variant/gen_wgmma_bn_128.yaml: bn: 128)
+    # a variant that sets an integer option (conf/experiment/generations.yaml lists gen_wgmma_bn_128: bn 128)
     assert family_options(_compose("variant=gen_wgmma_bn_128"))["bn"] == 128
+
+
+# the variants conf/experiment/generations.yaml and h200_performance.yaml list (gen_..., h200_perf_...)
+GENERATIONS = ["mma_sync", "mma_sync_auto", "wgmma", "wgmma_auto", "cublas", "peak", "peak_wgmma", "wgmma_bn_128",
+               "wgmma_bn_64", "wgmma_consumers_1", "wgmma_producer_false", "wgmma_stages_3", "wgmma_swizzle_64",
+               "wgmma_persistent_true", "wgmma_cluster_2", "wgmma_cluster_4", "wgmma_stages_2", "wgmma_group_16",
+               "wgmma_epilogue_tma", "wgmma_schedule_streamk", "wgmma_best", "wgmma_best_streamk"]
+H200 = ["best", "best_bk128", "cublas", "peak", "peak_ldmatrix", "auto", "tile_256x128", "tile_128x256", "tile_128x128",
+        "tile_128x128_w2x2", "tile_64x64", "tile_256x128_w4x4", "tile_128x256_w4x4", "tile_l4_32x64"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -381,7 +392,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
     # a preset that does not exist: Hydra's error came after the sweep was tracked (a parent run without
     # children stayed in the store)
     (["-m", "variant=h200_perf_best,nosuch"], "variant=nosuch is not a preset ('variant=h200_perf_best,nosuch'); "
-     "valid: " + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+     "valid: " + ", ".join(sorted([*(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")),
+                                   *(f"gen_{k}" for k in GENERATIONS), *(f"h200_perf_{k}" for k in H200)]))
+     + " (conf/experiment/, conf/variant/)"),
     (["tile=foo"], "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
                    "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)"),
     (["-m", "tile=glob(128*)", "family=mma_sync", "experiment=l4_run1_fp16"], None),
@@ -409,11 +422,11 @@ def test_integer_family_options_keep_params_and_kernel_names():
     # "Key 'group' not in 'MmaSyncConf'" with HYDRA_FULL_ERROR advice
     (["variant=gen_wgmma_group_16", "family=mma_sync"], "variant=gen_wgmma_group_16 is a variant of family=wgmma "
      "(it sets family.group); family=mma_sync on the command line replaces its family, which has no such "
-     "option: drop family=mma_sync, or choose a variant of that family (conf/variant/)"),
+     "option: drop family=mma_sync, or choose a variant of that family"),
     (["-m", "variant=gen_wgmma,gen_wgmma_best", "family=mma_sync"], "variant=gen_wgmma_best is a variant of "
      "family=wgmma (it sets family.cluster, family.epilogue, family.group, family.persistent); family=mma_sync "
      "on the command line replaces its family, which has no such option: drop family=mma_sync, or choose a "
-     "variant of that family (conf/variant/)"),
+     "variant of that family"),
     (["variant=gen_wgmma_group_16", "family=wgmma"], None),
     # a family without options: no word of mma_sync's root keys
     (["family=cublas", "family.schedule=streamk"], "family=cublas has no option 'schedule' "
