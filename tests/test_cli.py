@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.variants import listed
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "cli-tests"
 
@@ -311,15 +313,6 @@ def test_integer_family_options_keep_params_and_kernel_names():
     assert family_options(_compose("variant=gen_wgmma_bn_128"))["bn"] == 128
 
 
-# the variants conf/experiment/generations.yaml and h200_performance.yaml list (gen_..., h200_perf_...)
-GENERATIONS = ["mma_sync", "mma_sync_auto", "wgmma", "wgmma_auto", "cublas", "peak", "peak_wgmma", "wgmma_bn_128",
-               "wgmma_bn_64", "wgmma_consumers_1", "wgmma_producer_false", "wgmma_stages_3", "wgmma_swizzle_64",
-               "wgmma_persistent_true", "wgmma_cluster_2", "wgmma_cluster_4", "wgmma_stages_2", "wgmma_group_16",
-               "wgmma_epilogue_tma", "wgmma_schedule_streamk", "wgmma_best", "wgmma_best_streamk"]
-H200 = ["best", "best_bk128", "cublas", "peak", "peak_ldmatrix", "auto", "tile_256x128", "tile_128x256", "tile_128x128",
-        "tile_128x128_w2x2", "tile_64x64", "tile_256x128_w4x4", "tile_128x256_w4x4", "tile_l4_32x64"]
-
-
 @pytest.mark.parametrize("argv, message", [
     (["family=wgmma", "family.persistent=2"],
      "family=wgmma persistent=2 is not valid ('family.persistent=2'); valid: false, true"),
@@ -392,8 +385,7 @@ H200 = ["best", "best_bk128", "cublas", "peak", "peak_ldmatrix", "auto", "tile_2
     # a preset that does not exist: Hydra's error came after the sweep was tracked (a parent run without
     # children stayed in the store)
     (["-m", "variant=h200_perf_best,nosuch"], "variant=nosuch is not a preset ('variant=h200_perf_best,nosuch'); "
-     "valid: " + ", ".join(sorted([*(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")),
-                                   *(f"gen_{k}" for k in GENERATIONS), *(f"h200_perf_{k}" for k in H200)]))
+     "valid: " + ", ".join(sorted([*(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")), *listed()]))
      + " (conf/experiment/, conf/variant/)"),
     (["tile=foo"], "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
                    "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)"),
