@@ -22,6 +22,12 @@ file did, and the sweep of the preset sweeps them all: at its start
 ``hydra.sweeper.params`` after its own keys, and Hydra's basic sweeper runs every point with every
 combination of those (above: 4 precisions x 2 points). Named study kernels keep their files in
 conf/variant/ (``study_kernel: ...``).
+
+run.py calls :func:`register` after :func:`experiments.config.register`, as must any program that
+composes the config with a listed variant; the job processes of a parallel launcher get them with
+Hydra's state. One sweep key over the points keeps Hydra's basic sweeper, which experiments.sweep
+counts and names sweeps with; the list sweepers for Hydra zip lists of values (no group choice per
+point) or replace the basic sweeper.
 """
 from __future__ import annotations
 
