@@ -123,7 +123,7 @@ class _Cells:
                 r = self.bad[(n, str(size))]
                 why = next((v for v in (r.get("error"), r.get("skip_reason")) if isinstance(v, str)),
                            "no timing").splitlines()[0]
-                return None, f"{name} at N={size} {str(r['status']).lower()}: {why}"
+                return None, f"{name} at N={size} {r['outcome']}: {why}"   # failed, skipped, interrupted
         if not names & self.known:
             return None, f"no runs of {name}"
         return None, f"no run of {name} at N={size}"
@@ -254,7 +254,7 @@ def evaluate(spec: dict, runs: pd.DataFrame, reference: pd.DataFrame | None = No
     """The claims table for ONE GPU's runs: id, claim, sizes, published, this_gpu, verdict, reason,
     and, with ``reference`` (the study's own tidy table), study_recomputed and published_flag.
 
-    runs: tidy table (FAILED/KILLED rows count as missing cells, with their error as the reason).
+    runs: tidy table (failed, skipped or interrupted runs count as missing cells, with their reason).
     Raises ClaimsError for an invalid spec and ValueError for runs of several GPUs.
     """
     spec = validate(spec)

@@ -51,8 +51,8 @@ def _slug(s: str) -> str:
 def _overview(df: pd.DataFrame, notes: list[str]) -> list[str]:
     ok = ok_runs(df)
     failed = df[df["status"] == "FAILED"]
-    skipped = df[(df["status"] == "KILLED") & (df["outcome"] != "interrupted")]
-    stopped = df[(df["status"] == "KILLED") & (df["outcome"] == "interrupted")]
+    skipped = df[df["outcome"] == "skipped"]          # FINISHED (KILLED in stores of older versions)
+    stopped = df[df["outcome"] == "interrupted"]
     lines = ["## What these runs hold", "",
              f"- {len(df)} run(s): {len(ok)} measured and verified, {len(failed)} FAILED, "
              f"{len(skipped)} skipped" + (f", {len(stopped)} interrupted." if len(stopped) else "."),

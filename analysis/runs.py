@@ -2,7 +2,9 @@
 
 This module is the one place that names what the analysis reads from a run record: :data:`COLUMNS`
 maps each canonical column of the table to the tag, param or metric the tracking (experiments/job.py)
-and the Nsight Compute step write. A renamed metric is one edit here. Columns that no run has are
+and the Nsight Compute step write; the units and meanings of the metric columns come from the metric
+declarations (experiments/metrics.py), and metrics without a column are kept under their own names
+(pct_of_peak, speedup_vs_<family>, power_w_mean, ...), none dropped. Columns that no run has are
 still present (all missing), so a sweep without ncu metrics loads and the analysis says what it
 cannot answer instead of failing.
 
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from experiments.metrics import describe
 
 from .schema import cast, infer, schema_types
 
@@ -45,7 +49,7 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("run_id", "info", "run_id", "str", "MLflow run id"),
     Column("status", "info", "status", "str",
-           "FINISHED, FAILED (tag error) or KILLED (skipped, tag skip_reason)"),
+           "FINISHED (also a skipped run: outcome skipped), FAILED (tag error) or KILLED (interrupted)"),
     Column("start_time", "info", "start_time", "int", "ms since the epoch"),
     Column("parent_run_id", "tag", "mlflow.parentRunId", "str", "the sweep's parent run"),
     Column("outcome", "tag", "outcome", "str",
@@ -57,7 +61,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("verified", "tag", "verified", "bool", "the output matched the reference before timing"),
     Column("throughput_unit", "tag", "throughput_unit", "str", "TFLOP/s (float types) or TOP/s (integer)"),
     Column("error", "tag", "error", "str", "why a FAILED run failed"),
-    Column("skip_reason", "tag", "skip_reason", "str", "why a KILLED run was skipped"),
+    Column("skip_reason", "tag", "skip_reason", "str", "why a run was skipped (or interrupted)"),
     Column("implausible", "tag", "implausible", "str",
            "reference runs: why a published duration cannot be right"),
     Column("derived", "tag", "derived", "str",
@@ -70,33 +74,17 @@ COLUMNS: tuple[Column, ...] = (
     Column("m", "param", "problem.m", "int", "rows of A and C"),
     Column("n", "param", "problem.n", "int", "columns of B and C"),
     Column("k", "param", "problem.k", "int", "inner dimension"),
-    Column("median_us", "metric", "median_us", "float", "median time per launch, us"),
-    Column("min_us", "metric", "min_us", "float", "fastest batch, time per launch, us"),
-    Column("max_us", "metric", "max_us", "float", "slowest batch, time per launch, us"),
-    Column("spread", "metric", "spread", "float", "(max - min) / median of the batches"),
-    Column("throughput", "metric", "throughput", "float", "2MNK / median, TFLOP/s or TOP/s"),
-    Column("registers", "metric", "registers", "float", "registers per thread (ptxas)"),
-    Column("theoretical_occupancy", "metric", "theoretical_occupancy", "float",
-           "resident warps / max, 0..1 (ptxas)"),
-    Column("sm_clock_mhz_before", "metric", "sm_clock_mhz_before", "float", "SM clock before timing, MHz"),
-    Column("sm_clock_mhz_after", "metric", "sm_clock_mhz_after", "float", "SM clock after timing, MHz"),
-    Column("ncu_duration_us", "metric", "ncu.duration_us", "float", "gpu__time_duration.sum, us"),
-    Column("achieved_occupancy_pct", "metric", "ncu.achieved_occupancy_pct", "float",
-           "sm__warps_active.avg.pct_of_peak_sustained_active, %"),
-    Column("ncu_theoretical_occupancy_pct", "metric", "ncu.theoretical_occupancy_pct", "float",
-           "sm__maximum_warps_per_active_cycle_pct, %"),
-    Column("dram_cycles_active", "metric", "ncu.dram_cycles_active", "float",
-           "dram__cycles_active.avg: a count of cycles, grows with the kernel's duration"),
-    Column("dram_active_pct", "metric", "ncu.dram_active_pct", "float",
-           "dram__cycles_active.avg.pct_of_peak_sustained_elapsed: DRAM activity as a share of elapsed, %"),
-    Column("dram_bytes", "metric", "ncu.dram_bytes", "float", "dram__bytes.sum, bytes"),
-    Column("l1_hit_rate_pct", "metric", "ncu.l1_hit_rate_pct", "float", "l1tex__t_sector_hit_rate.pct, %"),
-    Column("l2_hit_rate_pct", "metric", "ncu.l2_hit_rate_pct", "float", "lts__t_sector_hit_rate.pct, %"),
-    Column("tensor_pipe_active_pct", "metric", "ncu.tensor_pipe_active_pct", "float",
-           "tensor pipe active, %"),
-    Column("ncu_sm_clock_hz", "metric", "ncu.sm_clock_hz", "float", "SM clock during profiling, Hz"),
-    Column("ipc", "metric", "ncu.ipc", "float", "executed instructions per active cycle"),
-    Column("inst_executed", "metric", "ncu.inst_executed", "float", "smsp__inst_executed.sum, instructions"),
+    *(Column(name, "metric", key, "float", describe(key)) for name, key in (
+        ("median_us", "median_us"), ("min_us", "min_us"), ("max_us", "max_us"), ("spread", "spread"),
+        ("throughput", "throughput"), ("registers", "registers"),
+        ("theoretical_occupancy", "theoretical_occupancy"),
+        ("sm_clock_mhz_before", "sm_clock_mhz_before"), ("sm_clock_mhz_after", "sm_clock_mhz_after"),
+        ("ncu_duration_us", "ncu.duration_us"), ("achieved_occupancy_pct", "ncu.achieved_occupancy_pct"),
+        ("ncu_theoretical_occupancy_pct", "ncu.theoretical_occupancy_pct"),
+        ("dram_cycles_active", "ncu.dram_cycles_active"), ("dram_active_pct", "ncu.dram_active_pct"),
+        ("dram_bytes", "ncu.dram_bytes"), ("l1_hit_rate_pct", "ncu.l1_hit_rate_pct"),
+        ("l2_hit_rate_pct", "ncu.l2_hit_rate_pct"), ("tensor_pipe_active_pct", "ncu.tensor_pipe_active_pct"),
+        ("ncu_sm_clock_hz", "ncu.sm_clock_hz"), ("ipc", "ncu.ipc"), ("inst_executed", "ncu.inst_executed"))),
 )
 NCU_STALL_PREFIX = "ncu.stall_"     # ncu.stall_<reason> -> column stall_<reason>
 
@@ -114,7 +102,8 @@ def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
 
     Returns a DataFrame with one row per run (before de-duplication): the canonical columns of
     :data:`COLUMNS` (all present; missing values NaN/None), other ``ncu.<name>`` metrics as
-    ``ncu_<name>``, every config param under its dotted name
+    ``ncu_<name>``, every other metric, declared in experiments/metrics.py or not, under its own name
+    (``metrics.<name>`` where a column or config key has that name), every config param under its dotted name
     cast to the schema type (``tile.block`` -> tuple), ``stall_<reason>`` columns, and derived columns
     ``size`` (N for square problems, else 'MxNxK'), ``flop`` (2MNK) and ``experiment``.
     """
@@ -130,8 +119,10 @@ def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
                     row[col.name] = None if source == "param" and val in ("null", "None") else val
                 elif source == "metric" and key.startswith(NCU_STALL_PREFIX):
                     row["stall_" + key[len(NCU_STALL_PREFIX):]] = val
-                elif source == "metric" and key.startswith("ncu."):       # undeclared: kept, ncu_<name>
+                elif source == "metric" and key.startswith("ncu."):       # no column of its own: ncu_<name>
                     row["ncu_" + key[len("ncu."):]] = val
+                elif source == "metric":        # every other metric, declared or not, under its own name
+                    row[f"metrics.{key}" if key in _NAMES or key in types else key] = val
                 elif source == "param":          # a param named like a column (backend) -> params.<key>
                     name = f"params.{key}" if key in _NAMES else key
                     row[name] = cast(val, types[key]) if key in types else val

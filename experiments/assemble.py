@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .spec import ARCHS
+from .hardware import ARCHS
 
 __all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
            "theoretical_occupancy", "parse_ptxas_report", "disassemble", "sass_mix", "sass_opcodes",

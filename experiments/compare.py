@@ -22,6 +22,7 @@ Runs tracked before the family param existed count as mma_sync.
 """
 from __future__ import annotations
 
+from .metrics import rounded
 from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
 from .track import sweeps_of
 
@@ -69,8 +70,8 @@ def speedups(tr, run, only: tuple = BASELINES) -> dict:
     for b in only:
         best = max((_thr(r) for r in found if family_of(r) == b), default=None)
         if best:
-            out[SPEEDUP.format(b)] = round(_thr(run) / best, 4)
-    return out
+            out[SPEEDUP.format(b)] = _thr(run) / best
+    return rounded(out)
 
 
 def peak_instruction(run) -> str:
@@ -117,7 +118,7 @@ def _log_peak(tr, run) -> dict:
     peak = peak_of(tr, run)
     if peak is None or _thr(run) is None:
         return {}
-    pct = round(100.0 * _thr(run) / _thr(peak), 2)
+    pct = rounded({PCT_OF_PEAK: 100.0 * _thr(run) / _thr(peak)})[PCT_OF_PEAK]
     tr.log(run.info.run_id, {PCT_OF_PEAK: pct}, {"peak_run": peak.info.run_id})
     return {PCT_OF_PEAK: pct, "peak_run": peak.info.run_id}
 

@@ -12,20 +12,28 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from .dtypes import Accum, DType
+
 __all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "SmemLayout", "Acc", "Backend", "Config",
            "register", "family_schema", "MMA_SYNC"]
 
 MMA_SYNC = "mma_sync"     # the default family: its axes are the root keys below
 
 
-class Precision(Enum):
-    fp16 = "fp16"
-    bf16 = "bf16"
-    int8 = "int8"
-    int4 = "int4"
-    fp8_e4m3 = "fp8_e4m3"   # mma.sync .e4m3 (sm_89 and later, PTX ISA 8.4)
-    fp8_e5m2 = "fp8_e5m2"   # mma.sync .e5m2 (sm_89 and later, PTX ISA 8.4)
-    copy = "copy"           # family=peak only: device-to-device copy bandwidth (GB/s)
+def _precisions() -> dict:
+    """Every precision some family takes: the element types (:class:`experiments.dtypes.DType`), then
+    the values a family adds that are not element types (``copy``: the peak family's copy bandwidth)."""
+    from .families import get, names
+    out = {d.name: d.name for d in DType}
+    for name in names():
+        out.update({str(p): str(p) for p in get(name).axes["precision"] if str(p) not in out})
+    return out
+
+
+# the ``precision`` key's values (fp16, ..., fp8_e5m2, copy), and ``acc``'s (auto = f32 for float types,
+# s32 for integers; f16 with fp16 only, C fp16 in memory), both derived from experiments.dtypes
+Precision = Enum("Precision", _precisions(), module=__name__)
+Acc = Enum("Acc", {"auto": "auto", **{a.name: a.name for a in Accum}}, module=__name__)
 
 
 class Loader(Enum):
@@ -55,13 +63,6 @@ class BLayout(Enum):
 class SmemLayout(Enum):
     padded = "padded"       # rows padded by 16 bytes (ldmatrix rows spread over the banks)
     swizzled = "swizzled"   # unpadded rows, 16-byte chunks XOR-permuted by row (TMA's 32B/64B/128B swizzles)
-
-
-class Acc(Enum):
-    auto = "auto"   # f32 for float types, s32 for integers
-    f32 = "f32"
-    f16 = "f16"     # fp16 only; C is fp16 in memory
-    s32 = "s32"
 
 
 class Backend(Enum):

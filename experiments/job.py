@@ -2,8 +2,9 @@
 mma_sync template, or the family's build), assemble, then per problem size verify + time on the GPU
 (in the worker process) and track, or track the static resources (experiments.kernel builds it).
 
-Every run a job starts ends FINISHED, FAILED (tag ``error``, stage in ``failed_stage``) or KILLED
-(tag ``skip_reason``). In a multirun an impossible configuration becomes a skipped run and a job
+Every run a job starts ends FINISHED (a skipped run too: tag ``outcome=skipped``, reason in
+``skip_reason``), FAILED (tag ``error``, stage in ``failed_stage``) or KILLED (interrupted: tag
+``outcome=interrupted``). In a multirun an impossible configuration becomes a skipped run and a job
 that cannot run (no GPU for ``backend=gpu``, an unexpected error) a FAILED run with
 ``failed_stage=job``; the sweep goes on and exits non-zero at its end.
 """
@@ -25,6 +26,7 @@ from .compare import relate
 from .families.runner import MMA_SYNC, WGMMA, family_name
 from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
                      resolved, tile_is_auto)
+from .metrics import rounded
 from .render import render
 from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
@@ -97,8 +99,8 @@ def run_job(cfg) -> dict:
     """Run one job of the sweep for the composed config ``cfg``; returns counts of run outcomes.
 
     Outside a multirun, raises SpecError (an impossible configuration, before any work) or JobError.
-    In a multirun both become runs with their reason (KILLED skipped, FAILED), as does any other
-    exception, and the job returns; KeyboardInterrupt propagates (run.py closes the open runs).
+    In a multirun both become runs with their reason (FINISHED with outcome=skipped, FAILED), as does
+    any other exception, and the job returns; KeyboardInterrupt propagates (run.py closes the open runs).
     """
     job = _Job(cfg)
     try:
@@ -375,19 +377,18 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     t = res["timing"]
     thr = kern.rate(m, n, k, t["median_us"])
     # results first: the run page lists metrics in logging order; rounded within the timing's noise
+    # (the decimals of experiments.metrics)
     clock = record.clock_metrics(thr, t)
     first = ("throughput_per_ghz", "sm_clock_mhz_mean", "throughput_at_max_clock")
-    metrics = {"throughput": round(thr, 2), **{f: clock[f] for f in first if f in clock},
-               "median_us": round(t["median_us"], 3),
-               "spread": round(t["spread"], 4), "min_us": round(t["min_us"], 3),
-               "max_us": round(t["max_us"], 3), **ver,
+    metrics = {"throughput": thr, **{f: clock[f] for f in first if f in clock},
+               **{f: t[f] for f in ("median_us", "spread", "min_us", "max_us")}, **ver,
                "launches_per_batch": t["launches_per_batch"], "batches": t["batches"], **clock}
     reasons = [res[f"state_{w}"].pop("clock_event_reasons", None) for w in ("before", "after")]
     for when in ("before", "after"):
         metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
     clocks = record.clock_reasons(None if None in reasons else reasons[0] | reasons[1])
     metrics.update(kern.static)
-    job.tr.log(rid, metrics, {"verified": "true", "timing_method": t["method"], **tags,
+    job.tr.log(rid, rounded(metrics), {"verified": "true", "timing_method": t["method"], **tags,
                               "l2_flush": t["l2_flush"], "throughput_unit": kern.unit,
                               "clocks_throttled": clocks})
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])

@@ -19,6 +19,7 @@ from .families import get as get_family
 from .families.runner import (MMA_SYNC, WGMMA, NvccError, family_name, family_options, family_shapes,
                               family_spec, resources, sass_subject)
 from .families.wgmma import auto_tile as wgmma_auto_tile
+from .metrics import rounded
 from .render import ptx_sha256
 from .spec import (KernelSpec, SpecError, auto_tile, misfit_message, resolve_arch, spec_from_config,
                    value)
@@ -292,7 +293,7 @@ def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) 
             m.update(sass_summary(asm, subject)[0])
         elif asm.sass:
             m.update({f"sass_{op}": asm.sass_counts.get(op, 0) for op in SASS_OPS})
-    return m
+    return rounded(m)
 
 
 def _base_tags(entry: str, sha: str, arch: str, use_gpu: bool, cfg) -> tuple[dict, dict]:
@@ -330,7 +331,7 @@ def _mma_sync_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, sa
     call = ("measure", {"ptx": ptx, "ptx_path": str(ptx_path), "spec": spec.as_kwargs()})
     kern = Kernel(spec.entry, spec.arch, {record.ARTIFACTS["ptx"]: ptx},
                   (_identity_axes(spec), sha, tools["ptxas_version"]),
-                  "TFLOP/s" if spec.prec.is_float else "TOP/s", functools.partial(record.run_name, spec),
+                  spec.prec.unit, functools.partial(record.run_name, spec),
                   call, tflops, shapes, {**record.params_of(params, spec.flat()), "family": MMA_SYNC}, tags)
     try:
         kern.asm = assemble(ptx, spec.entry, spec.arch, threads=spec.threads, dyn_smem=spec.smem_bytes,

@@ -36,9 +36,10 @@ from pathlib import Path
 
 from .compare import MMA_SYNC, VERIFIED, family_of, feed_of, peak_of
 from .families.runner import WGMMA
+from .metrics import label
 from .ncu import PREFIX
 from .record import PEAK, reused_count, reused_in
-from .report import AT_MAX, CLOCK, _fmt, static_command, sweep_run
+from .report import AT_MAX, CLOCK, CLOCK_HEAD, _fmt, static_command, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
 __all__ = ["Check", "NothingMeasured", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
@@ -126,7 +127,7 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
            if family_of(r) == PEAK and feed_of(r) == "ldmatrix"}
     out = [f"Performance of sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
            "| precision | M x N x K | ours | kernel | cuBLAS | peak | share of peak | ldmatrix-fed ceiling | "
-           "share of it | SM clock MHz | at max clock |",
+           f"share of it | {CLOCK_HEAD} | at max clock |",
            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     res, best = Check(""), {}
     for (prec, size), rs in sorted(groups.items()):
@@ -149,11 +150,12 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
     return res
 
 
-# (canonical ncu metric, column): the counters of ours that say where the time goes
-COUNTERS = (("tensor_pipe_active_pct", "tensor pipe active %"), ("smem_pipe_pct", "shared-memory pipe %"),
-            ("l2_throughput_pct", "L2 throughput %"),
-            ("issue_active_pct", "issue active %"), ("achieved_occupancy_pct", "achieved occupancy %"),
-            ("registers_per_thread", "registers"))
+# (canonical ncu metric, column): the counters of ours that say where the time goes (units from
+# experiments.metrics)
+COUNTERS = (*((name, label(PREFIX + name, words)) for name, words in (
+    ("tensor_pipe_active_pct", "tensor pipe active"), ("smem_pipe_pct", "shared-memory pipe"),
+    ("l2_throughput_pct", "L2 throughput"), ("issue_active_pct", "issue active"),
+    ("achieved_occupancy_pct", "achieved occupancy"))), ("registers_per_thread", "registers"))
 STALL = PREFIX + "stall_"
 
 

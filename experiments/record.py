@@ -1,9 +1,12 @@
-"""The run record: the names of the params, metrics, tags and artifacts a run carries, their units,
-and how a run presents itself in the MLflow UI (name, one-line description, decoded tags).
+"""The run record: the names of the params, tags and artifacts a run carries (its metrics are declared,
+with their units, in experiments.metrics), and how a run presents itself in the MLflow UI (name,
+one-line description, decoded tags).
 
 Tracking (``job``, ``sweep``), the report and the analysis read names from here, so a rename is one edit.
 """
 from __future__ import annotations
+
+from .metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
@@ -14,53 +17,16 @@ __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_re
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
 PEAK = "peak"
-SPEEDUP = "speedup_vs_{}"        # metric: this run's throughput / the best baseline run's
-PCT_OF_PEAK = "pct_of_peak"      # metric: 100 * this run's throughput / the peak run's
 
 # tag of a run that belongs to the sweep whose parent run id follows the dot, with its value: NEW (the
 # sweep made the run) or REUSED (the sweep found it measured by an earlier one); experiments.track
 MEMBER, NEW, REUSED = "in_sweep.{}", "new", "reused"
 
-# metric -> unit; throughput's unit depends on the element type and is the tag `throughput_unit`
-METRICS = {
-    "median_us": "us", "min_us": "us", "max_us": "us", "spread": "(max - min) / median",
-    "throughput": "TFLOP/s or TOP/s (tag throughput_unit)", "launches_per_batch": "launches",
-    "batches": "batches", "verify_max_error": "|C - C_ref|", "verify_mismatches": "elements",
-    "jit_registers": "registers/thread", "jit_local_bytes": "bytes/thread", "jit_s": "s",
-    "sm_clock_mhz_before": "MHz", "sm_clock_mhz_after": "MHz", "temperature_c_before": "C",
-    "temperature_c_after": "C", "threads": "threads/block", "smem_dynamic_bytes": "bytes/block",
-    "smem_static_bytes": "bytes/block", "registers": "registers/thread",
-    "spill_stores_bytes": "bytes/thread", "spill_loads_bytes": "bytes/thread",
-    "stack_frame_bytes": "bytes/thread", "theoretical_occupancy": "fraction of the SM's warps",
-    "blocks_per_sm": "blocks", "verify_rtol": "tolerance verification used (0 = exact)",
-    **{SPEEDUP.format(b): f"x (throughput / the best verified {b} run's, same GPU, size and precision)"
-       for b in BASELINES},
-    "pct_of_peak": "% of the peak family's throughput, same GPU, driver, precision and instruction (wgmma "
-                   "runs: the wgmma peak; others: the mma.sync peak; tag peak_run)",
-    # the SM clock during the timed batches (NVML samples every ~5 ms; absent without NVML)
-    "sm_clock_mhz_mean": "MHz (mean of the SM clock samples during the timed batches)",
-    "sm_clock_mhz_min": "MHz (lowest sample)", "sm_clock_mhz_max": "MHz (highest sample)",
-    "sm_clock_samples": "samples", "sm_clock_mhz_max_possible": "MHz (the GPU's highest SM clock, NVML)",
-    "throughput_per_ghz": "throughput / (sm_clock_mhz_mean / 1000): throughput's unit per GHz",
-    "throughput_at_max_clock": "throughput x sm_clock_mhz_max_possible / sm_clock_mhz_mean (throughput's "
-                               "unit): what the run would reach at the full clock if it scaled with it",
-    # the board's power draw during the timed batches (NVML, same samples; absent where not reported)
-    "power_w_mean": "W (mean of the power samples)", "power_w_max": "W (highest power sample)",
-    "power_limit_w": "W (the enforced power limit, NVML)",
-    "throughput_per_w": "throughput / power_w_mean: throughput's unit per W (TFLOP/J for TFLOP/s)",
-    # the kernel's own cycle record of its last timed launch (the peak family's MMA loops; absent elsewhere)
-    "mma_per_sm_cycle": "MMA instructions per SM per cycle of the SM's own clock (exact: the SMs' "
-                        "instruction counts / the cycles they counted)",
-    "sm_clock_mhz_kernel": "MHz (the SMs' cycles / their ns during the last timed launch, from the kernel)",
-    "kernel_cycles": "cycles (the longest SM's span of the last timed launch)",
-}
-
-# timing fields of experiments.timing.time_launches logged as metrics under the same names
-CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
-                "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w")
-# fields of experiments.families.peak.kernel_clock (a Prepared's clocks(), merged into the timing dict)
-# logged as metrics under the same names
-KERNEL_CLOCK_FIELDS = ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles")
+# metric -> unit of every metric with a name of its own (patterns expanded where their values are known);
+# the declarations, with descriptions, sources and decimals, are experiments.metrics
+_SPEEDUP = next(m for m in DECLARED if m.matches(SPEEDUP.format(PEAK)))
+METRICS = {**{m.name: m.unit for m in DECLARED if "<" not in m.name},
+           **{SPEEDUP.format(b): _SPEEDUP.unit for b in BASELINES}}
 
 TAGS = {
     "kernel": "PTX entry name, derived from the spec",
@@ -157,26 +123,20 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
     ``throughput_at_max_clock`` (throughput x max possible / mean clock), both in throughput's unit,
     rounded like throughput; with power samples ``throughput_per_w`` (throughput / mean W) and the
     power fields rounded to 0.1 W; the :data:`KERNEL_CLOCK_FIELDS` it holds (a kernel's own cycle
-    record), with or without NVML. Returns {} when no clock was read: never invented."""
+    record), with or without NVML. Returns {} when no clock was read: never invented. Rounded to the
+    decimals of experiments.metrics."""
     kernel = {f: timing[f] for f in KERNEL_CLOCK_FIELDS if timing.get(f) is not None}
-    if "mma_per_sm_cycle" in kernel:
-        kernel["mma_per_sm_cycle"] = round(kernel["mma_per_sm_cycle"], 5)
-    if "sm_clock_mhz_kernel" in kernel:
-        kernel["sm_clock_mhz_kernel"] = round(kernel["sm_clock_mhz_kernel"], 1)
     out = {f: timing[f] for f in CLOCK_FIELDS if timing.get(f) is not None}
     mean = out.get("sm_clock_mhz_mean")
     if not mean:
-        return kernel
+        return rounded(kernel)
     out.update(kernel)
-    out["sm_clock_mhz_mean"] = round(mean, 1)
-    out["throughput_per_ghz"] = round(throughput / (mean / 1000.0), 2)
+    out["throughput_per_ghz"] = throughput / (mean / 1000.0)
     if out.get("sm_clock_mhz_max_possible"):
-        out["throughput_at_max_clock"] = round(throughput * out["sm_clock_mhz_max_possible"] / mean, 2)
-    for f in ("power_w_mean", "power_w_max", "power_limit_w"):
-        if f in out:
-            out[f] = round(out[f], 1)
-    if out.get("power_w_mean"):
-        out["throughput_per_w"] = round(throughput / out["power_w_mean"], 3)
+        out["throughput_at_max_clock"] = throughput * out["sm_clock_mhz_max_possible"] / mean
+    out = rounded(out)
+    if out.get("power_w_mean"):         # per W of the power as logged
+        out.update(rounded({"throughput_per_w": throughput / out["power_w_mean"]}))
     return out
 
 
@@ -242,7 +202,8 @@ def reused_count(runs: list, parent: str | None) -> int:
 def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
     """The parent run's description (markdown): the command, the outcome counts (and how many of the
     runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision and
-    size (marked "reused" where the sweep reused it), and the skipped combinations with their reasons."""
+    size (marked "reused" where the sweep reused it), the skipped combinations with their reasons, and
+    the units of the metrics the runs logged (experiments.metrics.units_line)."""
     import collections
     counts = collections.Counter(outcome_of(r) for r in runs)
     reused = reused_count(runs, parent)
@@ -275,6 +236,8 @@ def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
     if failed:
         lines += ["", "Failed:"] + [f"- {r.info.run_name}: {r.data.tags.get('error', '').splitlines()[0]}"
                                     for r in failed if r.data.tags.get("error")]
+    if units := units_line({k for r in runs for k in r.data.metrics}):
+        lines += ["", units]
     return "\n".join(lines)
 
 

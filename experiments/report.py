@@ -41,10 +41,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from .metrics import PCT_OF_PEAK, label
 from .record import reused_in
 from .track import StoreError, Tracker, resolve_uri, sqlite_path
 
-CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # record.METRICS
+CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # experiments.metrics
+CLOCK_HEAD = label(CLOCK, "SM clock")
 __all__ = ["results_table", "families_table", "static_table", "static_command", "against_table", "sweep_run",
            "main"]
 
@@ -88,8 +90,8 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
     clocked = any(x[8] is not None for x in rows)       # runs timed with NVML's SM clock samples
     of = f"; sweep {parent}" if parent else ""
     out = [f"GPU: {', '.join(gpus) or '-'}; store: {uri}{of}", "",
-           "| GPU | kernel | M x N x K | median us | throughput | spread | status |"
-           + (" SM clock MHz | at max clock |" if clocked else ""),
+           f"| GPU | kernel | M x N x K | {label('median_us', 'median')} | throughput | spread | status |"
+           + (f" {CLOCK_HEAD} | at max clock |" if clocked else ""),
            "| --- | --- | --- | ---: | ---: | ---: | --- |" + (" ---: | ---: |" if clocked else "")]
     for kern, size, us, thr, unit, spread, status, gpu, mhz, at_max in rows:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
@@ -199,7 +201,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
     only, those it reused included (marked "(reused)" after the kernel). Read-only: raises StoreError
     when the store, experiment or sweep does not exist."""
     from .compare import family_of
-    from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
+    from .record import BASELINES, PEAK, SPEEDUP
     tr = Tracker(uri, experiment, create=False)
     runs, parent = _gpu_runs(tr, "tags.outcome = 'verified' and attributes.status = 'FINISHED'", sweep)
     best, peaks = {}, {}
@@ -229,8 +231,9 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
                            f"{r.data.tags.get('throughput_unit', '')} |")
         rows = sorted((k for k in best if k[0] == gpu), key=lambda k: (k[1], k[2], order.get(k[3], 99), k[3]))
         clocked = any(CLOCK in best[k].data.metrics for k in rows)
-        head = ["precision", "M x N x K", "family", "kernel", "throughput", "% of peak"]
-        head += [f"vs {b}" for b in BASELINES] + (["SM clock MHz", "at max clock"] if clocked else [])
+        head = ["precision", "M x N x K", "family", "kernel", "throughput",
+                label(PCT_OF_PEAK, "{unit} of peak")]
+        head += [f"vs {b}" for b in BASELINES] + ([CLOCK_HEAD, "at max clock"] if clocked else [])
         out += ["", "| " + " | ".join(head) + " |", "| --- | --- | --- | --- |" + " ---: |" * (len(head) - 4)]
         for key in rows:
             r = best[key]
@@ -334,11 +337,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     difference, the median |difference| beside the repeats' median distance (and :func:`_larger_p`),
     each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
 
-    Why one number for the whole sweep: on an H200 some kernels' medians take one of two values about
-    0.8 % apart, a state of the GPU that lasts seconds at an unchanged SM clock, and kernels sensitive
-    to where their operands lie move by up to 5 % from one allocation to the next; a single repeat
-    catches either for some pairs only, so a pair's own repeat distance understates what any rerun
-    may show.
+    Why one number for the whole sweep: a kernel's median can take one of two values for seconds at an
+    unchanged SM clock, and kernels sensitive to where their operands lie move from one allocation to
+    the next (:mod:`experiments.timing` says by how much); a single repeat catches either for some
+    pairs only, so a pair's own repeat distance understates what any rerun may show.
 
     Read-only: raises StoreError when a store or the experiment does not exist, or when two of the
     stores hold the same runs (a copy)."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from math import prod
 
+from .hardware import DEFAULT_SMS, SM_COUNTS
 from .spec_rules import RULES, Axis, Geometry, Rule, choose, make_axes, preset_tiles, valid_ktiles
 from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES,
                           PRECISIONS, SMEM_LAYOUTS, ArchLimits, Precision, tile_group_m)
@@ -22,7 +23,7 @@ from .spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, 
 __all__ = ["PRECISIONS", "ARCHS", "SpecError", "KernelSpec", "Precision", "ArchLimits", "Axis", "Rule",
            "make_axes", "RULES", "Space", "space", "describe_space", "valid_ktiles", "spec_from_config",
            "resolve_arch", "value", "misfit_message", "check_no_tails", "NO_TAILS_ADVICE", "AutoTile",
-           "auto_tile", "tile_cost", "sm_count", "SM_COUNTS", "DEFAULT_SMS"]
+           "auto_tile", "tile_cost", "sm_count"]
 
 _COPY_HINT = " (copy is the peak family's copy bandwidth: family=peak precision=copy)"
 _HINT = {"none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
@@ -332,12 +333,6 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
 
 
 # ------------------------------------------------------------------------------ tile=auto
-# SMs per GPU by (a part of) its NVML name, for when the GPU itself cannot be asked (CUDA Programming
-# Guide and the vendors' data sheets); the first entry whose text is in the name wins
-SM_COUNTS = {"H100 PCIe": 114, "H100 NVL": 132, "H100": 132, "H200": 132, "H800": 132, "GH200": 132,
-             "B200": 148, "A100": 108, "A800": 108, "A30": 56, "A10": 72, "L40S": 142, "L40": 142,
-             "L4": 58, "RTX 4090": 128, "RTX 6000 Ada": 142}
-DEFAULT_SMS = 132          # H100 SXM / H200
 # the cost of moving one operand element, in MMA work of one C element (see tile_cost): an H200's
 # mma.sync peak over its L2 bandwidth (about 630 TFLOP/s / 10 TB/s, per 2-byte element and 2 FLOP)
 # and over its shared-memory bandwidth (132 SMs x 128 B/clk x 1.98 GHz = 33 TB/s), rounded

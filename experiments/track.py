@@ -4,8 +4,9 @@ The store is resolved once, to an absolute location, by :class:`SweepCallback` a
 or multirun and exported as ``MLFLOW_TRACKING_URI`` so every job (and every launcher process) writes
 to the same store. Default: ``sqlite:///<project>/outputs/mlflow.db``.
 
-What the store guarantees (README, "Interruptions, concurrent sweeps, parallel launchers"):
-- every run ends FINISHED, FAILED (reason in tag ``error``) or KILLED (tag ``skip_reason``); runs a
+What the store guarantees (docs/usage.md, "Interruptions, concurrent sweeps and parallel launchers"):
+- every run ends FINISHED (a skipped one too: tags ``outcome=skipped``, ``skip_reason``), FAILED (reason
+  in tag ``error``) or KILLED (interrupted: tag ``outcome=interrupted``, reason in ``skip_reason``); runs a
   process leaves open (Ctrl-C, SIGTERM, a crash) are closed by :func:`abort_open_runs`, and runs of a
   process that died without closing them are closed by the next sweep on the same host;
 - a measurement is identified by its run key; a key FINISHED, or RUNNING in a live process, is never
@@ -713,7 +714,8 @@ class Tracker:
         self.client.log_artifact(rid, str(path))
 
     def end(self, rid: str, status: str = "FINISHED", reason: str | None = None) -> None:
-        """Terminate a run: FINISHED, FAILED (``reason`` as tag ``error``) or KILLED (``skip_reason``)."""
+        """Terminate a run: FINISHED (a skipped run's ``reason`` as tag ``skip_reason``), FAILED
+        (``reason`` as tag ``error``) or KILLED (``reason`` as tag ``skip_reason``)."""
         if reason:
             self.log(rid, tags={"error" if status == "FAILED" else "skip_reason": reason})
         self.client.set_terminated(rid, status)

@@ -3,8 +3,8 @@
 Data are fresh random values (never zeros); C is poisoned before the launch (NaN for f32 and f16,
 INT32_MIN for s32) so unwritten elements fail. The reference is a float64 GEMM (cuBLAS DGEMM
 through CuPy), exact for the integer types (|C| < 2**53), and the float types are checked
-element-wise against the bound ``rtol * (|A| |B|)_ij`` of a K-term dot product; :func:`tolerance`
-gives rtol for f16 accumulation. FP8 operands are random finite bit patterns, decoded exactly
+element-wise against the bound ``rtol * (|A| |B|)_ij`` of a K-term dot product (rtol per accumulation:
+:func:`experiments.dtypes.tolerance`). FP8 operands are random finite bit patterns, decoded exactly
 (:func:`fp8_values`, OCP FP8 formats as PTX ISA 5.2.3 describes them; no ml_dtypes needed).
 """
 from __future__ import annotations
@@ -13,12 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["pack_int4", "unpack_int4", "make_operands", "Operands", "check", "VerifyResult",
-           "bf16_bits", "bf16_values", "fp8_values", "fp8_finite_codes", "tolerance", "poison"]
+from .dtypes import DType, dtype
 
-# e4m3: 4 exponent bits (bias 7), 3 mantissa bits, no infinity, NaN = 0x7F / 0xFF;
-# e5m2: 5 exponent bits (bias 15), 2 mantissa bits, exponent 31 = infinity (mantissa 0) or NaN
-_FP8 = {"fp8_e4m3": (4, 3, 7), "fp8_e5m2": (5, 2, 15)}
+__all__ = ["pack_int4", "unpack_int4", "make_operands", "Operands", "check", "VerifyResult",
+           "bf16_bits", "bf16_values", "fp8_values", "fp8_finite_codes", "poison"]
 
 
 def pack_int4(vals):
@@ -65,10 +63,16 @@ def bf16_values(bits):
 def fp8_values(bits, precision: str):
     """uint8 FP8 bit patterns -> float32 values, exact (every FP8 value is a float32).
 
-    precision: 'fp8_e4m3' or 'fp8_e5m2'. NaN patterns give NaN, e5m2 infinities +-inf.
-    Raises KeyError for another precision.
+    precision: 'fp8_e4m3' (4 exponent bits, bias 7, 3 mantissa bits, no infinity, NaN = 0x7F / 0xFF) or
+    'fp8_e5m2' (5, bias 15, 2; exponent 31 = infinity with mantissa 0, else NaN), as
+    :class:`experiments.dtypes.DType` describes them. NaN patterns give NaN, e5m2 infinities +-inf.
+    Raises ValueError for another precision.
     """
-    ebits, mbits, bias = _FP8[precision]
+    d = dtype(precision)
+    if not d.is_fp8:
+        raise ValueError(f"precision={precision!r} is not an FP8 type; valid values: "
+                         + ", ".join(t.name for t in DType if t.is_fp8))
+    ebits, mbits, bias = d.ebits, d.mbits, (1 << (d.ebits - 1)) - 1
     xp = _xp(bits)
     b = bits.astype(np.int32)
     sign = xp.where(b >> 7 == 1, -1.0, 1.0).astype(np.float32)
@@ -79,7 +83,7 @@ def fp8_values(bits, precision: str):
     sub = xp.ldexp(frac, np.int32(1 - bias) * xp.ones_like(e))
     out = sign * xp.where(e == 0, sub, normal).astype(np.float32)
     top = e == (1 << ebits) - 1
-    if precision == "fp8_e4m3":
+    if d is DType.fp8_e4m3:
         out = xp.where(top & (b & 7 == 7), np.float32(np.nan), out)
     else:
         out = xp.where(top, xp.where(b & 3 == 0, sign * np.float32(np.inf), np.float32(np.nan)), out)
@@ -90,24 +94,6 @@ def fp8_finite_codes(precision: str):
     """The uint8 patterns of every finite value of ``precision`` (254 for e4m3, 248 for e5m2)."""
     codes = np.arange(256, dtype=np.uint8)
     return codes[np.isfinite(fp8_values(codes, precision))]
-
-
-def tolerance(acc: str, k: int, rtol: float) -> float:
-    """rtol for float results: ``rtol`` with f32 accumulation. With f16 accumulation the accumulator is
-    rounded to f16 at most n = K / 8 + 1 times (tensor cores add products in groups of at least 8
-    before rounding; + 1 for the final value), u = 2**-10 covers round-to-nearest and truncation of the
-    11-bit significand, and the bound is the smaller of
-      - the worst case of recursive summation, gamma_n = n u / (1 - n u) (Higham, Accuracy and
-        Stability of Numerical Algorithms, 2nd ed., section 4.2), usable while n u < 1, and
-      - the probabilistic bound lambda sqrt(n) u with lambda = 8 (Higham and Mary, SIAM J. Sci.
-        Comput. 41(5), 2019), which each element meets with probability >= 1 - 2 exp(-32),
-    times (|A| |B|)_ij; e.g. 0.033 at K = 256, 0.25 at K = 8192. Returns the larger of this and rtol.
-    """
-    if acc != "f16":
-        return rtol
-    n, u = -(-k // 8) + 1, 2.0 ** -10
-    worst = n * u / (1 - n * u) if n * u < 1 else float("inf")
-    return max(rtol, min(worst, 8 * n ** 0.5 * u))
 
 
 def _xp(a):
@@ -143,32 +129,30 @@ def make_operands(precision: str, m: int, n: int, k: int, seed: int, xp=None,
         import cupy as xp
     if b_layout not in ("col", "row"):
         raise ValueError(f"b_layout={b_layout!r} is not valid; valid values: col, row")
+    d = dtype(precision)
     rs = xp.random.RandomState(seed)
-    if precision in ("fp16", "bf16"):
+    if d.is_fp8:
+        codes = xp.asarray(fp8_finite_codes(precision))
+        a, b = codes[rs.randint(0, len(codes), (m, k))], codes[rs.randint(0, len(codes), (n, k))]
+        a_ref = fp8_values(a, precision).astype(np.float64)
+        b_ref = fp8_values(b, precision).astype(np.float64)
+    elif d.is_float:
         a32 = rs.uniform(-1, 1, (m, k)).astype(np.float32)
         b32 = rs.uniform(-1, 1, (n, k)).astype(np.float32)
-        if precision == "fp16":
+        if d is DType.fp16:
             a, b = a32.astype(np.float16), b32.astype(np.float16)
             a_ref, b_ref = a.astype(np.float64), b.astype(np.float64)
         else:
             a, b = bf16_bits(a32), bf16_bits(b32)
             a_ref, b_ref = bf16_values(a).astype(np.float64), bf16_values(b).astype(np.float64)
-    elif precision in _FP8:
-        codes = xp.asarray(fp8_finite_codes(precision))
-        a, b = codes[rs.randint(0, len(codes), (m, k))], codes[rs.randint(0, len(codes), (n, k))]
-        a_ref = fp8_values(a, precision).astype(np.float64)
-        b_ref = fp8_values(b, precision).astype(np.float64)
-    elif precision in ("int8", "int4"):
-        lo, hi = (-128, 128) if precision == "int8" else (-8, 8)
+    else:                                    # signed integers of d.bits bits
+        lo, hi = -(1 << (d.bits - 1)), 1 << (d.bits - 1)
         a = rs.randint(lo, hi, (m, k)).astype(np.int8)
         b = rs.randint(lo, hi, (n, k)).astype(np.int8)
         a_ref, b_ref = a.astype(np.float64), b.astype(np.float64)
-    else:
-        raise ValueError(f"precision={precision!r} is not valid; valid values: fp16, bf16, int8, int4, "
-                         "fp8_e4m3, fp8_e5m2")
     if b_layout == "row":
         b = xp.ascontiguousarray(b.T)
-    if precision == "int4":
+    if d.bits == 4:
         a, b = pack_int4(a), pack_int4(b)
     return Operands(a, b, a_ref, b_ref)
 

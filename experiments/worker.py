@@ -76,7 +76,7 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
 
     B is laid out as the spec's b_layout says (N x K or K x N), C has the accumulator's dtype
     (float32, int32 or float16); float results are checked within
-    :func:`experiments.verify.tolerance` (``rtol``, or the f16-accumulation bound for K).
+    :func:`experiments.dtypes.tolerance` (``rtol``, or the f16-accumulation bound for K).
     Returns verified (bool), verify_* fields (verify_rtol: the tolerance used) and, when verified,
     the timing dict of :func:`experiments.timing.time_launches` (with the SM clock sampled on the GPU
     ``pci_bus_id`` during the timed batches, where NVML reads it), GPU state before/after and the
@@ -88,7 +88,8 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
     from .launch import GemmLaunch, load_kernel
     from .spec import KernelSpec
     from .timing import gpu_state, time_launches
-    from .verify import check, make_operands, poison, tolerance
+    from .dtypes import tolerance
+    from .verify import check, make_operands, poison
 
     s = KernelSpec(**{**spec, "ptx_version": tuple(spec["ptx_version"])})
     key = (s.entry, hash(ptx))
@@ -103,7 +104,7 @@ def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing:
     launch = GemmLaunch(kern, s, ops.a, ops.b, c, m, n, k)
     launch()
     cupy.cuda.Device().synchronize()
-    tol = tolerance(s.acc, k, rtol) if s.prec.is_float else 0.0
+    tol = tolerance(s.precision, s.acc, k, rtol)
     res = check(c, ops, s.prec.is_float, tol)
     out = {"verified": res.ok, "verify_max_error": res.max_error, "verify_mismatches": res.mismatches,
            "verify_message": "" if res.ok else res.message(), "verify_rtol": tol, "jit_s": jit_s,

@@ -35,7 +35,8 @@ def test_declared_names_cover_the_ncu_step_and_tracking():
 def test_sweep_with_ncu_one_row_per_kernel_size_gpu(store):
     df = load_runs(store["uri"], sweep=store["ncu"])
     assert len(df) == 32 and df.attrs["duplicates_dropped"] == 1 and df.attrs["sweep"] == store["ncu"]
-    assert df["status"].value_counts().to_dict() == {"FINISHED": 30, "FAILED": 1, "KILLED": 1}
+    assert df["status"].value_counts().to_dict() == {"FINISHED": 31, "FAILED": 1}      # a skipped run FINISHES
+    assert df["outcome"].value_counts().to_dict() == {"verified": 30, "failed": 1, "skipped": 1}
     assert len(ok_runs(df)) == 30
     # the older FAILED run of bf16 at 512 lost to the FINISHED one
     bf = df[(df["kernel"] == BF16) & (df["size"] == "512")]
@@ -122,9 +123,11 @@ def test_params_cast_back_to_schema_types():
 
 
 def test_record_names_match_the_run_record_and_the_ncu_metric_table():
-    """Every name COLUMNS reads is declared by the run record (experiments/record.py) or the ncu
-    metric table (conf/ncu/metrics.yaml): a rename there fails here, pointing at analysis/runs.py."""
+    """Every name COLUMNS reads is declared by the run record (experiments/record.py), the metric
+    declarations (experiments/metrics.py) or the ncu metric table (conf/ncu/metrics.yaml): a rename
+    there fails here, pointing at analysis/runs.py; a metric column's doc is its declared unit and meaning."""
     record = pytest.importorskip("experiments.record")
+    from experiments import metrics
     import yaml
     table = Path(__file__).resolve().parents[1] / "conf" / "ncu" / "metrics.yaml"
     ncu = set(yaml.safe_load(table.read_text())["metrics"]) if table.is_file() else None
@@ -136,8 +139,30 @@ def test_record_names_match_the_run_record_and_the_ncu_metric_table():
         if c.key.startswith("ncu."):
             if ncu is not None:
                 assert c.key[len("ncu."):] in ncu, f"{c.key} is not in {table}"
+        elif c.source == "metric":
+            decl = metrics.lookup(c.key)
+            assert decl is not None and decl.name == c.key, f"{c.key} is not declared in experiments/metrics.py"
         else:
-            assert c.key in record.METRICS or c.key in record.TAGS, f"{c.key} is not in experiments/record.py"
+            assert c.key in record.TAGS, f"{c.key} is not in experiments/record.py"
+        if c.source == "metric":
+            unit = metrics.lookup(c.key).unit
+            assert c.doc == metrics.describe(c.key) and c.doc.startswith(unit + ": "), c
+
+
+def test_every_metric_of_a_run_is_kept():
+    """Metrics without a column of their own (relations, power, SASS counts, undeclared names) are
+    columns under their own names; one named like a column or a config key is ``metrics.<name>``."""
+    run = SimpleNamespace(info=SimpleNamespace(run_id="a", status="FINISHED", start_time=1), data=SimpleNamespace(
+        tags={"kernel": "k"}, params={"ktile": "64"},
+        metrics={"throughput": 500.0, "pct_of_peak": 61.25, "speedup_vs_cublas": 0.8123, "speedup_vs_wmma": 2.5,
+                 "power_w_mean": 650.5, "throughput_per_w": 0.769, "sass_HMMA": 64.0, "ncu.stall_wait": 2.2,
+                 "ncu.my_counter": 7.0, "not_declared_anywhere": 3.0, "kernel": 1.0, "ktile": 2.0}))
+    row = tidy_from_runs([run]).iloc[0]
+    assert (row["throughput"], row["pct_of_peak"], row["speedup_vs_cublas"], row["speedup_vs_wmma"]) == (
+        500.0, 61.25, 0.8123, 2.5)
+    assert (row["power_w_mean"], row["throughput_per_w"], row["sass_HMMA"]) == (650.5, 0.769, 64.0)
+    assert (row["stall_wait"], row["ncu_my_counter"], row["not_declared_anywhere"]) == (2.2, 7.0, 3.0)
+    assert (row["kernel"], row["metrics.kernel"], row["ktile"], row["metrics.ktile"]) == ("k", 1.0, 64, 2.0)
 
 
 def test_outcome_from_tag_or_status():

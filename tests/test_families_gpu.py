@@ -1,6 +1,6 @@
 """Kernel families on the GPU (``gpu`` marker): every GEMM family verified at 512, 1024 and 2048 for
 each precision it supports (integers exactly; floats within verify's rtol = 1e-3 of (|A| |B|)_ij, f16
-accumulation within wmma.f16_accumulation_rtol), an unlaunched kernel failing verification, every peak
+accumulation within dtypes.tolerance), an unlaunched kernel failing verification, every peak
 verified exactly and timed (TFLOP/s, TOP/s or GB/s printed), and a throughput table at 4096. On an
 sm_90 GPU also the wgmma peaks (``instruction=wgmma``): each precision verified exactly and faster than
 the mma.sync peak of its precision measured beside it, and the wgmma loop's structures (warpgroups per
@@ -67,10 +67,10 @@ def test_gemm_verifies(family, precision, opts, n):
     if precision.startswith("int"):
         assert res.max_error == 0 and res.tolerance == 0
     elif opts.get("acc") == "f16":
-        from experiments.families.wmma import f16_accumulation_rtol
-        assert res.tolerance == f16_accumulation_rtol(n, 1e-3) and res.max_error <= res.tolerance
+        from experiments.dtypes import tolerance
+        assert res.tolerance == tolerance("fp16", "f16", n, 1e-3) and res.max_error <= res.tolerance
     elif precision.startswith("fp8"):      # cuBLASLt FP8: bounded like the wgmma family's fp8
-        from experiments.families.wgmma import FP8_RTOL
+        from experiments.dtypes import FP8_RTOL
         print(f"{spec.entry} at {n}: max error {res.max_error:.3g} (rtol {res.tolerance:.3g})")
         assert res.tolerance == FP8_RTOL and res.max_error <= FP8_RTOL
     else:

@@ -45,7 +45,8 @@ def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
 
     from experiments.launch import GemmLaunch, load_kernel
     from experiments.render import render
-    from experiments.verify import check, make_operands, poison, tolerance
+    from experiments.dtypes import tolerance
+    from experiments.verify import check, make_operands, poison
     ptx = ptx or render(spec)
     path = tmp_path / f"{spec.entry}.ptx"
     path.write_text(ptx)
@@ -55,7 +56,7 @@ def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
     poison(c)
     GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k)()
     cupy.cuda.Device().synchronize()
-    tol = tolerance(spec.acc, k, rtol) if spec.prec.is_float else 0.0
+    tol = tolerance(spec.precision, spec.acc, k, rtol)
     return c, ops, check(c, ops, spec.prec.is_float, tol)
 
 
@@ -178,12 +179,12 @@ def test_l2_hints(arch, tmp_path):
 
 @pytest.mark.parametrize("mma_k, ktile, k", [(16, 32, 256), (8, 16, 1024)])
 def test_f16_accumulation(arch, tmp_path, mma_k, ktile, k):
-    """acc=f16: C is fp16 in memory and within the f16-accumulation bound of verify.tolerance."""
-    from experiments.verify import tolerance
+    """acc=f16: C is fp16 in memory and within the f16-accumulation bound of dtypes.tolerance."""
+    from experiments.dtypes import tolerance
     s = _spec(arch, ktile=ktile, mma_k=mma_k, acc="f16")
     c, ops, res = _run(s, 128, 128, k, 3, tmp_path)
     assert c.dtype == np.float16
-    assert res.ok and res.tolerance == tolerance("f16", k, 1e-3), res.message()
+    assert res.ok and res.tolerance == tolerance("fp16", "f16", k, 1e-3), res.message()
     assert res.max_error > 0      # f16 rounding is visible: this is not the f32 kernel
 
 
@@ -214,8 +215,8 @@ def test_stages_up_to_the_shared_memory_limit(arch, tmp_path):
 
 def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     """worker.measure lays B out as the spec says and allocates C in the accumulator's dtype."""
+    from experiments.dtypes import tolerance
     from experiments.render import render
-    from experiments.verify import tolerance
     from experiments.worker import GpuWorker
     s = _spec(arch, b_layout="row", loader_b="x4", acc="f16")
     ptx = render(s)
@@ -228,7 +229,7 @@ def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     finally:
         w.stop()
     assert res["verified"], res["verify_message"]
-    assert res["verify_rtol"] == tolerance("f16", 512, 1e-3)
+    assert res["verify_rtol"] == tolerance("fp16", "f16", 512, 1e-3)
     assert res["timing"]["median_us"] > 0
 
 

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from experiments import record
 from experiments.config import Config
 from experiments.performance import check, main, sweep_run
-from experiments.spec import DEFAULT_SMS, auto_tile, sm_count, tile_cost
+from experiments.hardware import DEFAULT_SMS
+from experiments.spec import auto_tile, sm_count, tile_cost
 from experiments.timing import ClockSampler, clock_summary
 from experiments.track import Tracker
 

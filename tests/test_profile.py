@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import ncu, profile
+from experiments import metrics, ncu, profile
 from experiments.ncu_launch import _artifact
 from experiments.render import render
 from experiments.spec import KernelSpec
@@ -147,6 +147,7 @@ def test_profiles_latest_sweep_into_the_same_runs(store, fake_ncu, capsys):
         assert d.tags["ncu.cache_control"] == "all" and d.tags["ncu.replay_mode"] == "kernel"
         assert d.tags["ncu.set"] == "default" and d.tags["ncu.arch"] == "sm_90" and d.tags["ncu.kernel_filter"] == k
         assert d.metrics["median_us"] == median                       # the timing is untouched
+        assert metrics.undeclared(d.metrics) == []                     # experiments/metrics.py declares each
         assert d.metrics["ncu.duration_us"] == size * 10 / 1000       # the stand-in's 10 * M ns
         assert d.metrics["ncu_over_event_time"] == pytest.approx(size / 100 / median, rel=1e-12)
         assert d.metrics["ncu.achieved_occupancy_pct"] == 91.77 and d.metrics["ncu.dram_cycles_active"] == 5466.67
@@ -363,6 +364,7 @@ def test_import_published_text_reports(db, capsys):
     blocks = {(r.data.params["source.file"], r.data.params["source.block"]): r for r in runs
               if "source.block" in r.data.params}
     assert len(blocks) == 4 and len(runs) == 6          # 4 blocks + one parent per file
+    assert all(metrics.undeclared(r.data.metrics) == [] for r in runs)
     x2 = blocks[("run4__int4_ptx_mma_k64_x2_x2nontrans_ca_ncu_8192.txt", "2")]
     assert x2.data.metrics["ncu.duration_us"] == 179920.0
     assert x2.data.metrics["ncu.achieved_occupancy_pct"] == 66.51

@@ -55,6 +55,7 @@ def test_sweep_note_has_the_best_kernel_per_size_and_the_skipped_reasons():
     assert "| int8 | 8192x8192x8192 | gemm_int8_bk64 | 1579.1 | 696.3 TOP/s |" in lines
     assert "- precision=int8 mma=m16n8k64: mma=m16n8k64 is not valid" in lines
     assert "- 512 int8 bk64: verification failed: 3 elements" in lines
+    assert lines[-1] == ("Units: `throughput` TFLOP/s, TOP/s or GB/s (tag throughput_unit); `median_us` us.")
 
 
 def test_sweep_view_filters_the_sweep_and_shows_the_result_columns():

@@ -20,7 +20,8 @@ from ptx_interpreter import run_gemm
 from experiments.render import fragment_plan, lane_address, lane_bases, render, template_context
 from experiments.spec import KernelSpec, SpecError, space
 from experiments.spec_tables import LOADERS
-from experiments.verify import check, tolerance
+from experiments.dtypes import tolerance
+from experiments.verify import check
 
 
 def _unswizzle(s, r, byte):
@@ -307,7 +308,7 @@ def test_kernel_computes_the_gemm(name):
     s = KernelSpec(**{**BASE, **KERNELS[name]})
     m, n, k = s.bm * (1 if s.bm > 64 else 2), 2 * s.bn, s.ktile * (s.stages + 3)
     c, ops = run_gemm(s, render(s), m, n, k, seed=17)
-    res = check(c, ops, s.prec.is_float, tolerance(s.acc, k, 1e-3) if s.prec.is_float else 0.0)
+    res = check(c, ops, s.prec.is_float, tolerance(s.precision, s.acc, k, 1e-3))
     assert res.ok, f"{s.entry}: {res.message()}"
     if not s.prec.is_float:
         assert res.max_error == 0.0

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
+from experiments.dtypes import tolerance
 from experiments.verify import (bf16_bits, bf16_values, check, fp8_finite_codes, fp8_values,
-                                make_operands, pack_int4, poison, tolerance, unpack_int4)
+                                make_operands, pack_int4, poison, unpack_int4)
 
 # -- int4 packing -----------------------------------------------------------------------------
 
@@ -174,7 +175,7 @@ def test_make_operands_bad_layout():
 # -- f16 accumulation ---------------------------------------------------------------------------
 
 def test_tolerance_f32_is_rtol():
-    assert tolerance("f32", 8192, 1e-3) == 1e-3
+    assert tolerance("fp16", "f32", 8192, 1e-3) == 1e-3
 
 
 @pytest.mark.parametrize("k, want", [
@@ -183,18 +184,18 @@ def test_tolerance_f32_is_rtol():
     (8192, 8 * 1025 ** 0.5 * 2.0 ** -10),                # worst case is void (n u >= 1)
 ])
 def test_tolerance_f16(k, want):
-    assert tolerance("f16", k, 1e-3) == pytest.approx(want, rel=1e-12)
+    assert tolerance("fp16", "f16", k, 1e-3) == pytest.approx(want, rel=1e-12)
 
 
 def test_tolerance_f16_small_k_keeps_rtol():
-    assert tolerance("f16", 8, 0.5) == 0.5
+    assert tolerance("fp16", "f16", 8, 0.5) == 0.5
 
 
 def test_check_f16_c():
     ops = make_operands("fp16", 32, 16, 256, seed=4, xp=np)
     ref = ops.a_ref @ ops.b_ref.T
     c = ref.astype(np.float16)                          # one rounding to f16: well inside the bound
-    tol = tolerance("f16", 256, 1e-3)
+    tol = tolerance("fp16", "f16", 256, 1e-3)
     res = check(c, ops, is_float=True, rtol=tol)
     assert res.ok and res.max_error < 2.0 ** -11
     c[3, 4] = np.float16(ref[3, 4] + 0.1 * (np.abs(ops.a_ref[3]) @ np.abs(ops.b_ref[4])))

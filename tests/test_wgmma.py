@@ -11,7 +11,7 @@ barriers; one static sweep and one static tma run through run.py (registers, HGM
 UTMASTG counts, a skipped point with its reason). The defaults epilogue=registers and cluster=1 leave
 every earlier point's entry, params and PTX as they were.
 GPU (``gpu`` marker): every precision verified at 512, 1024 and 2048 for the default point and for
-axis variations; int8 exactly, floats within rtol (fp8 within wgmma.FP8_RTOL); epilogue=tma and
+axis variations; int8 exactly, floats within rtol (fp8 within dtypes.FP8_RTOL); epilogue=tma and
 cluster=2 verified at 128 ... 1024 (and persistent blocks that walk several tiles), each bit-identical
 to the same point with epilogue=registers / cluster=1.
 """
@@ -26,7 +26,8 @@ import pytest
 
 from experiments import families
 from experiments.assemble import PtxasError, assemble, fatal_infos
-from experiments.families.wgmma import (FLAG_BYTES, FP8_RTOL, OMITTED_DEFAULTS, REGS, TYPES, auto_tile, geometry,
+from experiments.dtypes import FP8_RTOL
+from experiments.families.wgmma import (FLAG_BYTES, OMITTED_DEFAULTS, REGS, TYPES, auto_tile, geometry,
                                        persistent_grid, smem_bytes)
 from experiments.spec import SpecError
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from experiments import families, record  # noqa: E402
 from experiments.kernel import _identity_axes  # noqa: E402
 from experiments.render import ptx_sha256, render  # noqa: E402
-from experiments.spec import ARCHS, space  # noqa: E402
+from experiments.hardware import ARCHS  # noqa: E402
+from experiments.spec import space  # noqa: E402
 
 SIZE = (4096, 4096, 4096)
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import jinja2
 
-from ..spec import ARCHS, SpecError, check_no_tails
+from ..dtypes import DType, tolerance
+from ..hardware import ARCHS
+from ..spec import SpecError, check_no_tails
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
            "TEMPLATE_DIR", "sm_of", "parse_pair"]
@@ -129,7 +131,8 @@ class Family:
     valid values, ``precision`` first ("auto" where a value is derived); defaults: axis -> default
     (else the first value); rules: restrictions checked after :meth:`resolve`. sized: the work depends
     on M, N, K (False: one run per spec, the problem size is ignored); tensor_cores: the kernel's
-    SASS should hold the tensor-core MMA of its precision (the runner checks it where it has SASS).
+    SASS should hold the tensor-core MMA of its precision (the runner checks it where it has SASS);
+    narrow_accumulation: its instructions sum fp8 products in fewer bits than f32 (:meth:`tolerance`).
     """
     name: str = ""
     title: str = ""
@@ -138,6 +141,7 @@ class Family:
     rules: tuple = ()
     sized: bool = True
     tensor_cores: bool = False
+    narrow_accumulation: bool = False
 
     # ------------------------------------------------------------------ space and validation
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
@@ -231,9 +235,16 @@ class Family:
         """Operations of one launch: 2*M*N*K for a GEMM."""
         return 2 * m * n * k
 
+    def tolerance(self, spec: FamilySpec, k: int, rtol: float) -> float:
+        """The bound ``verify.check`` applies to C of ``spec`` at depth K, relative to (|A| |B|)_ij
+        (0: exact): :func:`experiments.dtypes.tolerance` of its precision and accumulator (the ``acc``
+        param, else the type's default), ``rtol`` the bound asked for f32 accumulation."""
+        d = DType[spec.precision]
+        return tolerance(d, spec.p.get("acc", d.acc), k, rtol, narrow=self.narrow_accumulation)
+
     def unit(self, spec: FamilySpec) -> str:
         """TFLOP/s for float types, TOP/s for integer types."""
-        return "TOP/s" if spec.precision.startswith("int") else "TFLOP/s"
+        return DType[spec.precision].unit
 
     def rate(self, spec: FamilySpec, m: int, n: int, k: int, us: float) -> float:
         """Throughput in :meth:`unit` of one launch that takes ``us`` microseconds."""

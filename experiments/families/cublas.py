@@ -30,22 +30,18 @@ import weakref
 
 import numpy as np
 
+from ..dtypes import Accum, DType
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, sm_of
 
 __all__ = ["CublasFamily", "TYPES", "gemm_args"]
 
-CUDA_R_32F, CUDA_R_16F, CUDA_R_8I, CUDA_R_32I, CUDA_R_16BF, CUDA_R_8F_E4M3 = 0, 2, 3, 10, 14, 28
-CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32I = 68, 72
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20     # the workspace the cuBLAS guide recommends for sm_90
-# precision -> (A/B type, C type, compute type, C dtype, alpha/beta dtype)
-TYPES = {
-    "fp16": (CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, np.float32, np.float32),
-    "bf16": (CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, np.float32, np.float32),
-    "int8": (CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I, np.int32, np.int32),
-    "fp8_e4m3": (CUDA_R_8F_E4M3, CUDA_R_32F, CUBLAS_COMPUTE_32F, np.float32, np.float32),
-}
+# the element types cuBLAS computes here; A/B, C and compute types are the members' cudaDataType_t and
+# their accumulator's cudaDataType_t and cublasComputeType_t (DType.cuda, Accum.cuda, Accum.compute);
+# alpha and beta have C's type
+TYPES = {d.name: d for d in (DType.fp16, DType.bf16, DType.int8, DType.fp8_e4m3)}
 LT = ("fp8_e4m3",)             # precisions computed by cublasLtMatmul
 # cublasLt enums (cublasLt.h): matmul descriptor TRANSA / TRANSB, preference MAX_WORKSPACE_BYTES
 LT_DESC_TRANSA, LT_DESC_TRANSB, LT_PREF_MAX_WORKSPACE = 3, 4, 1
@@ -61,7 +57,9 @@ def gemm_args(precision: str, m: int, n: int, k: int, a: int, b: int, c: int, al
     with A row-major M x K and B stored N x K, given the addresses a, b, c, alpha, beta. In cuBLAS's
     column-major terms: C^T (N x M, ldc = N) = op_T(b, a K x N matrix with ld K) x (a, a K x M matrix
     with ld K). Addresses are wrapped in :class:`_Ptr` (passed as void*)."""
-    ab_type, c_type, compute, _, _ = TYPES[precision]
+    d = TYPES[precision]
+    acc = Accum[d.acc]
+    ab_type, c_type, compute = d.cuda, acc.cuda, acc.compute
     return (CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, _Ptr(alpha), _Ptr(b), ab_type, k, _Ptr(a), ab_type, k,
             _Ptr(beta), _Ptr(c), c_type, n, compute, CUBLAS_GEMM_DEFAULT)
 
@@ -133,11 +131,11 @@ class _LtGemm:
         self._call("cublasLtCreate", ref(self.handle))
         weakref.finalize(self, _destroy_lt, self.lib, self.handle.value, self.desc, self.pref, self.layouts,
                          self.workspace)
-        self._call("cublasLtMatmulDescCreate", ref(self.desc), CUBLAS_COMPUTE_32F, CUDA_R_32F)
+        self._call("cublasLtMatmulDescCreate", ref(self.desc), Accum.f32.compute, Accum.f32.cuda)
         for attr, op in ((LT_DESC_TRANSA, CUBLAS_OP_T), (LT_DESC_TRANSB, CUBLAS_OP_N)):
             val = ctypes.c_int32(op)
             self._call("cublasLtMatmulDescSetAttribute", self.desc, attr, ref(val), size(4))
-        shapes = ((ab_type, k, n, k), (ab_type, k, m, k), (CUDA_R_32F, n, m, n))
+        shapes = ((ab_type, k, n, k), (ab_type, k, m, k), (Accum.f32.cuda, n, m, n))
         for lay, (dtype, rows, cols, ld) in zip(self.layouts, shapes, strict=True):
             self._call("cublasLtMatrixLayoutCreate", ref(lay), dtype, ctypes.c_uint64(rows),
                        ctypes.c_uint64(cols), ctypes.c_int64(ld))
@@ -206,6 +204,7 @@ class CublasFamily(Family):
     or later); no other axes (the library picks the kernel)."""
     name = "cublas"
     title = "cuBLAS GEMM"
+    narrow_accumulation = True      # cuBLASLt's FP8 kernels on sm_90 are wgmma's (dtypes.FP8_RTOL)
     axes = {"precision": tuple(TYPES)}
     rules = (Rule("fp8", "fp8_e4m3 (cuBLASLt) needs sm_89 or later", _fp8_rule),)
 
@@ -225,18 +224,19 @@ class CublasFamily(Family):
                 *, rtol: float = 1e-3) -> Prepared:
         """Operands as verify.make_operands makes them, C poisoned; launch = one cublasGemmEx (fp8:
         cublasLtMatmul) on the current CuPy stream (capturable in a CUDA graph). fp16 and bf16 are
-        checked within ``rtol``, fp8 within the larger of ``rtol`` and the wgmma family's FP8_RTOL,
-        int8 exactly. Raises RuntimeError with cuBLAS's status when a call fails."""
+        checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's bound
+        (:meth:`tolerance`), int8 exactly. Raises RuntimeError with cuBLAS's status when a call fails."""
         from ..verify import check, make_operands
         from . import gpu
-        from .wgmma import FP8_RTOL
         self.check_problem(spec, m, n, k)
-        c_dtype, s_dtype = TYPES[spec.precision][3:]
+        d = TYPES[spec.precision]
+        acc = Accum[d.acc]
+        c_dtype = s_dtype = acc.np_dtype
         ops = make_operands(spec.precision, m, n, k, seed)
         c = gpu.poisoned((m, n), c_dtype)
         if spec.precision in LT:
-            lt = _LtGemm(TYPES[spec.precision][0], m, n, k, ops.a.data.ptr, ops.b.data.ptr, c.data.ptr)
-            tol = max(rtol, FP8_RTOL)
+            lt = _LtGemm(d.cuda, m, n, k, ops.a.data.ptr, ops.b.data.ptr, c.data.ptr)
+            tol = self.tolerance(spec, k, rtol)
             return Prepared(launch=lt, verify=lambda: check(c, ops, True, tol),
                             note=f"cuBLASLt picks its own kernel (first heuristic); FP8 TN, f32 C; verified "
                                  f"within rtol={tol:.3g}")
@@ -249,8 +249,8 @@ class CublasFamily(Family):
         def launch():
             gemm(*args)
 
-        is_float = spec.precision != "int8"
+        is_float = not acc.exact
         note = ("cuBLAS picks its own kernel (CUBLAS_GEMM_DEFAULT); computes in f32 and writes f32 C"
                 if is_float else "cuBLAS picks its own kernel (CUBLAS_GEMM_DEFAULT); int8 TN, int32 C")
-        return Prepared(launch=launch, verify=lambda: check(c, ops, is_float, rtol if is_float else 0.0),
+        return Prepared(launch=launch, verify=lambda: check(c, ops, is_float, self.tolerance(spec, k, rtol)),
                         note=note)

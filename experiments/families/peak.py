@@ -4,7 +4,7 @@
 ``instruction=mma_sync`` (the default): a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which
 every warp keeps ``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK``
 per chain per iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the
-register-only peak of ``reference/h200/README.md``). The loop is written out ``UNROLL`` iterations per
+register-only peak of ``results/h200/README.md``). The loop is written out ``UNROLL`` iterations per
 trip: with one iteration per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an
 H200 (fp16 555 against 638 TFLOP/s, int8 1,114 against 1,271 TOP/s, same clocks). The launch does a
 fixed amount of work, ``units`` of ``iters`` iterations, spread over the grid's warps (warp w takes
@@ -53,25 +53,18 @@ import math
 
 import numpy as np
 
-from ..spec import ARCHS
+from ..dtypes import Accum, DType
+from ..hardware import ARCHS
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template, sm_of
 from .wgmma import ARCH as WGMMA_ARCH
 from .wgmma import SWIZZLES
 from .wgmma import TYPES as WGMMA_TYPES
+from .wgmma import wgmma_types
 
-__all__ = ["PeakFamily", "MMA_TYPES", "operand_words", "expected_accumulators", "expected_wgmma",
+__all__ = ["PeakFamily", "operand_words", "expected_accumulators", "expected_wgmma",
            "expected_fed", "FEEDS", "wgmma_smem_bytes", "wgmma_restarts", "THREADS", "CHAINS", "INSTRUCTIONS",
            "WGMMA_N", "CLOCK_RECORD", "mma_per_warp", "kernel_clock"]
 
-# precision -> (PTX type, bits, accumulator, K of the m16n8kK shapes, lowest sm, lowest PTX ISA)
-MMA_TYPES = {
-    "fp16": ("f16", 16, "f32", (8, 16), 80, (7, 0)),
-    "bf16": ("bf16", 16, "f32", (8, 16), 80, (7, 0)),
-    "int8": ("s8", 8, "s32", (16, 32), 80, (7, 0)),
-    "int4": ("s4", 4, "s32", (32, 64), 80, (7, 0)),
-    "fp8_e4m3": ("e4m3", 8, "f32", (32,), 89, (8, 4)),
-    "fp8_e5m2": ("e5m2", 8, "f32", (32,), 89, (8, 4)),
-}
 INSTRUCTIONS = ("mma_sync", "wgmma")
 FEEDS = ("registers", "ldmatrix")
 # feed=ldmatrix: (iters = K steps per unit, units): 2**17 x 32 x 32 mma = 1.3e8 mma per launch as the
@@ -79,7 +72,7 @@ FEEDS = ("registers", "ldmatrix")
 FED_WORK, FED_TILES = (32, 1 << 17), 32
 THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # (iters, units): ~1.3e8 mma per launch where the type is native. s4 on sm_90 (and, assumed, later
-# archs) is emulated by ptxas with integer code, ~50x fewer mma per second (reference/h200/README.md):
+# archs) is emulated by ptxas with integer code, ~50x fewer mma per second (results/h200/README.md):
 # ~2e6 mma, one chain step per unit
 NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
 # archs whose SASS of mma.sync .e4m3 is F2FP.F16.E4M3.UNPACK_B + HMMA.16816, no QMMA (ptxas 13.0)
@@ -98,18 +91,18 @@ CLOCK_RECORD = ("clock_start", "clock_end", "ns_start", "ns_end", "smid")
 
 
 def _wgmma_shape(precision: str) -> str:
-    return f"m64n{WGMMA_N}k{WGMMA_TYPES[precision][1]}"
+    return f"m64n{WGMMA_N}k{WGMMA_TYPES[precision].wgmma_k}"
 
 
 def _mma_rule(precision, p, arch):
     if precision == "copy" or p.get("instruction") == "wgmma":
         return None
-    shapes = [f"m16n8k{k}" for k in MMA_TYPES[precision][3]]
+    shapes = [f"m16n8k{k}" for k in DType[precision].mma_k]
     if p["mma"] not in shapes:
         return f"mma={p['mma']} is not valid with precision={precision}; valid: auto, {', '.join(shapes)}"
-    if sm_of(arch) < MMA_TYPES[precision][4]:
-        return f"mma.sync with {precision} needs sm_{MMA_TYPES[precision][4]} or later, not {arch}"
-    if precision.startswith("fp8") and sm_of(arch) in NO_FP8_MMA_SYNC:
+    if sm_of(arch) < DType[precision].min_arch:
+        return f"mma.sync with {precision} needs sm_{DType[precision].min_arch} or later, not {arch}"
+    if DType[precision].is_fp8 and sm_of(arch) in NO_FP8_MMA_SYNC:
         folded = ("" if p.get("feed") == "ldmatrix" else ", and with the loop's constant operands it "
                   "computes the product once and adds it in a loop of FADDs")
         return (f"{arch} has no tensor-core instruction for mma.sync on fp8 (ptxas converts to f16 for "
@@ -120,7 +113,7 @@ def _mma_rule(precision, p, arch):
 def _feed_rule(precision, p, arch):
     if p.get("feed", "registers") == "registers":
         return None
-    largest = f"m16n8k{MMA_TYPES[precision][3][-1]}"
+    largest = f"m16n8k{DType[precision].mma_k[-1]}"
     if p["mma"] != largest:
         return (f"feed=ldmatrix uses the shape of the largest K, as the mma_sync GEMMs do: mma={largest} "
                 f"(or auto), not {p['mma']}")
@@ -143,19 +136,18 @@ def operand_words(precision: str, k: int) -> tuple[int, int, float]:
     B = 2**-log2(K), increment 1.0; integers: A = B = 1, increment K. fp8 e4m3 (bias 7, 3 mantissa
     bits): 1.0 = 0x38, 2**-e = (7 - e) << 3; e5m2 (bias 15, 2 mantissa bits): 1.0 = 0x3C,
     2**-e = (15 - e) << 2."""
-    bits = MMA_TYPES[precision][1]
+    d = DType[precision]
     if precision == "fp16":
         one, frac = (int(np.array([v], np.float16).view(np.uint16)[0]) for v in (1.0, 1.0 / k))
     elif precision == "bf16":
         one, frac = (int(np.array([v], np.float32).view(np.uint32)[0]) >> 16 for v in (1.0, 1.0 / k))
-    elif precision == "fp8_e4m3":
-        one, frac = 7 << 3, (7 - int(np.log2(k))) << 3
-    elif precision == "fp8_e5m2":
-        one, frac = 15 << 2, (15 - int(np.log2(k))) << 2
+    elif d.is_fp8:                              # exponent field bias + e, mantissa 0
+        bias = (1 << (d.ebits - 1)) - 1
+        one, frac = bias << d.mbits, (bias - int(np.log2(k))) << d.mbits
     else:
         one = frac = 1
-    rep = lambda x: sum(x << (bits * i) for i in range(32 // bits))  # noqa: E731
-    inc = 1.0 if MMA_TYPES[precision][2] == "f32" else float(k)
+    rep = lambda x: sum(x << (d.bits * i) for i in range(32 // d.bits))  # noqa: E731
+    inc = 1.0 if d.is_float else float(k)
     return rep(one), rep(frac), inc
 
 
@@ -164,7 +156,7 @@ def _k(spec: FamilySpec) -> int:
 
 
 def _acc_dtype(precision: str):
-    return np.float32 if MMA_TYPES[precision][2] == "f32" else np.int32
+    return Accum[DType[precision].acc].np_dtype
 
 
 def _units_done(p: dict, workers: int, xp):
@@ -197,7 +189,7 @@ def expected_fed(spec: FamilySpec, warps: int, xp=np):
 
 def wgmma_restarts(precision: str) -> bool:
     """Whether the wgmma peak restarts its accumulators every unit: fp8 (narrow accumulation)."""
-    return precision.startswith("fp8")
+    return DType[precision].narrow_rtol > 0
 
 
 def expected_wgmma(spec: FamilySpec, warpgroups: int, xp=np):
@@ -295,7 +287,7 @@ class PeakFamily(Family):
     or m64n256kK with ``instruction=wgmma``) or ``copy`` (``copy`` = kernel or memcpy, auto = kernel)."""
     name = "peak"
     title = "peak measurement"
-    axes = {"precision": tuple(MMA_TYPES) + ("copy",),
+    axes = {"precision": tuple(DType.__members__) + ("copy",),
             "mma": ("auto", "m16n8k8", "m16n8k16", "m16n8k32", "m16n8k64", "m64n256k16", "m64n256k32"),
             "copy": ("auto", "kernel", "memcpy"),
             "instruction": INSTRUCTIONS,
@@ -356,7 +348,7 @@ class PeakFamily(Family):
             return {"instruction": "wgmma", "mma": shape, "warpgroups": WGMMA_WARPGROUPS,
                     "group": WGMMA_GROUP, "wait": WGMMA_WAIT, "iters": iters, "units": units}
         if params["mma"] == "auto":
-            params["mma"] = f"m16n8k{MMA_TYPES[precision][3][-1]}"
+            params["mma"] = f"m16n8k{DType[precision].mma_k[-1]}"
         if feed == "ldmatrix":
             return {"mma": params["mma"], "feed": feed, "iters": FED_WORK[0], "units": FED_WORK[1]}
         emulated = precision == "int4" and sm_of(arch) >= 90
@@ -393,7 +385,8 @@ class PeakFamily(Family):
             return Build("ptx", src, spec.entry)
         if p.get("instruction") == "wgmma":
             return Build("ptx", self._build_wgmma(spec), spec.entry)
-        ptype, bits, acc, _, _, min_ptx = MMA_TYPES[spec.precision]
+        d = DType[spec.precision]
+        ptype, bits, acc, min_ptx = d.ptx, d.bits, d.acc, d.min_ptx
         k = _k(spec)
         a_regs, b_regs = 16 * k * bits // 1024, 8 * k * bits // 1024
         mma_op = f"mma.sync.aligned.{p['mma']}.row.col.{acc}.{ptype}.{ptype}.{acc}"
@@ -421,7 +414,7 @@ class PeakFamily(Family):
         descriptors are the wgmma family's for a 128-byte swizzle (layout 1, SBO 1024 bytes, LBO 1).
         Raises SpecError when ``group`` does not divide ``iters``."""
         p = spec.p
-        _, _, types, tail, acc, _ = WGMMA_TYPES[spec.precision]
+        (types, tail), acc = wgmma_types(spec.precision), WGMMA_TYPES[spec.precision].acc
         if p["iters"] % p["group"]:
             raise SpecError(f"{spec.entry}: group={p['group']} must divide iters={p['iters']}")
         desc_hi = (SWIZZLES[WGMMA_SWIZZLE][1] << 62) | ((8 * WGMMA_SWIZZLE >> 4) << 32) | (1 << 16)

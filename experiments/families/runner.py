@@ -15,7 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..assemble import Assembly, PtxasError, PtxasMissing, assemble
-from ..spec import PRECISIONS, SpecError, misfit_message, resolve_arch
+from ..dtypes import DType
+from ..spec import SpecError, misfit_message, resolve_arch
 from . import get
 from .base import Build, Family, FamilySpec
 
@@ -115,6 +116,6 @@ def resources(fam: Family, spec: FamilySpec, build: Build, workdir: Path) -> tup
 def sass_subject(fam: Family, spec: FamilySpec):
     """What :func:`experiments.assemble.sass_summary` checks the SASS against (an object with
     ``prec``), or None when the family's kernel is not meant to run on the tensor cores."""
-    if fam.tensor_cores and spec.precision in PRECISIONS:
-        return SimpleNamespace(prec=PRECISIONS[spec.precision])
+    if fam.tensor_cores and spec.precision in DType.__members__:
+        return SimpleNamespace(prec=DType[spec.precision])
     return None

@@ -85,40 +85,28 @@ import math
 
 import numpy as np
 
-from ..spec import ARCHS, NO_TAILS_ADVICE, check_no_tails
+from ..dtypes import Accum, DType
+from ..hardware import ARCHS
+from ..spec import NO_TAILS_ADVICE, check_no_tails
 from .base import Build, Family, FamilySpec, Prepared, Rule, SpecError, render_template
 
-__all__ = ["WgmmaFamily", "TYPES", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH", "FP8_RTOL",
-           "encode_tiled", "persistent_grid", "auto_tile", "AUTO_TILES", "C_TMAP", "C_BOX_COLS",
+__all__ = ["WgmmaFamily", "TYPES", "wgmma_types", "SWIZZLES", "geometry", "smem_bytes", "REGS", "ARCH",
+           "encode_tiled", "persistent_grid", "auto_tile", "AUTO_TILES", "C_BOX_COLS",
            "CHUNK_BOXES", "OMITTED_DEFAULTS"]
 
 ARCH = "sm_90a"             # wgmma and setmaxnreg exist only for the arch-specific target
-# precision -> (bytes per element, K of one wgmma, wgmma type suffix (dtype.atype.btype), operands after
-# scale-d, accumulator / C type, CUtensorMapDataType of the operand)
-TYPES = {
-    "fp16": (2, 16, "f32.f16.f16", ", 1, 1, 0, 0", "f32", 6),
-    "bf16": (2, 16, "f32.bf16.bf16", ", 1, 1, 0, 0", "f32", 9),
-    "fp8_e4m3": (1, 32, "f32.e4m3.e4m3", ", 1, 1", "f32", 0),
-    "fp8_e5m2": (1, 32, "f32.e5m2.e5m2", ", 1, 1", "f32", 0),
-    "int8": (1, 32, "s32.s8.s8", "", "s32", 0),
-}
+# the element types wgmma takes (those with a wgmma K), in the order of the precision axis
+TYPES = {d.name: d for d in (DType.fp16, DType.bf16, DType.fp8_e4m3, DType.fp8_e5m2, DType.int8)}
 # swizzle width (bytes) -> (CUtensorMapSwizzle, descriptor layout field at bit 62)
 SWIZZLES = {128: (3, 1), 64: (2, 2), 32: (1, 3)}
 # registers per thread: cap at entry (producer variants, .maxnreg), producer after setmaxnreg.dec, and
 # the consumers' setmaxnreg.inc target per consumer count. The per-CTA pool must cover the increase:
 # 128 (168 - 40) >= 128 c (inc - 168): 240 for one consumer, 232 for two (64 x 256 = 128 x 128).
 REGS = {"launch": 168, "producer": 40, "consumer": {1: 240, 2: 232}}
-# fp8 wgmma adds products in an accumulator narrower than f32 (about 14 significant bits: DeepSeek-V3
-# technical report, section 3.3.2, "Increasing Accumulation Precision"); on an H200 the largest error
-# relative to (|A| |B|)_ij was 1.0e-3 to 1.4e-3 for K = 512 ... 8192, the same for every axis value
-# (a layout error gives errors of order 1). The bound 2**-8 leaves a margin of 2.7 and still flags a
-# kernel that writes zeros: the median |C_ref| / (|A| |B|)_ij is 0.01 at K = 8192 and larger below.
-FP8_RTOL = 2.0 ** -8
 GROUP = 8                   # tile rows per group with order=grouped (the default of the group axis)
 ALIGN_SLACK = 1024          # the ring starts at a 1024-byte boundary of dynamic shared memory
-# epilogue=tma: C's CUtensorMapDataType per accumulator type (FLOAT32, INT32), and the columns of one
-# staging box (8 x 4 bytes: a warp's register pair covers 8 whole 32-byte rows, no bank conflict)
-C_TMAP = {"f32": 7, "s32": 3}
+# epilogue=tma: the columns of one staging box of C (8 x 4 bytes: a warp's register pair covers 8 whole
+# 32-byte rows, no bank conflict); C's CUtensorMapDataType is its accumulator's (Accum.tma)
 C_BOX_COLS = 8
 CHUNK_BOXES = 4             # boxes per chunk of the tma epilogue (BN / 8 is a multiple of 2 x 4 for every bn)
 # axes added after runs were recorded: their default stays out of the spec (its params, hence the entry,
@@ -129,6 +117,15 @@ OMITTED_DEFAULTS = {"epilogue": "registers", "cluster": 1, "schedule": "tiles", 
 FLAG_BYTES = 4096
 
 
+def wgmma_types(precision: str) -> tuple[str, str]:
+    """(type suffix dtype.atype.btype, operands after scale-d) of ``wgmma.mma_async`` for ``precision``
+    (PTX ISA 9.0, 9.7.15.5.2): float types take imm-scale-a and imm-scale-b (1: no negation), 16-bit
+    ones also imm-trans-a and imm-trans-b (0: K-major), integer types neither."""
+    d = TYPES[precision]
+    tail = (", 1, 1" + ", 0, 0" * (d.bits == 16)) if d.is_float else ""
+    return f"{d.acc}.{d.ptx}.{d.ptx}", tail
+
+
 def geometry(precision: str, p: dict) -> dict:
     """Block tile and derived sizes (bytes, threads) of one point. p: resolved params (a missing
     ``epilogue`` is ``registers``, a missing ``cluster`` 1). stage_bytes: one ring stage, (BM + BN) x SW;
@@ -136,7 +133,7 @@ def geometry(precision: str, p: dict) -> dict:
     boxes of 64 x 8 x 4 bytes (0 with registers); stg_bytes: all of it; nchunks: chunks of a
     warpgroup's tile; CL: CTAs per cluster; nthr_c: consumer threads; slot_bytes: one CTA's partial sums
     with schedule=streamk, nthr_c x BN / 2 x 4."""
-    nbytes = TYPES[precision][0]
+    nbytes = TYPES[precision].bits // 8
     sw, bn, cons, stages = p["swizzle"], p["bn"], p["consumers"], p["stages"]
     bm, bk = 64 * cons, sw // nbytes
     stage = (bm + bn) * sw
@@ -290,6 +287,7 @@ class WgmmaFamily(Family):
              Rule("schedule", "schedule=streamk needs persistent=true", _schedule_rule),
              Rule("group", "group (other than 8) needs order=grouped", _group_rule))
     tensor_cores = True
+    narrow_accumulation = True      # fp8 wgmma sums in about 14 significant bits (dtypes.FP8_RTOL)
 
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
         """As :meth:`Family.spec`; target.arch auto / sm_90 / sm_90a resolve to sm_90a, any other
@@ -309,7 +307,7 @@ class WgmmaFamily(Family):
     def resolve(self, precision, params, arch):
         """Adds bk (swizzle / element bytes); drops the axes of :data:`OMITTED_DEFAULTS` at their
         default value."""
-        params["bk"] = params["swizzle"] // TYPES[precision][0]
+        params["bk"] = params["swizzle"] // (TYPES[precision].bits // 8)
         for axis, value in OMITTED_DEFAULTS.items():
             if params.get(axis) == value:
                 del params[axis]
@@ -348,7 +346,8 @@ class WgmmaFamily(Family):
 
     def build(self, spec: FamilySpec) -> Build:
         p, g = spec.p, geometry(spec.precision, spec.p)
-        nbytes, kk, types, tail, acc, _ = TYPES[spec.precision]
+        d, (types, tail) = TYPES[spec.precision], wgmma_types(spec.precision)
+        kk, acc = d.wgmma_k, d.acc
         layout = SWIZZLES[p["swizzle"]][1]
         desc_hi = (layout << 62) | ((8 * g["SW"] >> 4) << 32) | (1 << 16)
         producer = p["producer"] == "true"
@@ -375,8 +374,9 @@ class WgmmaFamily(Family):
         rows, with cluster=4 A's BM / 2 rows as well, and a persistent grid is whole clusters, as many
         as run at once (:func:`persistent_grid`, :func:`~experiments.families.gpu.max_active_clusters`); with
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
-        are checked within ``rtol``, fp8 within the larger of ``rtol`` and :data:`FP8_RTOL`, int8
-        exactly. Raises SpecError (a size that does not fit, a GPU older than sm_90)."""
+        are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's
+        bound (:meth:`tolerance`), int8 exactly. Raises SpecError (a size that does not fit, a GPU older
+        than sm_90)."""
         import cupy
 
         from ..verify import check, make_operands
@@ -384,9 +384,10 @@ class WgmmaFamily(Family):
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)
         p, g = spec.p, geometry(spec.precision, spec.p)
-        nbytes, _, _, _, acc, dtype = TYPES[spec.precision]
+        d = TYPES[spec.precision]
+        nbytes, acc, dtype = d.bits // 8, Accum[d.acc], d.tma
         ops = make_operands(spec.precision, m, n, k, seed)
-        c = gpu.poisoned((m, n), np.float32 if acc == "f32" else np.int32)
+        c = gpu.poisoned((m, n), acc.np_dtype)
         smem = smem_bytes(spec.precision, p)
         kern = gpu.load_ptx(build, dyn_smem=smem)
         swz = SWIZZLES[p["swizzle"]][0]
@@ -400,7 +401,7 @@ class WgmmaFamily(Family):
             resident = gpu.max_active_clusters(kern, g["T"], smem, cl) if cl > 1 else None
             grid = persistent_grid(p, tiles, gpu.sm_count(), resident)
         if p.get("epilogue") == "tma":
-            out = encode_tiled(c.data.ptr, m, n, 64, C_BOX_COLS, C_TMAP[acc], 4, 0)
+            out = encode_tiled(c.data.ptr, m, n, 64, C_BOX_COLS, acc.tma, 4, 0)
         else:
             out = c
         ws = ()
@@ -415,14 +416,14 @@ class WgmmaFamily(Family):
         def launch():
             kern((grid, 1, 1), block, args, shared_mem=smem)
 
-        tol = max(rtol, FP8_RTOL) if spec.precision.startswith("fp8") else rtol
+        tol = self.tolerance(spec, k, rtol)
 
         def verify():
-            return check(c, ops, acc == "f32", tol)
+            return check(c, ops, not acc.exact, tol)
         launch.operands = (ops, ws)  # the tensor maps and args hold raw pointers into A, B, C, the workspace
         launch.output = c
         notes = [f"persistent: {grid} blocks for {tiles} tiles"] if grid != tiles else []
-        if tol != rtol:
+        if d.narrow_rtol and tol != rtol:
             notes.append(f"fp8 wgmma accumulates in reduced precision: verified within rtol={tol:.3g}")
         note = "; ".join(notes)
         return Prepared(launch, verify, note=note)

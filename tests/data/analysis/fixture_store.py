@@ -12,7 +12,7 @@ What is real and what is constructed:
     0.125 x wave fill x min(1, 200 / registers));
   * the ``study_kernel`` names given to four of the kernels (:data:`STUDY_NAMES`);
   * one FAILED run (wrong result at 16384), one older FAILED duplicate of a measured run, and one
-    skipped (KILLED) run, with the messages the tool writes for such runs.
+    skipped run (FINISHED, tag outcome=skipped), with the messages the tool writes for such runs.
 - The study's own numbers are loaded by analysis.reference from reference/paper_l4 when that folder
   is present (a copy of the shared folder beside the repository).
 """
@@ -170,8 +170,8 @@ def build(folder: Path, reference_dir: Path | None = PAPER_L4) -> dict:
            {**base, "error": "TimeoutError: the GPU worker did not answer within 600 s"}, {}, "FAILED",
            out["ncu"], t0 + 1)
     st.run("skipped precision=int8 mma=m16n8k64", {"precision": "int8", "mma": "m16n8k64"},
-           {"backend": "gpu", "skip_reason": "mma=m16n8k64 is not valid with precision=int8; valid values: "
-            "auto, m16n8k16, m16n8k32"}, {}, "KILLED", out["ncu"], t0 + 2)
+           {"backend": "gpu", "outcome": "skipped", "skip_reason": "mma=m16n8k64 is not valid with "
+            "precision=int8; valid values: auto, m16n8k16, m16n8k32"}, {}, "FINISHED", out["ncu"], t0 + 2)
     out["reference"] = None
     if reference_dir is not None and Path(reference_dir).is_dir():
         from analysis.reference import load_into_mlflow
