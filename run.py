@@ -13,9 +13,17 @@ import hydra._internal.utils as hydra_utils
 from omegaconf import OmegaConf
 
 from experiments.config import register
+from experiments.variants import KEY as VARIANTS_KEY
+from experiments.variants import VariantError, listed, names, swept_params
+from experiments.variants import register as register_variants
 from experiments.worker import JOBS_PER_GPU, gpu_count
 
 register()
+try:
+    register_variants()             # the variants conf/experiment/ lists, options of variant= as its files
+except VariantError as exc:
+    print(f"Invalid preset: {exc}", file=sys.stderr)
+    sys.exit(2)
 OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True, replace=True)
 # job processes of hydra/launcher=gpus: JOBS_PER_GPU per visible GPU (one GPU assumed without any)
 OmegaConf.register_new_resolver("gpu_jobs", lambda: max(1, gpu_count()) * JOBS_PER_GPU, use_cache=True,
@@ -28,12 +36,25 @@ _run_and_report = hydra_utils.run_and_report
 
 def presets(group: str, dirs: tuple = (CONF,)) -> dict:
     """The presets of config group ``group`` in the config folders ``dirs``: name -> file (the first
-    folder that has it wins, as Hydra's search path)."""
+    folder that has it wins, as Hydra's search path); for ``variant`` also those the presets of
+    ``experiment/`` list (experiments.variants): name -> the preset's file."""
     found: dict = {}
     for d in dirs:
         for f in sorted((Path(d) / group).glob("*.yaml")):
             found.setdefault(f.stem, f)
+    if group == "variant":
+        found.update({name: path for name, (path, _) in listed(dirs).items()})
     return dict(sorted(found.items()))
+
+
+def _preset_yaml(group: str, name: str, dirs: tuple) -> dict:
+    """The config of preset ``name`` of ``group`` in ``dirs`` as its file holds it (loaded), or for a
+    variant a preset lists, as experiments.variants makes it. Raises KeyError for no such preset,
+    OSError or yaml.YAMLError for a file that cannot be read."""
+    import yaml
+    if group == "variant" and (entry := listed(dirs).get(name)) is not None:
+        return entry[1]
+    return yaml.safe_load(presets(group, dirs)[name].read_text()) or {}
 
 
 def config_groups() -> str:
@@ -203,7 +224,7 @@ def check_preset_sweep(argv: list) -> str | None:
         y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) if dirs and preset else None
     except (KeyError, OSError, yaml.YAMLError):
         return None                        # no such preset: Hydra says so
-    params = (((y or {}).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    params = swept_params(y or {})
     folded = {k: re.sub(r",\s+", ",", str(v).strip()) for k, v in params.items()}   # YAML's ">-" values
     missing = {k: _values(f"{k}={v}") or [v] for k, v in folded.items() if k not in given}
     if not missing:
@@ -217,8 +238,9 @@ def check_preset_sweep(argv: list) -> str | None:
     rest = " ".join(a for i, a in enumerate(argv) if i not in skip)
     first = " ".join(f"{k}={v[0]}" for k, v in missing.items())
     if cfg:
+        listing = f"; its variants: {VARIANTS_KEY}" if "variant" in missing and names(y or {}) else ""
         return (f"# experiment={preset} sweeps {swept}; this is one job's config with them at their "
-                f"defaults. The sweep: python run.py --cfg hydra {rest} (hydra.sweeper.params); "
+                f"defaults. The sweep: python run.py --cfg hydra {rest} (hydra.sweeper.params{listing}); "
                 f"run it: python run.py -m {rest}")
     keys = " and ".join(missing)
     return (f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run "
@@ -259,6 +281,12 @@ if __name__ == "__main__":
     from experiments.validate import Invalid
     signal.signal(signal.SIGTERM, _terminate)
     hydra_utils.run_and_report = _reported
+    try:        # the variants that presets of a --config-dir list, beside conf/'s
+        if len(dirs := _config_dirs(sys.argv[1:]) or ()) > 1:
+            register_variants(dirs=dirs)
+    except VariantError as exc:
+        print(f"Invalid preset: {exc}", file=sys.stderr)
+        sys.exit(2)
     if problem := check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)

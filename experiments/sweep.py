@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count, sweep_note,
                      sweep_view,
@@ -33,9 +33,11 @@ from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
 from .validate import Invalid, check
+from .variants import VariantError
+from .variants import register as register_variants
 
 __all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "current_sweep", "gpu_time",
-           "prewarm", "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm"]
+           "prewarm", "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm", "sweep_variants"]
 
 
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
@@ -167,6 +169,30 @@ def count_jobs(overrides) -> int:
     loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
     parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
     return len(BasicSweeper.split_arguments(parsed, None)[0])
+
+
+def sweep_variants(config: DictConfig, variants: dict) -> None:
+    """Add the variants a preset lists (``variants``: name -> overrides, its
+    ``hydra.callbacks.tracking.variants``; experiments.variants) to the sweep of ``config`` (a
+    multirun's composed config, before Hydra's sweeper reads it): each is stored as an option of the
+    config group ``variant`` and ``variant=<their names>`` joins ``hydra.sweeper.params`` after the
+    preset's own keys, so that every variant runs with every combination of those. A ``variant=`` on
+    the command line chooses among them, as it overrides any swept key. Nothing for no variants.
+    Raises SystemExit for a bad entry (which preset, variant and key, and the valid ones) and for a
+    preset that also sweeps ``variant`` in its params."""
+    if not variants:
+        return
+    where = f"experiment={config.hydra.runtime.choices.get('experiment')}"
+    try:
+        names = register_variants(variants, where)
+    except VariantError as exc:
+        raise SystemExit(f"Invalid preset: {exc}") from None
+    params = config.hydra.sweeper.params
+    if params and "variant" in params:
+        raise SystemExit(f"Invalid preset: {where} both lists variants ({', '.join(names)}) and sweeps "
+                         f"variant={params.variant} in hydra.sweeper.params: list them in one place")
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.sweeper.params = {**(params or {}), "variant": ",".join(names)}
 
 
 def _tracking_key(override: str) -> bool:
@@ -452,15 +478,21 @@ class SweepCallback(Callback):
     conf/experiment/h200_performance.yaml): at the end of a sweep that measured on a GPU, run
     :func:`experiments.performance.check` on it (goal: share of peak, 0..1; out: where the report
     goes) and exit 1 when it fails.
+
+    ``variants`` (name -> overrides; a preset lists them as ``hydra.callbacks.tracking.variants``,
+    experiments.variants): the points of its sweep, added to it at the start (:func:`sweep_variants`).
     """
 
-    def __init__(self, benchmark=None):
+    def __init__(self, benchmark=None, variants=None):
         self.benchmark = dict(benchmark) if benchmark else None
+        self.variants = OmegaConf.to_container(variants) if OmegaConf.is_config(variants) else variants
         self.measured = False
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from .worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
+        if multirun:
+            sweep_variants(config, self.variants)     # before the sweep's identity and Hydra's sweeper
         gpu = nvml_gpu() if value(config.backend) != "static" else None
         from hydra.core.hydra_config import HydraConfig
         if not HydraConfig.initialized():     # ${hydra:runtime.cwd} and the like resolve here as in a job

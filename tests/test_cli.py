@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.variants import listed
+
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "cli-tests"
 
@@ -297,7 +299,9 @@ def _compose(*overrides):
     from hydra import compose, initialize_config_dir
 
     from experiments.config import register
+    from experiments.variants import register as register_variants
     register()
+    register_variants()                 # the variants conf/experiment/ lists (variant=gen_wgmma, ...)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
@@ -332,7 +336,7 @@ def test_integer_family_options_keep_params_and_kernel_names():
     declared = families.get("wgmma").spec("fp16", {"bn": 128, "stages": 3, "persistent": "true"}, "sm_90a")
     assert spec == declared and "_bn128_" in spec.entry and "_stages3_" in spec.entry
     assert spec.p["bn"] == 128 and spec.p["swizzle"] == 128 and spec.p["bk"] == 64 and spec.arch == "sm_90a"
-    # a preset that sets an integer option (conf/variant/gen_wgmma_bn_128.yaml: bn: 128)
+    # a variant that sets an integer option (conf/experiment/generations.yaml lists gen_wgmma_bn_128: bn 128)
     assert family_options(_compose("variant=gen_wgmma_bn_128"))["bn"] == 128
 
 
@@ -429,7 +433,8 @@ def test_integer_family_options_keep_params_and_kernel_names():
      'ktile=64.5 is not an integer ("ktile=\'64.5\'"); valid: 16, 32, 64, 128'),
     (['-m', 'variant=h200_perf_best,nosuch'],
      "variant=nosuch is not a preset ('variant=nosuch'); valid: "
-     + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+     + ", ".join(sorted([*(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")), *listed()]))
+     + " (conf/variant/ and the variants conf/experiment/ presets list)"),
     (['tile=foo'],
      "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
      '256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)'),

@@ -49,7 +49,8 @@ def test_cfg_job_of_a_preset_says_where_its_sweep_is(tmp_path):
     lines = out.splitlines()
     assert lines[0] == ("# experiment=generations sweeps precision (4 values), variant (22 values); this is one "
                         "job's config with them at their defaults. The sweep: python run.py --cfg hydra "
-                        "experiment=generations (hydra.sweeper.params); run it: python run.py -m "
+                        "experiment=generations (hydra.sweeper.params; its variants: "
+                        "hydra.callbacks.tracking.variants); run it: python run.py -m "
                         "experiment=generations")
     assert "precision: fp16" in lines and "ktile: 64" in lines
     import yaml

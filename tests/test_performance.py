@@ -494,7 +494,9 @@ def test_preset_builds_the_kernels_of_its_published_table(precision):
 
     from experiments.config import register
     from experiments.spec import spec_from_config
+    from experiments.variants import register as register_variants
     register()
+    register_variants()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         variant = "h200_perf_best_bk128" if precision == "int8" else "h200_perf_best"
         cfg = compose("config", overrides=["experiment=h200_performance", f"variant={variant}",

@@ -114,7 +114,7 @@ def test_sweep_defined_in_a_preset_is_counted(tmp_path):
     """``hydra.sweeper.params`` of an experiment preset (another way of defining a sweep)."""
     extra = tmp_path / "extra" / "experiment"
     extra.mkdir(parents=True)
-    # ktile folded over two lines (">-"), as conf/experiment/generations.yaml folds its variants: the
+    # ktile folded over two lines (">-"), as a preset may fold a long list of values: the
     # name showed "32, 64"
     (extra / "tiny.yaml").write_text("# @package _global_\nhydra:\n  sweeper:\n    params:\n"
                                      "      precision: int4,int8\n      ktile: >-\n        32,\n        64\n")
