@@ -8,6 +8,8 @@ message and the store.
 import shlex
 
 import pytest
+
+from experiments.variants import listed
 from test_cli import ROOT, _empty_store, _refusal, _run_module, all_runs, run_cli, store_args
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
@@ -542,7 +544,8 @@ def test_bad_override_is_refused_before_anything_is_tracked(tmp_path, run_checks
     ("ktile=32,32.5", "ktile=32.5 is not an integer ('ktile=32.5'); valid: 16, 32, 64, 128"),
     ("timing.l2_flush=false,1", "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
     ("variant=int8_wmma,nosuch", "variant=nosuch is not a preset ('variant=nosuch'); valid: "
-     + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))) + " (conf/variant/)"),
+     + ", ".join(sorted([*(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")), *listed()]))
+     + " (conf/variant/ and the variants conf/experiment/ presets list)"),
 ])
 def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, run_checks, sweep, message):
     """A bad value among a sweep's values: Hydra composed that job only when it came to it, after the
