@@ -44,33 +44,14 @@ def config_groups() -> str:
 
 def family_options(name: str) -> str:
     """The options (family.<option>) of family ``name`` and their valid values, the default first, for
-    --help; the mma_sync family has none: the root keys set it, listed with their values (the axes of
-    ``experiments.spec_rules.make_axes``; defaults in the config below)."""
-    from experiments.config import MMA_SYNC
+    --help (the family's ``options_help``: the default family has none, its root keys are listed with
+    their values instead)."""
     from experiments.families import get
-    if name == MMA_SYNC:
-        from experiments.spec_rules import make_axes
-        from experiments.spec_tables import GROUP_M_RANGE, MAX_STAGES
-        ranges = {"pipeline.stages": f"1 ... {MAX_STAGES} (what shared memory allows)",
-                  "tile.group_m": f"{GROUP_M_RANGE[0]} ... {GROUP_M_RANGE[1]}"}
-        auto = {"target.arch", "acc", "mma", "tile"}       # keys that also take auto
-        values = lambda a: ranges.get(a.key) or " | ".join(["auto"] * (a.key in auto) + list(a.labels))  # noqa: E731
-        lines = [f"  {a.key}: {values(a)}"
-                 + (" (presets), or tile.block=[BM,BN] tile.warps=[WM,WN]" if a.key == "tile" else "")
-                 for a in make_axes()]
-        return (f"(none: family={MMA_SYNC} is set by the root keys; their values, defaults in the config "
-                "below:)\n" + "\n".join(lines) + "\n")
     try:
         fam = get(name)
     except Exception:  # noqa: BLE001 - an unknown family: Hydra names the valid ones
         return "-\n"
-    lines = []
-    for axis, values in fam.axes.items():
-        if axis != "precision":
-            default = fam.defaults.get(axis, values[0])
-            rest = [str(v) for v in values if str(v) != str(default)]
-            lines.append(f"{axis}: {default} (default), {', '.join(rest)}" if rest else f"{axis}: {default}")
-    return "\n".join(lines or ["(none)"]) + "\n"
+    return fam.options_help()
 
 
 OmegaConf.register_new_resolver("config_groups", config_groups, use_cache=True, replace=True)
@@ -142,7 +123,8 @@ def check_override_keys(argv: list) -> str | None:
     import typing
     from enum import Enum
 
-    from experiments.config import MMA_SYNC, Config
+    from experiments.config import Config
+    from experiments.families import DEFAULT
     from experiments.spec_tables import KTILES
     dirs = _config_dirs(argv)
     groups = {d.name for cd in dirs or (CONF,) if Path(cd).is_dir() for d in Path(cd).iterdir() if d.is_dir()}
@@ -153,7 +135,7 @@ def check_override_keys(argv: list) -> str | None:
     family = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "family"), None)
     if family and dirs and (problem := _variant_of_another_family(family, overrides, dirs)) is not None:
         return problem
-    family = family or (_preset_family(overrides, dirs) if dirs else None) or MMA_SYNC
+    family = family or (_preset_family(overrides, dirs) if dirs else None) or DEFAULT
     for arg in overrides:
         key, value = arg.split("=", 1)
         if (problem := _unquoted_problem(arg)) is not None:
@@ -474,15 +456,16 @@ def _preset_family(overrides: list, dirs: tuple) -> str | None:
         return None
     if not chosen:
         return None
-    from experiments.config import MMA_SYNC
-    return ",".join(sorted({v or e or MMA_SYNC for v in chosen.get("variant", [None])
+    from experiments.families import DEFAULT
+    return ",".join(sorted({v or e or DEFAULT for v in chosen.get("variant", [None])
                             for e in chosen.get("experiment", [None])}))
 
 
 def _variant_of_another_family(family: str, overrides: list, dirs: tuple) -> str | None:
     """The message for a ``family=`` on the command line beside a ``variant=`` that chooses another
-    family and sets its options (``variant=gen_wgmma_group_16 family=mma_sync``): Hydra stopped with
-    "Key 'group' not in 'MmaSyncConf'". None otherwise, or when a preset cannot be read."""
+    family and sets its options (``variant=gen_wgmma_group_16`` beside ``family=`` the default family):
+    Hydra stopped with "Key 'group' not in 'MmaSyncConf'". None otherwise, or when a preset cannot be
+    read."""
     import yaml
     files = presets("variant", dirs)
     for arg in overrides:
@@ -506,7 +489,7 @@ def _variant_of_another_family(family: str, overrides: list, dirs: tuple) -> str
 def _check_family_option(family: str, option: str, arg: str) -> str | None:
     """check_override_keys for ``family.<option>=<value>`` with the chosen ``family``: the option must
     be one of the family's axes and each value one of the axis' declared values."""
-    from experiments.config import MMA_SYNC, family_schema
+    from experiments.config import family_schema
     from experiments.families import get, names
     owners = [n for n in names() if option in family_schema(n).__dataclass_fields__]
     if "," in family or "*" in family or "(" in family:
@@ -518,7 +501,7 @@ def _check_family_option(family: str, option: str, arg: str) -> str | None:
     except KeyError:        # an unknown family: Hydra names the valid ones
         return None
     if option not in fields:
-        bare = f"none, family={MMA_SYNC} is set by the root keys" if family == MMA_SYNC else "(none)"
+        bare = f"none, family={family} is set by the root keys" if get(family).root_keys else "(none)"
         options = ", ".join(fields) or bare
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return f"family={family} has no option {option!r} ({arg!r}); valid options: {options}{also}"

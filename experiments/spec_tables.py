@@ -1,5 +1,5 @@
-"""Facts the ``mma_sync`` family is built from, each in one table: element types, accumulators,
-target architectures and the domains of the axes.
+"""Facts the default family (``experiments.families.DEFAULT``) is built from, each in one table: element
+types, accumulators, target architectures and the domains of the axes.
 
 Sources: PTX ISA 9.0, section 9.7.14.5 (``mma.sync.aligned`` shapes and types; FP8 ``.e4m3``/``.e5m2``
 since PTX ISA 8.4, sm_89), 9.7.14.5.15 (``ldmatrix``), 9.7.9.25.3.1 (``cp.async``, ``.L2::cache_hint``

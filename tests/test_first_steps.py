@@ -154,7 +154,8 @@ def test_suggested_sizes_are_taken():
 
     from experiments.config import Config
     from experiments.kernel import _check_shapes
-    from experiments.spec import SpecError, spec_from_config
+    from experiments.spec import SpecError
+    from experiments.families.mma_sync.spec import spec_from_config
     for precision, largest in (("fp16", 46336), ("int8", 65280), ("int4", 92672)):
         cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist([f"precision={precision}"]))
         spec = spec_from_config(cfg)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.spec import ARCHS, KernelSpec, SpecError
+from experiments.spec import ARCHS, SpecError
+from experiments.families.mma_sync.spec import KernelSpec
 from experiments.spec_tables import LOADERS, MAX_STAGES
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +45,7 @@ def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
     import cupy
 
     from experiments.launch import GemmLaunch, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.verify import check, make_operands, poison, tolerance
     ptx = ptx or render(spec)
     path = tmp_path / f"{spec.entry}.ptx"
@@ -157,7 +158,7 @@ def test_l2_hints(arch, tmp_path):
     GPU worker process, so that a fault fails this test only. (The 3-stage kernels raised
     cudaErrorIllegalInstruction on an H200 before the template kept its refill address per thread:
     see test_assemble.FAULTING_SASS.)"""
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.worker import GpuWorker
     worker = GpuWorker()
     timing = dict(warmup=1, batches=1, min_batch_ms=0.1, max_launches=1, cuda_graph=False, l2_flush=False)
@@ -214,7 +215,7 @@ def test_stages_up_to_the_shared_memory_limit(arch, tmp_path):
 
 def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     """worker.measure lays B out as the spec says and allocates C in the accumulator's dtype."""
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.verify import tolerance
     from experiments.worker import GpuWorker
     s = _spec(arch, b_layout="row", loader_b="x4", acc="f16")
@@ -240,7 +241,7 @@ def test_a_small_kernel_times_the_same_whatever_the_process_ran_before(arch, tmp
     import cupy
 
     from experiments.launch import GemmLaunch, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.timing import time_launches
     from experiments.verify import make_operands
     s = _spec(arch, bm=64, bn=64)
@@ -344,7 +345,7 @@ def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
     """A nonzero only at even k, B only at odd k: C must be exactly 0; same parity: not 0."""
     import cupy
     from experiments.launch import GemmLaunch, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.verify import pack_int4
     spec = KernelSpec("int4", 64, 64, 128, 128, 2, 4, 2, "cg", arch)
     m = n = k = 256
@@ -369,7 +370,7 @@ def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
 
 def test_jit_failure_shows_driver_log(arch, tmp_path):
     from experiments.launch import PtxJitError, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     spec = _spec(arch)
     bad = render(spec).replace("mma.sync.aligned", "mma.sync.bogus", 1)
     path = tmp_path / "bad.ptx"
@@ -397,7 +398,7 @@ FAULT_PTX = """
 
 
 def test_worker_survives_a_faulting_kernel(arch, tmp_path):
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.worker import GpuWorker, WorkerError
     spec = KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", arch)
     timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from experiments import record
 from experiments.config import Config
 from experiments.performance import check, main, sweep_run
-from experiments.spec import DEFAULT_SMS, auto_tile, sm_count, tile_cost
+from experiments.spec import DEFAULT_SMS, sm_count
+from experiments.families.mma_sync.spec import auto_tile, tile_cost
 from experiments.timing import ClockSampler, clock_summary
 from experiments.track import Tracker
 
@@ -492,7 +493,7 @@ def test_preset_builds_the_kernels_of_its_published_table(precision):
     from hydra import compose, initialize_config_dir
 
     from experiments.config import register
-    from experiments.spec import spec_from_config
+    from experiments.families.mma_sync.spec import spec_from_config
     register()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         variant = "h200_perf_best_bk128" if precision == "int8" else "h200_perf_best"

@@ -13,8 +13,8 @@ import pytest
 
 from experiments import ncu, profile
 from experiments.ncu_launch import _artifact
-from experiments.render import render
-from experiments.spec import KernelSpec
+from experiments.families.mma_sync.render import render
+from experiments.families.mma_sync.spec import KernelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "ncu"
@@ -289,7 +289,7 @@ def test_run_that_keeps_only_its_config(store, fake_ncu):
     from omegaconf import OmegaConf
 
     from experiments.config import Config
-    from experiments.spec import spec_from_config
+    from experiments.families.mma_sync.spec import spec_from_config
     cfg = OmegaConf.structured(Config)
     spec = spec_from_config(cfg, 90)
     client, tmp = store["client"], store["tmp"]
@@ -446,7 +446,7 @@ def test_runs_of_registered_families(store, fake_ncu):
     from mlflow.entities import Param
 
     from experiments import families
-    from experiments.render import ptx_sha256
+    from experiments.families.base import ptx_sha256
     client = store["client"]
     exp = client.get_experiment_by_name(store["experiment"]).experiment_id
 
