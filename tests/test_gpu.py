@@ -40,6 +40,14 @@ def _spec(arch, **kw) -> KernelSpec:
         pytest.skip(f"not valid on {arch}: {exc}")
 
 
+def _family_call(spec, ptx: str) -> dict:
+    """The kwargs of the worker's ``measure_family`` for ``spec`` with the PTX text ``ptx``, as the
+    runner makes them (experiments.kernel.make_kernel)."""
+    return {"family": spec.family, "precision": spec.precision, "arch": spec.arch,
+            "params": [list(p) for p in spec.params],
+            "build": {"kind": "ptx", "source": ptx, "entry": spec.entry, "options": []}}
+
+
 def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
     """Launch once on fresh operands (B stored as the spec says); returns (C, operands, VerifyResult)."""
     import cupy
@@ -170,7 +178,7 @@ def test_l2_hints(arch, tmp_path):
             ptx = render(s)
             path = tmp_path / f"{s.entry}.ptx"
             path.write_text(ptx)
-            res = worker.call("measure", timeout=120, ptx=ptx, ptx_path=str(path), spec=s.as_kwargs(),
+            res = worker.call("measure_family", timeout=120, **_family_call(s, ptx),
                               m=128, n=192, k=256, timing=timing, rtol=1e-3, seed=7)
             assert res["verified"], f"{s.entry}: {res['verify_message']}"
     finally:
@@ -214,7 +222,8 @@ def test_stages_up_to_the_shared_memory_limit(arch, tmp_path):
 
 
 def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
-    """worker.measure lays B out as the spec says and allocates C in the accumulator's dtype."""
+    """worker.measure_family (the default family's prepare) lays B out as the spec says and allocates C
+    in the accumulator's dtype."""
     from experiments.families.mma_sync.render import render
     from experiments.verify import tolerance
     from experiments.worker import GpuWorker
@@ -224,7 +233,7 @@ def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)
     w = GpuWorker()
     try:
-        res = w.call("measure", 120, ptx=ptx, ptx_path=str(tmp_path / "k.ptx"), spec=s.as_kwargs(),
+        res = w.call("measure_family", 120, **_family_call(s, ptx),
                      m=128, n=128, k=512, timing=timing, rtol=1e-3, seed=5)
     finally:
         w.stop()
@@ -410,9 +419,9 @@ def test_worker_survives_a_faulting_kernel(arch, tmp_path):
     w = GpuWorker()
     try:
         with pytest.raises(WorkerError, match="(?i)illegal|address|fault"):
-            w.call("measure", 120, ptx=fault, ptx_path=str(tmp_path / "fault.ptx"), spec=spec.as_kwargs(),
+            w.call("measure_family", 120, **_family_call(spec, fault),
                    m=256, n=256, k=256, timing=timing, rtol=1e-3, seed=1)
-        res = w.call("measure", 120, ptx=good, ptx_path=str(tmp_path / "good.ptx"), spec=spec.as_kwargs(),
+        res = w.call("measure_family", 120, **_family_call(spec, good),
                      m=256, n=256, k=256, timing=timing, rtol=1e-3, seed=1)
     finally:
         w.stop()

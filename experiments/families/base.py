@@ -4,7 +4,8 @@ A family declares its axes (name -> valid values) and restrictions (:class:`Rule
 function (:meth:`Family.space`) enumerates every valid point for tests and ``--help``. The runner only
 sees this interface: ``spec`` validates, ``build`` produces source text (no GPU), ``prepare`` allocates,
 compiles and returns the launch and verify closures (GPU), ``flops`` and ``unit`` give the throughput.
-Family modules: :mod:`.wmma`, :mod:`.dp4a`, :mod:`.cublas`, :mod:`.peak`; registry in the package.
+Family modules: the default family's package, :mod:`.wmma`, :mod:`.dp4a`, :mod:`.cublas`, :mod:`.peak`,
+:mod:`.wgmma`; registry in the package.
 """
 from __future__ import annotations
 
