@@ -23,7 +23,7 @@ import jinja2
 from ..spec import ARCHS, SpecError, check_no_tails, resolve_arch
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
-           "TEMPLATE_DIR", "sm_of", "parse_pair", "ptx_sha256", "config_options"]
+           "TEMPLATE_DIR", "sm_of", "parse_pair", "ptx_sha256", "config_options", "markdown_values"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "kernels_ptx"
 
@@ -98,6 +98,11 @@ def config_options(cfg) -> dict:
     """The ``family.*`` options of a composed config (without ``name``), Enum members by value."""
     node = cfg.get("family") or {}
     return {str(k): (v.value if isinstance(v, Enum) else v) for k, v in node.items() if k != "name"}
+
+
+def markdown_values(values) -> str:
+    """Values as a Markdown table cell: each in backticks, comma-separated."""
+    return ", ".join(f"`{v}`" for v in values)
 
 
 def sm_of(arch: str) -> int:
@@ -236,6 +241,22 @@ class Family:
                 lines.append(f"{axis}: {default} (default), {', '.join(rest)}" if rest
                              else f"{axis}: {default}")
         return "\n".join(lines or ["(none)"]) + "\n"
+
+    def axes_markdown(self) -> list[str]:
+        """The family's section of docs/axes.md (lines): its keys (``family.*``, the default value
+        first) and values, then its rules."""
+        out = [f"## family={self.name}: {self.title}", "",
+               "| key | values (of `family.*`: the default first) |", "| --- | --- |"]
+        for key, values in self.axes.items():
+            if key == "precision":
+                out.append(f"| `precision` | {markdown_values(values)} |")
+                continue
+            default = self.defaults.get(key, values[0])
+            ordered = [default, *(v for v in values if str(v) != str(default))]
+            out.append(f"| `family.{key}` | {markdown_values(ordered)} |")
+        if self.rules:
+            out += ["", "Rules:", ""] + [f"- `{r.name}`: {r.why}" for r in self.rules]
+        return out
 
     def auto_tile(self, cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None):
         """tile=auto: the :class:`experiments.spec.AutoTile` (preset name, spec, estimated time) for an

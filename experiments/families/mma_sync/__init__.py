@@ -13,9 +13,9 @@ import time
 
 from ...spec_tables import ARCHS, GROUP_M_RANGE, MAX_STAGES, PRECISIONS
 from ...timing import tflops
-from ..base import Build, Family, Prepared
+from ..base import Build, Family, Prepared, markdown_values
 from .render import render
-from .rules import make_axes
+from .rules import RULES, make_axes
 from .spec import NAME, KernelSpec, auto_tile, describe_space, space, spec_from_config
 
 __all__ = ["MmaSyncFamily", "NAME", "ROOT_KEYS", "KernelSpec"]
@@ -113,6 +113,17 @@ class MmaSyncFamily(Family):
                  for a in make_axes()]
         return (f"(none: family={NAME} is set by the root keys; their values, defaults in the config "
                 "below:)\n" + "\n".join(lines) + "\n")
+
+    def axes_markdown(self) -> list[str]:
+        """The root keys with the values the space enumerates and their meaning, then the rules in the
+        order they are checked (docs/axes.md)."""
+        out = [f"## family={NAME} (the default): the root keys", "",
+               "| key | values the space enumerates | meaning |", "| --- | --- | --- |"]
+        for ax in make_axes():
+            vals = ax.labels if len(ax.labels) < 12 else (*ax.labels[:3], "...", ax.labels[-1])
+            out.append(f"| `{ax.key}` | {markdown_values(vals)} | {ax.meaning} |")
+        out += ["", "Rules, in the order they are checked:", ""]
+        return out + [f"- `{r.name}`: {r.why}" for r in RULES]
 
     def auto_tile(self, cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None):
         """tile=auto's choice for M x N x K on ``sms`` SMs (:func:`.spec.auto_tile`)."""
