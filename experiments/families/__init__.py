@@ -1,9 +1,10 @@
 """Kernel families, by name: :func:`get` returns a family, :func:`names` lists them, :data:`DEFAULT`
 names the one a config without ``family=`` runs.
 
-Each family (one module here) implements :class:`~experiments.families.base.Family`; the runner knows
-nothing family-specific beyond this registry (:mod:`.runner`: the family, spec and resources of a
-config, for ``experiments.kernel``; docs/DESIGN.md: how to add a family).
+Each family (one module here, or a package: the default family's) implements
+:class:`~experiments.families.base.Family`; the runner knows nothing family-specific beyond this
+registry (:mod:`.runner`: the family, spec and resources of a config, for ``experiments.kernel``;
+docs/DESIGN.md: how to add a family).
 """
 from __future__ import annotations
 
