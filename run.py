@@ -67,33 +67,14 @@ def config_groups() -> str:
 
 def family_options(name: str) -> str:
     """The options (family.<option>) of family ``name`` and their valid values, the default first, for
-    --help; the mma_sync family has none: the root keys set it, listed with their values (the axes of
-    ``experiments.spec_rules.make_axes``; defaults in the config below)."""
-    from experiments.config import MMA_SYNC
+    --help (the family's ``options_help``: the default family has none, its root keys are listed with
+    their values instead)."""
     from experiments.families import get
-    if name == MMA_SYNC:
-        from experiments.spec_rules import make_axes
-        from experiments.spec_tables import GROUP_M_RANGE, MAX_STAGES
-        ranges = {"pipeline.stages": f"1 ... {MAX_STAGES} (what shared memory allows)",
-                  "tile.group_m": f"{GROUP_M_RANGE[0]} ... {GROUP_M_RANGE[1]}"}
-        auto = {"target.arch", "acc", "mma", "tile"}       # keys that also take auto
-        values = lambda a: ranges.get(a.key) or " | ".join(["auto"] * (a.key in auto) + list(a.labels))  # noqa: E731
-        lines = [f"  {a.key}: {values(a)}"
-                 + (" (presets), or tile.block=[BM,BN] tile.warps=[WM,WN]" if a.key == "tile" else "")
-                 for a in make_axes()]
-        return (f"(none: family={MMA_SYNC} is set by the root keys; their values, defaults in the config "
-                "below:)\n" + "\n".join(lines) + "\n")
     try:
         fam = get(name)
     except Exception:  # noqa: BLE001 - an unknown family: Hydra names the valid ones
         return "-\n"
-    lines = []
-    for axis, values in fam.axes.items():
-        if axis != "precision":
-            default = fam.defaults.get(axis, values[0])
-            rest = [str(v) for v in values if str(v) != str(default)]
-            lines.append(f"{axis}: {default} (default), {', '.join(rest)}" if rest else f"{axis}: {default}")
-    return "\n".join(lines or ["(none)"]) + "\n"
+    return fam.options_help()
 
 
 OmegaConf.register_new_resolver("config_groups", config_groups, use_cache=True, replace=True)

@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from experiments.families import DEFAULT
+
 from .runs import tidy_from_runs
 
 __all__ = ["DEFAULT_CLAIMS", "DEFAULT_DIR", "load_spec", "study_records", "read_study", "load_into_mlflow",
@@ -39,7 +41,7 @@ def load_spec(claims: str | Path = DEFAULT_CLAIMS) -> dict:
 
 
 def _family(name: str) -> str:
-    return "wmma" if "wmma" in name else "dp4a" if "dp4a" in name else "mma_sync"
+    return "wmma" if "wmma" in name else "dp4a" if "dp4a" in name else DEFAULT
 
 
 def _implausible(precision: str, n: int, rate: float, ref: dict) -> str | None:

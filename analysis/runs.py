@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.metrics import describe
+from experiments.families import DEFAULT
 
 from .schema import cast, infer, schema_types
 
@@ -68,7 +69,8 @@ COLUMNS: tuple[Column, ...] = (
            "reference runs: how a duration was derived from published ratios"),
     Column("study_kernel", "param", "study_kernel", "str", "the study's name of this kernel (study presets)"),
     Column("study_kernel", "tag", "study_kernel", "str", "the same, where the record carries it as a tag"),
-    Column("family", "param", "family", "str", "kernel family: mma_sync (default), wmma, dp4a, cublas, ..."),
+    Column("family", "param", "family", "str",
+           f"kernel family: {DEFAULT} (default), wmma, dp4a, cublas, ..."),
     Column("mma_native", "tag", "mma_native", "str",
            "true / false / unknown: the SASS holds the element type's tensor-core MMA (false: emulated)"),
     Column("m", "param", "problem.m", "int", "rows of A and C"),
@@ -142,7 +144,7 @@ def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
             df[key] = pd.to_numeric(df[key]).astype("Int64")
         elif key not in types and (df[key].dtype == object or pd.api.types.is_string_dtype(df[key])):
             df[key] = infer(df[key])
-    df["family"] = df["family"].fillna("mma_sync")
+    df["family"] = df["family"].fillna(DEFAULT)
     older = {"FINISHED": "verified", "FAILED": "failed", "KILLED": "skipped", "RUNNING": "running"}
     df["outcome"] = df["outcome"].fillna(df["status"].map(older))
     df.loc[(df["outcome"] == "verified") & (df["backend"] == "static"), "outcome"] = "static"

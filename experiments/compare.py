@@ -1,7 +1,7 @@
 """Relations between runs in the store: speedups over the baseline families and the share of the
 GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names from record.py.
 
-- Every verified GEMM run of a family that is neither a baseline nor ``peak`` (mma_sync, ...) gets
+- Every verified GEMM run of a family that is neither a baseline nor ``peak`` (the default family, ...) gets
   ``speedup_vs_<b>`` = its throughput / the throughput of the best verified run of baseline family
   ``b`` (wmma, dp4a, cublas) on the same GPU (tag ``gpu``), problem size and precision. Baseline runs
   get no speedups. When a baseline run arrives later, the GEMM runs it is a reference of are updated.
@@ -9,7 +9,7 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   throughput of a verified ``peak`` run of the same GPU, driver, precision and tensor-core generation,
   and the tag ``peak_run`` with that run's id. The generation is the instruction the family issues:
   runs of family ``wgmma`` divide by the peak measured with ``wgmma.mma_async`` (peak param
-  ``spec.instruction=wgmma``), every other family (mma_sync, wmma, dp4a, and cuBLAS as before) by the
+  ``spec.instruction=wgmma``), every other family (the default, wmma, dp4a, and cuBLAS as before) by the
   ``mma.sync`` peak (peak runs without the param are mma.sync peaks). The peak run is one of the same
   sweep (parent run) when the sweep measured one, else the latest in the store; of its shapes, the one
   the run itself issues (param ``spec.mma``) when measured, else the highest (the precision's
@@ -18,27 +18,28 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   arrives later updates the GEMM runs its own sweep measured that divide by its generation (a reused
   run keeps what the sweep that measured it logged). Peak runs fed from shared memory (param
   ``spec.feed=ldmatrix``) are the ceiling of a main loop, not of the instruction: they divide nothing.
-Runs tracked before the family param existed count as mma_sync.
+Runs tracked before the family param existed count as the default family (``families.DEFAULT``).
 """
 from __future__ import annotations
 
 from .metrics import rounded
+from .families import DEFAULT
 from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
 from .track import sweeps_of
 
 __all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION"]
 
-MMA_SYNC = "mma_sync"
 # family -> the instruction of the peak its pct_of_peak divides by (experiments/families/peak.py,
-# option instruction); every family not named here divides by the mma.sync peak
+# option instruction); every family not named here divides by the mma.sync peak, whose instruction
+# value is the default family's name
 PEAK_INSTRUCTION = {"wgmma": "wgmma"}
 VERIFIED = "attributes.status = 'FINISHED' and tags.outcome = 'verified'"   # an MLflow filter
 
 
 def family_of(run) -> str:
-    """A run's family param (mma_sync for runs without one)."""
-    return run.data.params.get("family", MMA_SYNC)
+    """A run's family param (the default family for runs without one)."""
+    return run.data.params.get("family", DEFAULT)
 
 
 def _q(value: str) -> str:
@@ -75,13 +76,15 @@ def speedups(tr, run, only: tuple = BASELINES) -> dict:
 
 
 def peak_instruction(run) -> str:
-    """The instruction of the peak a GEMM run relates to: wgmma for family wgmma, else mma_sync."""
-    return PEAK_INSTRUCTION.get(family_of(run), MMA_SYNC)
+    """The instruction of the peak a GEMM run relates to: wgmma for family wgmma, else mma.sync (the
+    default family's name)."""
+    return PEAK_INSTRUCTION.get(family_of(run), DEFAULT)
 
 
 def instruction_of_peak(run) -> str:
-    """The instruction a peak run measured (param ``spec.instruction``; mma_sync without it)."""
-    return run.data.params.get("spec.instruction", MMA_SYNC)
+    """The instruction a peak run measured (param ``spec.instruction``; mma.sync, the default family's
+    name, without it)."""
+    return run.data.params.get("spec.instruction", DEFAULT)
 
 
 def feed_of(run) -> str:
@@ -92,7 +95,8 @@ def feed_of(run) -> str:
 
 def peak_of(tr, run, instruction: str | None = None, sweep: str | None = None):
     """The peak run ``run``'s pct_of_peak divides by (see the module's rule), or None.
-    ``instruction`` (mma_sync, wgmma): that generation's peak instead of :func:`peak_instruction`'s;
+    ``instruction`` (mma.sync, named as the default family, or wgmma): that generation's peak instead of
+    :func:`peak_instruction`'s;
     ``sweep``: the parent run id whose peaks (measured or reused) come first (default: ``run``'s
     parent; a report of a sweep passes it, as ``run`` may be one the sweep reused)."""
     t, p = run.data.tags, run.data.params

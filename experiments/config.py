@@ -15,9 +15,7 @@ from hydra.core.config_store import ConfigStore
 from .dtypes import Accum, DType
 
 __all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "SmemLayout", "Acc", "Backend", "Config",
-           "register", "family_schema", "MMA_SYNC"]
-
-MMA_SYNC = "mma_sync"     # the default family: its axes are the root keys below
+           "register", "family_schema"]
 
 
 def _precisions() -> dict:
@@ -76,7 +74,7 @@ class TileConf:
     block: List[int] = field(default_factory=lambda: [256, 128])   # BM, BN
     warps: List[int] = field(default_factory=lambda: [4, 2])       # warps along M, along N
     group_m: int = 8            # block rasterization: block rows per group (1 = row-major)
-    auto: bool = False          # tile=auto: block and warps chosen per problem size (spec.auto_tile)
+    auto: bool = False          # tile=auto: block and warps chosen per problem size (the family's auto_tile)
     sms: Optional[int] = None   # tile=auto plans for this many SMs (default: the GPU's own count)
 
 
@@ -136,11 +134,6 @@ class TrackingConf:
     wait: float = 30.0          # seconds a write to a SQLite store waits for another process's write lock
 
 
-@dataclass
-class MmaSyncConf:
-    name: str = MMA_SYNC        # options: the root keys (ktile, mma, acc, b_layout, tile, loader, ...)
-
-
 def _make_schema(name: str) -> type:
     from .families import get
     fam = get(name)
@@ -160,7 +153,7 @@ def _make_schema(name: str) -> type:
         enum = Enum(f"{name}_{axis}", {str(v): v for v in values}, module=__name__)
         globals()[enum.__name__] = enum          # importable by name: configs pickle (joblib, submitit)
         fields.append((axis, enum, field(default=enum[str(default)])))
-    schema = make_dataclass(f"{name.capitalize()}Conf", fields)
+    schema = make_dataclass("".join(w.capitalize() for w in name.split("_")) + "Conf", fields)
     schema.__module__ = __name__
     globals()[schema.__name__] = schema
     return schema
@@ -200,7 +193,7 @@ class Config:
 
 def _all_schemas() -> dict:
     from .families import names
-    return {MMA_SYNC: MmaSyncConf, **{n: _make_schema(n) for n in names()}}
+    return {n: _make_schema(n) for n in names()}
 
 
 _SCHEMAS = _all_schemas()     # made once per process; read-only after

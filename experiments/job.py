@@ -1,5 +1,5 @@
-"""One Hydra job = one kernel configuration of any family: validate, build the source (render the
-mma_sync template, or the family's build), assemble, then per problem size verify + time on the GPU
+"""One Hydra job = one kernel configuration of any family: validate, build the source (the family's
+build: a rendered template, or CUDA C++), assemble, then per problem size verify + time on the GPU
 (in the worker process) and track, or track the static resources (experiments.kernel builds it).
 
 Every run a job starts ends FINISHED (a skipped run too: tag ``outcome=skipped``, reason in
@@ -23,11 +23,12 @@ from rich.console import Console
 
 from . import record, track
 from .compare import relate
-from .families.runner import MMA_SYNC, WGMMA, family_name
+from .families import get as get_family
+from .families import names as family_names
+from .families.runner import WGMMA, family_name
 from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
                      resolved, tile_is_auto)
 from .metrics import rounded
-from .render import render
 from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
@@ -61,7 +62,7 @@ class _Job:
         if not uri:                 # a job started without run.py's sweep start
             uri, experiment = track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
         self.tr = track.get_tracker(uri, experiment, float(cfg.tracking.wait), restore=True)
-        self.params = {**record.params_of(track.flatten(data), {}), "family": family_name(cfg)}
+        self.params = {**record.params_of(track.flatten(data)), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0
 
@@ -150,18 +151,16 @@ def _backend_tag(cfg) -> str:
     return "static" if value(cfg.backend) == "static" or nvml_gpu() is None else "gpu"
 
 
-# keys of the mma_sync family (its axes are root keys); other families take family.* options
-MMA_SYNC_KEYS = ("ktile", "mma", "acc", "b_layout", "smem_layout", "tile", "loader", "pipeline", "cache")
-
-
 def ignored_keys(overrides: str, family: str) -> list[str]:
     """The keys among the job's command-line ``overrides`` (space-separated ``key=value``) that only
-    the mma_sync family reads, when ``family`` is another one: they would change nothing. The wgmma
-    family reads tile=auto (with ``tile.auto``, ``tile.sms``): it chooses its own block tile then."""
-    if family == MMA_SYNC:
-        return []
-    auto = {"tile=auto", "tile.auto", "tile.sms"} if family in AUTO_KEYS else set()
-    return [k for k, v in _override_pairs(overrides) if k.split(".", 1)[0] in MMA_SYNC_KEYS
+    another family reads (its ``root_keys``: the default family's options), when ``family`` is not that
+    one: they would change nothing. A family with tile=auto (``auto_keys``: wgmma) reads tile=auto
+    (with ``tile.auto``, ``tile.sms``): it chooses its own block tile then."""
+    fam = get_family(family)
+    others = {k for name in family_names() if name != family for k in get_family(name).root_keys}
+    others -= set(fam.root_keys)
+    auto = {"tile=auto", "tile.auto", "tile.sms"} if fam.auto_keys else set()
+    return [k for k, v in _override_pairs(overrides) if k.split(".", 1)[0] in others
             and f"{k}={v}" not in auto and k not in auto]
 
 
@@ -170,14 +169,10 @@ def _override_pairs(overrides: str) -> list[tuple[str, str]]:
     return [(k, v) for k, _, v in (o.lstrip("+~").partition("=") for o in overrides.split())]
 
 
-# what tile=auto sets per problem size, by family: a value given for one of these is replaced
-AUTO_KEYS = {MMA_SYNC: ("tile.block", "tile.warps"), WGMMA: ("family.bn", "family.consumers")}
-
-
 def auto_replaced_keys(overrides: str, family: str) -> list[str]:
     """The keys among the job's command-line ``overrides`` that tile=auto sets itself for ``family``
-    (:data:`AUTO_KEYS`): their values would not be used."""
-    return [k for k, _ in _override_pairs(overrides) if k in AUTO_KEYS.get(family, ())]
+    (its ``auto_keys``): their values would not be used."""
+    return [k for k, _ in _override_pairs(overrides) if k in get_family(family).auto_keys]
 
 
 def _run(cfg, job: _Job) -> dict:
@@ -186,15 +181,17 @@ def _run(cfg, job: _Job) -> dict:
         one = len(ignored) == 1
         tile = ("; of the tile keys it reads tile=auto and tile.sms only (tile rows per group: family.group)"
                 if family_name(cfg) == WGMMA and any(k.split(".")[0] == "tile" for k in ignored) else "")
+        owners = [n for n in family_names() if ignored[0].split(".", 1)[0] in get_family(n).root_keys]
         console.print(f"{job.label} [yellow]note:[/] {', '.join(ignored)} appl{'ies' if one else 'y'} to "
-                      f"family=mma_sync only; family={family_name(cfg)} ignores {'it' if one else 'them'} "
+                      f"family={' or '.join(owners)} only; family={family_name(cfg)} ignores "
+                      f"{'it' if one else 'them'} "
                       f"(its options are family.*: `python run.py family={family_name(cfg)} --help`{tile})")
     if replaced := auto_replaced_keys(job.overrides, family_name(cfg)) if tile_is_auto(cfg) else []:
         many = len(replaced) > 1
         console.print(f"{job.label} [yellow]note:[/] tile=auto chooses {' and '.join(replaced)} per problem "
                       f"size; the value{'s' if many else ''} given {'are' if many else 'is'} not used "
                       "(a fixed tile: drop tile=auto)")
-    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and family_name(cfg) in AUTO_KEYS:
+    if cfg.tile.get("sms") is not None and not tile_is_auto(cfg) and get_family(family_name(cfg)).auto_keys:
         console.print(f"{job.label} [yellow]note:[/] tile.sms plans tile=auto only; with a fixed tile it "
                       "changes nothing")
     backend = value(cfg.backend)
@@ -209,7 +206,7 @@ def _run(cfg, job: _Job) -> dict:
         return _run_kernel(cfg, job, gpu)
     counts: dict = {}
     for sub, tags in _auto_tiles(cfg, job, gpu):
-        job.params = {**record.params_of(track.flatten(sub), {}), "family": family_name(sub)}
+        job.params = {**record.params_of(track.flatten(sub)), "family": family_name(sub)}
         for key, n in _run_kernel(sub, job, gpu, tags).items():
             counts[key] = counts.get(key, 0) + n
     return counts
@@ -237,7 +234,7 @@ def _run_kernel(cfg, job: _Job, gpu, auto_tags: dict | None = None) -> dict:
     tile=auto tags (the choice is part of the run key, so it is measured as a run of its own)."""
     try:
         kern = make_kernel(cfg, job.out_dir, gpu["compute_capability"] if gpu else None, gpu is not None,
-                           job.params, lambda text: console.print(f"{job.label} {text}"), render)
+                           job.params, lambda text: console.print(f"{job.label} {text}"))
     except SourceRejected as exc:
         job.params = exc.kernel.params
         job.start(exc.kernel.name(None), {**exc.kernel.tags, **(auto_tags or {})})

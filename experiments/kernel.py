@@ -1,9 +1,9 @@
 """One job's kernel, whatever its family: validated spec, source, ptxas' resources, run names, run
 identity and the worker call that verifies and times it (:class:`Kernel`), for ``experiments.job``.
 
-``mma_sync`` (the default family) is built from the root keys and its PTX template; every other
-family through the registry (``experiments.families``: spec, build, unit, rate). Both give the same
-Kernel, so the runner's static and GPU paths and the tracking after them are shared.
+Every family is built through the registry (``experiments.families``: spec from the config as the
+family reads it, build, unit, rate, names and params), so the runner's static and GPU paths and the
+tracking after them are shared.
 """
 from __future__ import annotations
 
@@ -14,16 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import record, track
-from .assemble import SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble, sass_summary
+from .assemble import SASS_OPS, Assembly, PtxasError, sass_summary
 from .families import get as get_family
-from .families.runner import (MMA_SYNC, WGMMA, NvccError, family_name, family_options, family_shapes,
-                              family_spec, resources, sass_subject)
-from .families.wgmma import auto_tile as wgmma_auto_tile
+from .families import names as family_names
+from .families.base import ptx_sha256
+from .families.runner import NvccError, family_name, family_shapes, family_spec, resources, sass_subject
+from .hardware import ARCHS
 from .metrics import rounded
-from .render import ptx_sha256
-from .spec import (KernelSpec, SpecError, auto_tile, misfit_message, resolve_arch, spec_from_config,
-                   value)
-from .timing import tflops
+from .spec import SpecError, _parse_version
 from .toolchain import toolchain_tags
 
 __all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit", "tile_is_auto", "auto_tile_plans",
@@ -85,24 +83,22 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
     sweep). Checked: precision (the families' precisions), target.arch (auto, or an arch on which
     some precision of the families has a kernel with its default options), target.ptx_version (auto or
     MAJOR.MINOR), problem.sizes (positive integers) and problem.shapes ([M, N, K] of positive integers)."""
-    families = list(families or [MMA_SYNC, *_family_names()])
+    families = list(families or family_names())
     if key == "precision":
         valid = {p: None for f in families for p in _precisions(f)}
         if str(v) in valid:
             return None
-        owners = [f for f in [MMA_SYNC, *_family_names()] if str(v) in _precisions(f)]
+        owners = [f for f in family_names() if str(v) in _precisions(f)]
         other = f" ({v} is a precision of family={' or '.join(owners)})" if owners else ""
         return (f"precision={v} is not valid for family={','.join(families)}; valid: {', '.join(valid)}"
                 f"{other}")
     if key == "target.arch":
-        from .spec import ARCHS
         valid = [a for a in ARCHS if any(a in _archs(f) for f in families)]
         if str(v) == "auto" or str(v) in valid:
             return None
         return (f"target.arch={v} is not valid for family={','.join(families)}; valid: auto, "
                 f"{', '.join(valid)}")
     if key == "target.ptx_version":
-        from .spec import SpecError, _parse_version
         try:
             _parse_version(str(v))
         except SpecError as exc:
@@ -129,75 +125,47 @@ def _shown(v) -> str:
     return str(list(v) if isinstance(v, tuple) else v).replace(" ", "")
 
 
-def _family_names() -> list:
-    from .families import names
-    return list(names())
-
-
 def _precisions(family: str) -> tuple:
-    from .spec import PRECISIONS
-    return tuple(PRECISIONS) if family == MMA_SYNC else tuple(get_family(family).axes["precision"])
+    return tuple(get_family(family).axes["precision"])
 
 
 @functools.lru_cache(maxsize=None)
 def _archs(family: str) -> tuple:
     """The archs of ``family``: those where some precision has a kernel with the default options."""
-    from .spec import ARCHS, PRECISIONS
-    if family == MMA_SYNC:
-        return tuple(a for a, lim in ARCHS.items() if any(lim.sm >= p.min_arch for p in PRECISIONS.values()))
-    fam = get_family(family)
-
-    def takes(precision, arch):
-        try:
-            fam.spec(precision, {}, arch)
-            return True
-        except SpecError:
-            return False
-    return tuple(a for a in ARCHS if any(takes(p, a) for p in fam.axes["precision"]))
+    return get_family(family).archs()
 
 
 def tile_is_auto(cfg) -> bool:
-    """Whether ``cfg`` asks tile=auto (conf/tile/auto.yaml) of the mma_sync family (tile.block and
-    tile.warps) or the wgmma family (family.consumers and family.bn); the other families have tiles of
-    their own (``family.*``) and ignore it."""
-    return family_name(cfg) in (MMA_SYNC, WGMMA) and bool(cfg.tile.get("auto", False))
+    """Whether ``cfg`` asks tile=auto (conf/tile/auto.yaml) of a family that has one (its
+    ``auto_keys``: the default family's tile.block and tile.warps, wgmma's family.consumers and
+    family.bn); the other families have tiles of their own (``family.*``) and ignore it."""
+    return bool(get_family(family_name(cfg)).auto_keys) and bool(cfg.tile.get("auto", False))
 
 
 def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, list]]:
-    """tile=auto: one config per distinct tile the problem sizes get on ``sms`` SMs
-    (:func:`experiments.spec.auto_tile` for mma_sync, :func:`experiments.families.wgmma.auto_tile` for
-    wgmma), in the order of the sizes, each with ``tile.block``/``tile.warps`` (wgmma:
-    ``family.consumers``/``family.bn``) set to the choice and ``problem.sizes`` (or
-    ``problem.shapes``) to the sizes that chose it.
+    """tile=auto: one config per distinct tile the problem sizes get on ``sms`` SMs (the family's
+    ``auto_tile``), in the order of the sizes, each with the keys the family's ``auto_settings`` names
+    (``tile.block``/``tile.warps``, wgmma: ``family.consumers``/``family.bn``) set to the choice and
+    ``problem.sizes`` (or ``problem.shapes``) to the sizes that chose it.
 
     Returns [(config, [(size, AutoTile), ...]), ...]. Raises SpecError (a bad size; no preset fits)."""
     import copy
 
-    from omegaconf import read_write
+    from omegaconf import OmegaConf, read_write
     plans: dict = {}
-    wgmma = family_name(cfg) == WGMMA
+    fam = get_family(family_name(cfg))
     shapes = shapes_of(cfg)
     if not shapes:
         raise SpecError("problem.sizes and problem.shapes are both empty; give at least one size")
-    if wgmma:
-        fam, precision = get_family(WGMMA), value(cfg.precision)
-        arch = resolve_arch(str(cfg.target.arch), gpu_cc)
     for shape in shapes:
-        if wgmma:
-            choice = wgmma_auto_tile(fam, precision, family_options(cfg), *shape, sms=sms, arch=arch)
-        else:
-            choice = auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)
+        choice = fam.auto_tile(cfg, *shape, sms=sms, gpu_cc=gpu_cc)
         plans.setdefault(choice.name, []).append((shape, choice))
     out = []
     for group in plans.values():
         sub = copy.deepcopy(cfg)
-        s = group[0][1].spec
         with read_write(sub):
-            if wgmma:
-                sub.family.consumers, sub.family.bn = s.p["consumers"], s.p["bn"]
-            else:
-                sub.tile.block, sub.tile.warps = [s.bm, s.bn], [s.warps_m, s.warps_n]
-                sub.tile.group_m = s.group_m
+            for key, val in fam.auto_settings(group[0][1].spec).items():
+                OmegaConf.update(sub, key, val)
             if cfg.problem.shapes:
                 sub.problem.shapes = [list(shape) for shape, _ in group]
             else:
@@ -258,30 +226,6 @@ def check_settings(cfg) -> None:
             raise SpecError(problem)
 
 
-def _check_shapes(spec: KernelSpec, shapes) -> None:
-    """Every problem size must fit the kernel, in every backend, before any work (SpecError)."""
-    if not shapes:
-        raise SpecError("problem.sizes and problem.shapes are both empty; give at least one size")
-    bad = []
-    for m, n, k in shapes:
-        try:
-            spec.check_problem(m, n, k)
-        except SpecError as exc:
-            bad.append(((m, n, k), exc))
-    if bad:
-        raise SpecError(misfit_message(spec.entry, shapes, bad, (spec.bm, spec.bn, spec.ktile),
-                                       functools.partial(_takes, spec.check_problem)))
-
-
-def _takes(check_problem, n: int) -> bool:
-    """Whether ``check_problem`` (a kernel's: M, N, K -> None, or SpecError) takes N x N x N."""
-    try:
-        check_problem(n, n, n)
-        return True
-    except SpecError:
-        return False
-
-
 def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) -> dict:
     m = {"threads": threads, "smem_dynamic_bytes": dyn_smem} if threads else {}
     if asm is not None:
@@ -307,49 +251,13 @@ def _base_tags(entry: str, sha: str, arch: str, use_gpu: bool, cfg) -> tuple[dic
     return tags, tools
 
 
-# axes added after runs were tracked, at the value those runs had: left out of the run key there, so a
-# store's finished runs keep their keys
-_KEY_DEFAULTS = {"smem_layout": "padded"}
-
-
-def _identity_axes(spec) -> list:
-    """The spec's axes for the run key (sorted items of ``spec.flat()`` without :data:`_KEY_DEFAULTS`)."""
-    return sorted((k, v) for k, v in spec.flat().items() if _KEY_DEFAULTS.get(k, object()) != v)
-
-
-def _mma_sync_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say, render) -> Kernel:
-    """The mma_sync family's kernel: spec from the root keys, PTX rendered from the template."""
-    spec = spec_from_config(cfg, gpu_cc)
-    shapes = shapes_of(cfg)
-    _check_shapes(spec, shapes)
-    ptx = render(spec)
-    sha = ptx_sha256(ptx)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ptx_path = out_dir / f"{spec.entry}.ptx"
-    ptx_path.write_text(ptx)
-    tags, tools = _base_tags(spec.entry, sha, spec.arch, use_gpu, cfg)
-    call = ("measure", {"ptx": ptx, "ptx_path": str(ptx_path), "spec": spec.as_kwargs()})
-    kern = Kernel(spec.entry, spec.arch, {record.ARTIFACTS["ptx"]: ptx},
-                  (_identity_axes(spec), sha, tools["ptxas_version"]),
-                  spec.prec.unit, functools.partial(record.run_name, spec),
-                  call, tflops, shapes, {**record.params_of(params, spec.flat()), "family": MMA_SYNC}, tags)
-    try:
-        kern.asm = assemble(ptx, spec.entry, spec.arch, threads=spec.threads, dyn_smem=spec.smem_bytes,
-                            workdir=out_dir / "ptxas")
-    except PtxasMissing as exc:
-        say(f"[yellow]{exc}[/] Tracking the rendered kernel without resources.")
-        kern.static_note = "no ptxas"
-    except PtxasError as exc:
-        raise SourceRejected(kern, "ptxas", str(exc)) from None
-    if kern.asm is not None:
-        tags.update(sass_summary(kern.asm, spec)[1])
-    kern.static = _static_metrics(spec.threads, spec.smem_bytes, kern.asm, spec)
-    return kern
-
-
-def _family_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say, render=None) -> Kernel:
-    """A registered family's kernel (experiments.families): spec from ``family.*`` and precision,
-    source from the family's build, resources through nvcc and ptxas where they apply."""
+def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: dict, say) -> Kernel:
+    """The Kernel of the composed config ``cfg`` (family ``family.name``, default
+    ``experiments.families.DEFAULT``) for a GPU of compute capability ``gpu_cc`` (None: none): spec as
+    the family reads it from the config, source from the family's build, resources through nvcc and
+    ptxas where they apply. ``params``: the run params of the config (record.params_of); ``say(text)``
+    prints a line for the job. Raises SpecError (an impossible combination or size, naming key, value
+    and valid values) or SourceRejected (ptxas or nvcc failed)."""
     fam, spec = family_spec(cfg, gpu_cc)
     shapes = family_shapes(fam, spec, shapes_of(cfg) if fam.sized else [])
     build = fam.build(spec)
@@ -361,10 +269,10 @@ def _family_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say,
                                "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
                                          "options": list(build.options)}})
     kern = Kernel(spec.entry, spec.arch, {art: build.source} if art else {},
-                  (sorted(spec.flat().items()), sha, tools["ptxas_version"]), fam.unit(spec),
-                  functools.partial(record.family_run_name, spec, tuple(fam.axes)), call,
+                  (fam.identity(spec), sha, tools["ptxas_version"]), fam.unit(spec),
+                  functools.partial(record.run_name, fam, spec), call,
                   functools.partial(fam.rate, spec), shapes,
-                  record.family_params(params, fam.name, spec.flat()), tags)
+                  record.params_of(params, fam, spec.flat()), tags)
     try:
         kern.asm, note = resources(fam, spec, build, out_dir / "ptxas")
     except (PtxasError, NvccError) as exc:
@@ -379,17 +287,6 @@ def _family_kernel(cfg, out_dir: Path, gpu_cc, use_gpu: bool, params: dict, say,
         tags.update(sass_summary(kern.asm, subject)[1])
     kern.static = _static_metrics(fam.threads(spec), fam.dyn_smem(spec), kern.asm, subject)
     return kern
-
-
-def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: dict, say,
-                render: Callable) -> Kernel:
-    """The Kernel of the composed config ``cfg`` (family ``family.name``, default mma_sync) for a GPU
-    of compute capability ``gpu_cc`` (None: none). ``params``: the run params of the config (record.
-    params_of); ``say(text)`` prints a line for the job; ``render``: the mma_sync PTX renderer
-    (:func:`experiments.render.render`, given by the runner). Raises SpecError (an impossible
-    combination or size, naming key, value and valid values) or SourceRejected (ptxas or nvcc failed)."""
-    make = _mma_sync_kernel if family_name(cfg) == MMA_SYNC else _family_kernel
-    return make(cfg, out_dir, gpu_cc, use_gpu, params, say, render)
 
 
 @functools.lru_cache(maxsize=1)

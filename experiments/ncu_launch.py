@@ -3,7 +3,7 @@
     ncu --export R -k regex:'^(entryA|entryB)$' --launch-skip N --launch-count N --metrics ... \\
         python -m experiments.ncu_launch plan.json
 
-The program (:func:`main`) rebuilds each kernel of the plan from its PTX and spec, loads all of
+The program (:func:`main`) rebuilds each kernel of the plan from its source and spec, loads all of
 them first, then launches every item twice, in plan order: a warm-up pass (N launches that
 ``--launch-skip N`` leaves out) and a profiled pass (the N launches ncu profiles). No
 verification and no timing loop run in it. It prints ``ncu_launch: start|done <pass> <i>``
@@ -14,7 +14,6 @@ It writes nothing to MLflow: :mod:`experiments.profile` logs what :func:`profile
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -108,8 +107,9 @@ class NcuRun:
 
 def run_ncu(ncu: str, items: list, mset: MetricSet, arch: str, settings: dict, workdir: Path,
             index: int, timeout: float) -> NcuRun:
-    """Profile ``items`` (dicts: run_id, entry, ptx_path, spec, m, n, k, seed) in one ncu process,
-    then read the report back with ``ncu --import R --csv --page raw --print-units base``.
+    """Profile ``items`` (dicts of :func:`plan_item`: run_id, entry, family, precision, arch, params,
+    build, m, n, k, seed) in one ncu process, then read the report back with
+    ``ncu --import R --csv --page raw --print-units base``.
 
     Files go to ``workdir``: plan_<index>.json, profile_<index>.ncu-rep, .log and .csv.
     Raises CounterPermissionError (ERR_NVGPUCTRPERM) and NoKernelsProfiled (naming the filter).
@@ -154,52 +154,55 @@ def _artifact(key: str, default: str) -> str:
         return default
 
 
-def _spec_of(client, run, dst: Path):
-    """The run's KernelSpec: from its ``spec.<field>`` params when it has them all, else rebuilt from
-    its ``config.yaml`` artifact as the sweep built it (``auto`` resolved for the run's arch)."""
+def _config_of(client, run, dst: Path):
+    """The run's ``config.yaml`` artifact, loaded (raises what MLflow or OmegaConf raise)."""
     from omegaconf import OmegaConf
+    return OmegaConf.load(client.download_artifacts(run.info.run_id, _artifact("config", "config.yaml"),
+                                                    str(dst)))
 
-    from .spec import KernelSpec, spec_from_config
-    p, kw, lacking = run.data.params, {}, []
-    for f in dataclasses.fields(KernelSpec):
-        v = p.get(f"spec.{f.name}")
-        if v is None:       # runs tracked before an axis existed have its default
-            if f.default is dataclasses.MISSING:
-                lacking.append(f"spec.{f.name}")
-            continue
-        kw[f.name] = tuple(int(x) for x in v.split(".")) if f.name == "ptx_version" else (
-            int(v) if f.type in ("int", int) else v)
-    if not lacking:
-        return KernelSpec(**kw)
-    name = _artifact("config", "config.yaml")
+
+def _logged_source(client, run, dst: Path, entry: str) -> str:
+    """The PTX the run logged (artifact ``kernel.ptx.txt``, or ``<entry>.ptx`` for runs tracked before
+    the run record), checked against tag ptx_sha256. Raises ValueError when it is gone or differs."""
+    t = run.data.tags
+    names = [_artifact("ptx", "kernel.ptx.txt"), f"{entry}.ptx"]   # runs tracked before the record
     try:
-        cfg = OmegaConf.load(client.download_artifacts(run.info.run_id, name, str(dst)))
-        arch = p.get("spec.arch") or run.data.tags.get("arch", "")
-        return spec_from_config(cfg, int(arch[3:]) if arch.startswith("sm_") else None)
-    except Exception as exc:  # noqa: BLE001 - no artifact, an old config layout, an invalid spec
-        raise ValueError(f"the kernel cannot be rebuilt: params {', '.join(lacking)} are missing and "
-                         f"artifact {name} gave: {type(exc).__name__}: {exc}") from None
+        found = {a.path for a in client.list_artifacts(run.info.run_id)} & set(names)
+        name = next(n for n in names if n in found)
+        ptx = dst / f"{entry}.ptx"
+        ptx.write_bytes(Path(client.download_artifacts(run.info.run_id, name, str(dst))).read_bytes())
+    except Exception as exc:  # noqa: BLE001 - MlflowException, OSError, none found: the PTX is gone
+        raise ValueError(f"the kernel's PTX (artifact {' or '.join(names)}) could not be read: "
+                         f"{str(exc) or 'not in the run'}") from None
+    if t.get("ptx_sha256") and hashlib.sha256(ptx.read_bytes()).hexdigest() != t["ptx_sha256"]:
+        raise ValueError(f"artifact {name} does not match tag ptx_sha256")
+    return ptx.read_text()
 
 
-def _family_item(run) -> dict:
-    """Plan entry of a run of a registered family (``experiments.families``): the spec rebuilt from the
-    run's ``family.*`` options, precision and ``spec.arch``, its source built again and checked
-    against tag ptx_sha256. Raises ValueError for a library call (cuBLAS, memcpy: the library picks
-    its kernels, which ncu's name filter cannot name) or a source that no longer matches the run."""
-    from .families import get
-    from .render import ptx_sha256
+def plan_item(client, run, workdir: Path) -> dict:
+    """The launcher's plan entry of a run of any family (``experiments.families``; param ``family``,
+    the default family for runs tracked before it existed): the spec rebuilt from the run
+    (``Family.spec_of_run``: its params, or its ``config.yaml`` artifact), its source (the PTX the run
+    logged where the family profiles that, ``Family.profiles_logged``, else built again and checked
+    against tag ptx_sha256), problem size and verification seed. Raises ValueError saying what is
+    missing or inconsistent, or for a library call (cuBLAS, memcpy: the library picks its kernels,
+    which ncu's name filter cannot name)."""
+    from .families import DEFAULT, Build, get
+    from .families.base import ptx_sha256
     p, t = run.data.params, run.data.tags
-    fam = get(p["family"])
-    options = {k.split(".", 1)[1]: v for k, v in p.items()
-               if k.startswith("family.") and k.split(".", 1)[1] in fam.axes}
-    spec = fam.spec(p["precision"], options, p.get("spec.arch") or t.get("arch", ""))
+    fam = get(p.get("family", DEFAULT))
+    dst = workdir / run.info.run_id
+    dst.mkdir(parents=True, exist_ok=True)
+    spec = fam.spec_of_run(p, t, lambda: _config_of(client, run, dst))
     if spec.entry != t.get("kernel"):
         raise ValueError(f"the run's spec gives kernel {spec.entry}, its tag kernel is {t.get('kernel')}")
     build = fam.build(spec)
     if build.kind == "none":
         raise ValueError(f"{spec.entry} is a library call: the library chooses its own kernels, which "
                          "the profiler's kernel filter cannot name")
-    if t.get("ptx_sha256") and ptx_sha256(build.source) != t["ptx_sha256"]:
+    if fam.profiles_logged:
+        build = Build(build.kind, _logged_source(client, run, dst, spec.entry), build.entry, build.options)
+    elif t.get("ptx_sha256") and ptx_sha256(build.source) != t["ptx_sha256"]:
         raise ValueError(f"{spec.entry}'s source built today differs from the run's (tag ptx_sha256): "
                          "the family's template changed since; re-run the sweep to profile it")
     size = [int(p.get(f"problem.{d}", 0)) for d in "mnk"]
@@ -208,36 +211,6 @@ def _family_item(run) -> dict:
             "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
                       "options": list(build.options)},
             "m": size[0], "n": size[1], "k": size[2], "seed": int(p.get("verify.seed_used", "0"))}
-
-
-def plan_item(client, run, workdir: Path) -> dict:
-    """The launcher's plan entry of a run: its PTX artifact downloaded (and checked against tag
-    ptx_sha256), its KernelSpec (:func:`_spec_of`), problem size and verification seed; for a run of
-    a registered family, :func:`_family_item`. Raises ValueError saying what is missing or
-    inconsistent."""
-    p, t = run.data.params, run.data.tags
-    if p.get("family", "mma_sync") != "mma_sync":
-        return _family_item(run)
-    dst = workdir / run.info.run_id
-    dst.mkdir(parents=True, exist_ok=True)
-    spec = _spec_of(client, run, dst)
-    if spec.entry != t.get("kernel"):
-        raise ValueError(f"the run's spec gives kernel {spec.entry}, its tag kernel is {t.get('kernel')}")
-    names = [_artifact("ptx", "kernel.ptx.txt"), f"{spec.entry}.ptx"]   # runs tracked before the record
-    try:
-        found = {a.path for a in client.list_artifacts(run.info.run_id)} & set(names)
-        name = next(n for n in names if n in found)
-        ptx = dst / f"{spec.entry}.ptx"
-        ptx.write_bytes(Path(client.download_artifacts(run.info.run_id, name, str(dst))).read_bytes())
-    except Exception as exc:  # noqa: BLE001 - MlflowException, OSError, none found: the PTX is gone
-        raise ValueError(f"the kernel's PTX (artifact {' or '.join(names)}) could not be read: "
-                         f"{str(exc) or 'not in the run'}") from None
-    if t.get("ptx_sha256") and hashlib.sha256(ptx.read_bytes()).hexdigest() != t["ptx_sha256"]:
-        raise ValueError(f"artifact {name} does not match tag ptx_sha256")
-    return {"run_id": run.info.run_id, "entry": spec.entry, "ptx_path": str(ptx),
-            "spec": {**spec.as_kwargs(), "ptx_version": list(spec.ptx_version)},
-            "m": int(p["problem.m"]), "n": int(p["problem.n"]), "k": int(p["problem.k"]),
-            "seed": int(p.get("verify.seed_used", "0"))}
 
 
 def profile_items(ncu, items, mset, arch, settings, workdir, timeout, echo=print) -> tuple[dict, dict, list]:
@@ -290,49 +263,35 @@ def profile_items(ncu, items, mset, arch, settings, workdir, timeout, echo=print
 # ----------------------------------------------------------------------------- under ncu
 def _launch_all(items: list, phase: str) -> None:
     import cupy
-    import numpy as np
-
-    from .launch import GemmLaunch
-    from .verify import make_operands
-    for i, (it, spec, kern) in enumerate(items):
-        if "family" in it:          # prepare compiles (cached) and makes the operands, as measure_family
-            launch = _family_launch(it)
-            print(marker("start", phase, i), flush=True)
-            launch()
-            cupy.cuda.Device().synchronize()
-            print(marker("done", phase, i), flush=True)
-            del launch
-            cupy.get_default_memory_pool().free_all_blocks()
-            continue
-        # the operands and C as experiments.worker.measure makes them (same seed), unverified
-        ops = make_operands(spec.precision, it["m"], it["n"], it["k"], it["seed"], b_layout=spec.b_layout)
-        del ops.a_ref, ops.b_ref
-        c = cupy.empty((it["m"], it["n"]), dtype=np.dtype(spec.accum.c_dtype))
-        launch = GemmLaunch(kern, spec, ops.a, ops.b, c, it["m"], it["n"], it["k"])
+    for i, it in enumerate(items):
+        # prepare compiles (cached) and makes the operands (the run's seed), as measure_family does
+        launch = _family_launch(it)
         print(marker("start", phase, i), flush=True)
         launch()
         cupy.cuda.Device().synchronize()
         print(marker("done", phase, i), flush=True)
-        del ops, c, launch
+        del launch
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _family_parts(it: dict):
-    """(family, spec, build) of a family item of the plan."""
-    from .families import Build, FamilySpec, get
-    spec = FamilySpec(it["family"], it["precision"], it["arch"], tuple((str(a), b) for a, b in it["params"]))
+    """(family, spec, build) of an item of the plan."""
+    from .families import Build, get
+    fam = get(it["family"])
     b = it["build"]
-    return get(it["family"]), spec, Build(b["kind"], b["source"], b["entry"], tuple(b.get("options", ())))
+    return (fam, fam.respec(it["precision"], it["arch"], it["params"]),
+            Build(b["kind"], b["source"], b["entry"], tuple(b.get("options", ()))))
 
 
 def _family_launch(it: dict):
-    """The launch closure of a family item, made by the family's ``prepare`` (operands from the run's
+    """The launch closure of an item, made by the family's ``prepare`` (operands from the run's
     seed; the compiled kernel comes from CuPy's cache after :func:`_family_load`)."""
     fam, spec, build = _family_parts(it)
     return fam.prepare(spec, build, it["m"], it["n"], it["k"], it["seed"]).launch
 
 
 def _family_load(it: dict) -> None:
-    """Compile a family item's source as ``prepare`` will (NVRTC for CUDA C++, the driver's JIT for
+    """Compile an item's source as ``prepare`` will (NVRTC for CUDA C++, the driver's JIT for
     PTX), without making its operands; raises what the compiler raises."""
     from .families import gpu
     fam, spec, build = _family_parts(it)
@@ -350,20 +309,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     plan = json.loads(Path(argv[0]).read_text())
-    from .launch import load_kernel
-    from .spec import KernelSpec
-    items, kernels, failed = [], {}, {}
+    items, failed = [], {}
     for it in plan["items"]:
-        try:
-            if "family" in it:      # compiled here so that a kernel that cannot load fails first
-                _family_load(it)
-                items.append((it, None, None))
-                continue
-            spec = KernelSpec(**{**it["spec"], "ptx_version": tuple(it["spec"].get("ptx_version", (0, 0)))})
-            ptx = Path(it["ptx_path"]).read_text()
-            if (it["entry"], ptx) not in kernels:      # sizes of one kernel share its module
-                kernels[it["entry"], ptx] = load_kernel(ptx, it["ptx_path"], spec.entry, spec.smem_bytes)
-            items.append((it, spec, kernels[it["entry"], ptx]))
+        try:                # compiled here so that a kernel that cannot load fails first
+            _family_load(it)
+            items.append(it)
         except Exception as exc:  # noqa: BLE001 - every reason goes back to the run
             failed[it["run_id"]] = f"{type(exc).__name__}: {exc}"
     if failed:

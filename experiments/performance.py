@@ -1,4 +1,4 @@
-"""Performance check of one sweep: the best mma_sync kernel against cuBLAS and the GPU's peak.
+"""Performance check of one sweep: the best kernel of the default family against cuBLAS and the GPU's peak.
 
 Per precision and size, and tile=auto against the best tile preset (conf/experiment/h200_performance.yaml).
 
@@ -6,9 +6,9 @@ Per precision and size, and tile=auto against the best tile preset (conf/experim
                                       [--goal 0.8] [--out results/h200/performance.md]
 
 Reads the verified runs of the sweep (experiments.track.sweep_runs) and writes a markdown table per
-precision and size: ours (the best mma_sync run), cuBLAS (the best cublas run), the peak (the peak
-family's run that ``pct_of_peak`` divides by: experiments.compare.peak_of, the same sweep's when it
-measured one), ours' share of that peak, the ceiling of the mma_sync main loop where the sweep
+precision and size: ours (the best run of the default family), cuBLAS (the best cublas run), the peak (the
+peak family's run that ``pct_of_peak`` divides by: experiments.compare.peak_of, the same sweep's when it
+measured one), ours' share of that peak, the ceiling of ours' main loop where the sweep
 measured it (family=peak feed=ldmatrix: mma.sync fed by ldmatrix at the GEMM's 64 x 64 warp tile) and
 ours' share of it, the mean SM clock while ours was timed and its throughput at the GPU's highest
 clock. Where ours carries Nsight Compute counters (``python -m experiments.profile``), a second table
@@ -34,7 +34,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compare import MMA_SYNC, VERIFIED, family_of, feed_of, peak_of
+from .compare import VERIFIED, family_of, feed_of, peak_of
+from .families import DEFAULT
 from .families.runner import WGMMA
 from .metrics import label
 from .ncu import PREFIX
@@ -131,7 +132,7 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     res, best = Check(""), {}
     for (prec, size), rs in sorted(groups.items()):
-        ours = best[(prec, size)] = _best([r for r in rs if family_of(r) == MMA_SYNC])
+        ours = best[(prec, size)] = _best([r for r in rs if family_of(r) == DEFAULT])
         cublas = _best([r for r in rs if family_of(r) == CUBLAS])
         peak = peak_of(tr, ours, sweep=parent) if ours is not None else None
         thr = ours.data.metrics["throughput"] if ours is not None else None
@@ -186,9 +187,9 @@ def _goal_lines(groups: dict, res: Check, goal: float) -> list[str]:
         if size != (GOAL_SIZE,) * 3:
             continue
         if share is None:
-            ours = any(family_of(r) == MMA_SYNC for r in groups[(prec, size)])
+            ours = any(family_of(r) == DEFAULT for r in groups[(prec, size)])
             why = ("no verified peak run of this GPU, driver and precision" if ours
-                   else "no verified mma_sync run")
+                   else f"no verified {DEFAULT} run")
             res.failures.append(f"{prec} {GOAL_SIZE}: {why}")
             lines.append(f"- {prec} at {GOAL_SIZE}: {why}: FAIL")
             continue
@@ -206,7 +207,7 @@ def _auto_lines(groups: dict, res: Check) -> list[str]:
     for (prec, size), rs in sorted(groups.items()):
         if size not in [(n,) * 3 for n in AUTO_SIZES]:
             continue
-        mine = [r for r in rs if family_of(r) == MMA_SYNC]
+        mine = [r for r in rs if family_of(r) == DEFAULT]
         auto = _best([r for r in mine if r.data.tags.get("tile_auto") == "true"])
         preset = _best([r for r in mine if r.data.tags.get("tile_auto") != "true"])
         if auto is None or preset is None:
@@ -246,10 +247,10 @@ def _share(value, peak):
 
 def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest") -> str:
     """The side-by-side table of two tensor-core generations in one sweep (conf/experiment/generations.yaml)
-    as markdown: per precision and size the best mma_sync run, the best wgmma run, cuBLAS, the mma.sync
-    peak and the wgmma peak (:func:`experiments.compare.peak_of`: the sweep's own, else the latest of
+    as markdown: per precision and size the best run of the default family, the best wgmma run, cuBLAS, the
+    mma.sync peak and the wgmma peak (:func:`experiments.compare.peak_of`: the sweep's own, else the latest of
     the GPU, driver and precision), each generation's share of its own peak (mma.sync share = best
-    mma_sync / mma.sync peak, wgmma share = best wgmma / wgmma peak, as pct_of_peak) and wgmma over
+    default-family run / mma.sync peak, wgmma share = best wgmma / wgmma peak, as pct_of_peak) and wgmma over
     cuBLAS; then the main effect of each wgmma axis: per precision and size, each value's best
     throughput divided by that of the same point with the axis at its default, over the runs that
     differ from the default in that axis alone, or in it and axes that the compared run shares (e.g.
@@ -274,17 +275,17 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
            "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | wgmma peak | "
            "mma.sync share | wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 8]
     for (prec, n), rs in sorted(groups.items()):
-        best = {f: _best([r for r in rs if family_of(r) == f]) for f in (MMA_SYNC, WGMMA, CUBLAS)}
+        best = {f: _best([r for r in rs if family_of(r) == f]) for f in (DEFAULT, WGMMA, CUBLAS)}
         # any run of the group names its GPU, driver and precision; a run of the generation itself also
         # its shape (spec.mma)
-        anchor = {i: best[i] or best[MMA_SYNC] or best[WGMMA] or best[CUBLAS] for i in (MMA_SYNC, WGMMA)}
+        anchor = {i: best[i] or best[DEFAULT] or best[WGMMA] or best[CUBLAS] for i in (DEFAULT, WGMMA)}
         peak = {i: peak_of(tr, a, i, parent) if a is not None else None for i, a in anchor.items()}
         thr = {f: r.data.metrics["throughput"] if r else None for f, r in best.items()}
         pk = {i: r.data.metrics["throughput"] if r else None for i, r in peak.items()}
         ratio = thr[WGMMA] / thr[CUBLAS] if thr[WGMMA] and thr[CUBLAS] else None
-        out.append(f"| {prec} | {n} | {_thr(best[MMA_SYNC])} | {_thr(best[WGMMA])} | {_thr(best[CUBLAS])} | "
-                   f"{_thr(peak[MMA_SYNC])} | {_thr(peak[WGMMA])} | "
-                   f"{_fmt(_share(thr[MMA_SYNC], pk[MMA_SYNC]), '.1%')} | "
+        out.append(f"| {prec} | {n} | {_thr(best[DEFAULT])} | {_thr(best[WGMMA])} | {_thr(best[CUBLAS])} | "
+                   f"{_thr(peak[DEFAULT])} | {_thr(peak[WGMMA])} | "
+                   f"{_fmt(_share(thr[DEFAULT], pk[DEFAULT]), '.1%')} | "
                    f"{_fmt(_share(thr[WGMMA], pk[WGMMA]), '.1%')} | {_fmt(ratio, '.2f')} |")
     fam = get(WGMMA)
     axes = [a for a in fam.axes if a != "precision"]

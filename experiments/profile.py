@@ -100,10 +100,11 @@ def select_runs(client, exp_id: str, parent: str | None, filter_string: str | No
 
 
 def _sized(family: str | None) -> bool:
-    """Whether runs of ``family`` (None: mma_sync) have a problem size (the peak family has none)."""
-    from .families import get
+    """Whether runs of ``family`` (None: the default family, for runs tracked before the param) have a
+    problem size (the peak family has none)."""
+    from .families import DEFAULT, get
     try:
-        return family in (None, "mma_sync") or get(family).sized
+        return get(family or DEFAULT).sized
     except ValueError:      # a family this version does not know: ncu_launch says so
         return True
 

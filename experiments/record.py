@@ -10,8 +10,8 @@ from .metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, S
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
-           "throughput_figure", "sweep_view", "family_run_name", "BASELINES", "PEAK", "SPEEDUP",
-           "PCT_OF_PEAK", "family_params", "KERNEL_CLOCK_FIELDS",
+           "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
+           "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS",
            "MEMBER", "NEW", "REUSED", "reused_in", "reused_count", "FAILED_STAGES", "failure_summary"]
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
@@ -39,7 +39,7 @@ TAGS = {
     "gpu": "GPU name", "compute_capability": "e.g. 90", "driver": "NVIDIA driver",
     "cuda_driver": "CUDA version of the driver", "cuda_runtime": "CUDA runtime of CuPy", "cupy": "CuPy",
     "verified": "true | false", "throughput_unit": "TFLOP/s | TOP/s | GB/s (the family's unit())",
-    "family_note": "what a family's run is not like-for-like with the mma_sync kernels",
+    "family_note": "what a family's run is not like-for-like with the default family's kernels",
     "peak_run": "the run id of the peak measurement pct_of_peak divides by",
     "clocks_throttled": "NVML clock-event reasons during timing, decoded (none = full clocks)",
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
@@ -85,36 +85,23 @@ def clock_reasons(mask: int | None) -> str:
     return "+".join(names + ([hex(rest)] if rest else [])) or "none"
 
 
-# the values of the default kernel: a run name puts the axes that differ from them first
-_SHORT = {"manual": "man", "none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
-_DEFAULT_TOKENS = {"bk": "bk32", "s": "s3", "tile": "256x128", "ld": "ldx4x2", "cache": "cg", "l2": "",
-                   "b": "", "acc": "", "sw": ""}
-
-
-def run_name(spec, size: tuple[int, int, int] | None = None) -> str:
-    """A name that reads well when the UI cuts it: the size first, then the precision, then the axes
-    that differ from the default kernel (e.g. ``s2`` in a sweep over stages), then the others:
-    ``8192 int8 bk64 m16n8k32 s3 256x128``, ``1024 fp16 s2 bk32 m16n8k16 256x128``,
-    ``2048 int4 ldx4man brow ca bk64 m16n8k64 s2 32x64`` (``512x1024x256`` for a non-square size;
-    no size for static runs)."""
-    get = lambda name, default: getattr(spec, name, default)  # noqa: E731
-    hints = (get("l2_hint_a", "none"), get("l2_hint_b", "none"))
-    tokens = {"bk": f"bk{spec.ktile}", "mma": spec.mma_shape, "s": f"s{spec.stages}",
-              "tile": f"{spec.bm}x{spec.bn}",
-              "ld": "ld" + "".join(_SHORT.get(get(f"loader_{x}", d), get(f"loader_{x}", d)) for x, d in
-                                   (("a", "x4"), ("b", "x2"))),
-              "cache": get("cache_op", "cg"),
-              "l2": "" if hints == ("none", "none") else "l2" + "".join(_SHORT[h] for h in hints),
-              "b": "" if get("b_layout", "col") == "col" else f"b{get('b_layout', 'col')}",
-              "acc": f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32") else "",
-              "sw": "sw" if get("smem_layout", "padded") == "swizzled" else ""}
-    differ = [v for k, v in tokens.items() if v and k in _DEFAULT_TOKENS and v != _DEFAULT_TOKENS[k]]
-    usual = [tokens[k] for k in ("bk", "mma", "s", "tile") if tokens[k] not in differ]
+def run_name(family, spec, size: tuple[int, int, int] | None = None) -> str:
+    """A run's name, made to read well when the UI cuts it: the size first (``512x1024x256`` for a
+    non-square size; none for static runs and for families that ignore it), then the family's own
+    rule (``family.name_tokens(spec)``: the default family's ``8192 int8 bk64 m16n8k32 s3 256x128``)
+    or, without one, the family, the precision and the values of its option axes, e.g.
+    ``1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``."""
     parts = []
     if size is not None:
         m, n, k = size
         parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
-    return " ".join(parts + [spec.precision] + differ + usual)
+    own = family.name_tokens(spec)
+    if own is not None:
+        return " ".join(parts + own)
+    p = spec.p
+    parts += [spec.family, spec.precision]
+    parts += [_axis_label(a, p[a]) for a in family.axes if a != "precision" and a in p]
+    return " ".join(parts)
 
 
 def clock_metrics(throughput: float, timing: dict) -> dict:
@@ -160,17 +147,13 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
             f"clock-event reasons during timing: {clocks}")
 
 
-# spec fields the config leaves to resolution (mma=auto, target.arch=auto, target.ptx_version=auto)
-RESOLVED = ("mma", "arch", "ptx_version")
-
-
-def params_of(flat_config: dict, spec_flat: dict) -> dict:
+def params_of(flat_config: dict, family=None, spec_flat: dict | None = None) -> dict:
     """The run's params: the flattened config without ``tracking.*`` (where the store lives is not a
-    property of the run), plus ``spec.mma``, ``spec.arch`` and ``spec.ptx_version``, the values the
-    config's ``auto`` resolved to (the other spec fields repeat config keys)."""
+    property of the run); given the kernel's ``family`` and its spec (``spec_flat``), what the family
+    logs of them (``family.run_params``: ``family`` and ``spec.<key>`` values, without the config keys
+    it does not read)."""
     params = {k: v for k, v in flat_config.items() if not k.startswith("tracking.")}
-    params.update({f"spec.{k}": str(spec_flat[k]) for k in RESOLVED if k in spec_flat})
-    return params
+    return params if family is None else family.run_params(params, spec_flat or {})
 
 
 def outcome_of(run) -> str:
@@ -293,35 +276,9 @@ def sweep_view(parent: str) -> tuple[str, str]:
     return f"mlflow.sharedViewState.{parent}", json.dumps(state)
 
 
-def family_run_name(spec, axes, size: tuple[int, int, int] | None = None) -> str:
-    """Name of a run of a registered family: the size first (none for static runs and for families
-    that ignore it), then the family, the precision and the values of its option ``axes``, e.g.
-    ``1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``."""
-    parts = []
-    if size is not None:
-        m, n, k = size
-        parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
-    p = spec.p
-    parts += [spec.family, spec.precision]
-    parts += [_axis_label(a, p[a]) for a in axes if a != "precision" and a in p]
-    return " ".join(parts)
-
-
 def _axis_label(axis: str, value) -> str:
     """A value in a run name: text as it is (``128x128``, ``s32``); a number or a switch says its axis
     (``bn256``, ``producer``, ``no_persistent``), so that bare numbers and true/false stay readable."""
     if str(value) in ("true", "false") or isinstance(value, bool):
         return axis if str(value).lower() == "true" else f"no_{axis}"
     return f"{axis}{value}" if isinstance(value, int) else str(value)
-
-
-def family_params(flat_config: dict, family: str, spec_flat: dict) -> dict:
-    """The params of a run of a registered family: ``family`` and the flattened config without
-    ``tracking.*`` and without the mma_sync family's own keys (ktile, mma, acc, b_layout, tile.*,
-    loader.*, pipeline.*, cache.*, study_kernel), plus ``spec.<key>`` for every resolved spec value."""
-    own = ("ktile", "mma", "acc", "b_layout", "study_kernel", "family.name")
-    groups = ("tracking.", "tile.", "loader.", "pipeline.", "cache.")
-    params = {k: v for k, v in flat_config.items() if k not in own and not k.startswith(groups)}
-    params["family"] = family
-    params.update({f"spec.{k}": str(v) for k, v in spec_flat.items() if k not in ("family", "precision")})
-    return params

@@ -197,10 +197,11 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
     then one row per (precision, M x N x K, family) with the family's best verified run: its kernel,
     throughput and unit, pct_of_peak and speedup_vs_<b> for b in record.BASELINES ("-" where the run
     has none: baselines get no speedups, a size without a baseline run gets none). Runs without a
-    family param count as mma_sync. ``sweep`` (a parent run id or "latest"): the runs of that sweep
+    family param count as the default family. ``sweep`` (a parent run id or "latest"): the runs of that sweep
     only, those it reused included (marked "(reused)" after the kernel). Read-only: raises StoreError
     when the store, experiment or sweep does not exist."""
     from .compare import family_of
+    from .families import DEFAULT
     from .record import BASELINES, PEAK, SPEEDUP
     tr = Tracker(uri, experiment, create=False)
     runs, parent = _gpu_runs(tr, "tags.outcome = 'verified' and attributes.status = 'FINISHED'", sweep)
@@ -221,7 +222,7 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
                 best[key] = r
     if not best and not peaks:
         return _nothing_measured(tr, uri, "", ": nothing to compare.", parent)
-    order = {f: i for i, f in enumerate(("mma_sync",) + BASELINES)}
+    order = {f: i for i, f in enumerate((DEFAULT,) + BASELINES)}
     out = [f"Families by precision and size; store: {uri}" + (f"; sweep {parent}" if parent else ""), ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):
         out += [f"## {gpu or 'unknown GPU'}", "", "| peak | shape | throughput |", "| --- | --- | ---: |"]

@@ -1,6 +1,6 @@
-"""Facts the ``mma_sync`` family is built from, each in one table: the element types and accumulators
-it takes (a selection of :mod:`experiments.dtypes`), the target architectures (:mod:`experiments.hardware`)
-and the domains of the axes.
+"""Facts the default family (``experiments.families.DEFAULT``) is built from, each in one table: the
+element types and accumulators it takes (a selection of :mod:`experiments.dtypes`), the target
+architectures (:mod:`experiments.hardware`) and the domains of the axes.
 
 Sources: PTX ISA 9.0, section 9.7.14.5.15 (``ldmatrix``), 9.7.9.25.3.1 (``cp.async``, ``.L2::cache_hint``
 since PTX ISA 7.4), 9.7.9.18 (``createpolicy``, PTX ISA 7.4, sm_80); the types' and targets' sources are

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from .families import DEFAULT
+
 __all__ = ["Invalid", "one_line", "check", "job_overrides"]
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -129,14 +131,13 @@ def _keys_of(kind, key: str) -> str:
     fields = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
     parent = key.rpartition(".")[0]
     if parent == "family":
-        from .config import MMA_SYNC
         options = [f for f in fields if f != "name"]
-        name = _family_of(kind) or MMA_SYNC
+        name = _family_of(kind) or DEFAULT
         option = key.rpartition(".")[2]
         owners = _owners(option)
         also = f"; {option} is an option of family={' or '.join(owners)}" if owners else ""
         return (f"family={name} has the options: {', '.join(options)}{also}" if options else
-                f"family={name} has no options" + (" (the root keys set it)" * (name == MMA_SYNC)) + also)
+                f"family={name} has no options" + (" (the root keys set it)" * (name == DEFAULT)) + also)
     where = f"keys of {parent}" if parent else "top-level keys"
     keys = ", ".join(f"{parent}.{f}" if parent else f for f in fields)
     return f"valid {where}: {keys} (python run.py --help)"
@@ -224,7 +225,6 @@ def check(config: DictConfig, multirun: bool) -> None:
     to the jobs (a skipped run in a sweep). Raises Invalid naming the first problem."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from .config import MMA_SYNC
     from .kernel import VALUE_KEYS, value_problem
     jobs = job_overrides(config, multirun)
     configs = [(config, jobs[0] if jobs else [])] if not multirun else []
@@ -239,7 +239,7 @@ def check(config: DictConfig, multirun: bool) -> None:
     for cfg, overrides in configs:
         if problem := _problem(cfg, overrides):
             raise Invalid(problem)
-        name = str(OmegaConf.select(cfg, "family.name", default=None) or MMA_SYNC)
+        name = str(OmegaConf.select(cfg, "family.name", default=None) or DEFAULT)
         families[name] = None
         for key in VALUE_KEYS:
             v = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)

@@ -42,7 +42,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import MMA_SYNC, Config, family_schema
+from .config import Config, family_schema
+from .families import DEFAULT
 
 __all__ = ["VariantError", "KEY", "GROUPS", "variant_node", "listed", "register", "names", "swept_params"]
 
@@ -88,7 +89,7 @@ def variant_node(name: str, entry, where: str, dirs: tuple = (CONF,), typed: boo
             defaults.append({f"override /{key}": value})
         else:
             values[key] = value
-    family = next((d["override /family"] for d in defaults if "override /family" in d), MMA_SYNC)
+    family = next((d["override /family"] for d in defaults if "override /family" in d), DEFAULT)
     for key in values:
         if problem := _key_problem(key, family):
             raise VariantError(f"{at}: {problem}")
@@ -129,7 +130,7 @@ def _key_problem(key: str, family: str) -> str | None:
         if rest == "name" or not rest:
             return f"{key}: choose the family by its name (family: wgmma), then set its options (family.KEY)"
         if f"family.{rest}" not in options:
-            valid = ", ".join(options) or f"none (family={MMA_SYNC} is set by the root keys)"
+            valid = ", ".join(options) or f"none (family={DEFAULT} is set by the root keys)"
             return f"family={family} has no option {rest!r} ({key}); valid: {valid}"
         return None
     node = nodes[top]

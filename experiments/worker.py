@@ -15,7 +15,7 @@ import tempfile
 import time
 import traceback
 
-__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure", "measure_family", "device_info", "warm_up",
+__all__ = ["GpuWorker", "WorkerError", "nvml_gpu", "measure_family", "device_info", "warm_up",
            "gpu_lock", "gpu_count", "claim_gpu"]
 
 
@@ -56,9 +56,6 @@ def nvml_gpu() -> dict | None:
 
 
 # ----------------------------------------------------------------------------- in the worker
-_KERNELS: dict = {}
-
-
 def device_info() -> dict:
     """Device and library versions as CuPy sees them (worker side)."""
     import cupy
@@ -70,55 +67,6 @@ def device_info() -> dict:
             "sm_count": props["multiProcessorCount"], "pci_bus_id": dev.pci_bus_id}
 
 
-def measure(ptx: str, ptx_path: str, spec: dict, m: int, n: int, k: int, timing: dict,
-            rtol: float, seed: int, pci_bus_id: str | None = None) -> dict:
-    """Verify, then time, one kernel at one problem size (worker side).
-
-    B is laid out as the spec's b_layout says (N x K or K x N), C has the accumulator's dtype
-    (float32, int32 or float16); float results are checked within
-    :func:`experiments.dtypes.tolerance` (``rtol``, or the f16-accumulation bound for K).
-    Returns verified (bool), verify_* fields (verify_rtol: the tolerance used) and, when verified,
-    the timing dict of :func:`experiments.timing.time_launches` (with the SM clock sampled on the GPU
-    ``pci_bus_id`` during the timed batches, where NVML reads it), GPU state before/after and the
-    JIT resources.
-    """
-    import cupy
-    import numpy as np
-
-    from .launch import GemmLaunch, load_kernel
-    from .spec import KernelSpec
-    from .timing import gpu_state, time_launches
-    from .dtypes import tolerance
-    from .verify import check, make_operands, poison
-
-    s = KernelSpec(**{**spec, "ptx_version": tuple(spec["ptx_version"])})
-    key = (s.entry, hash(ptx))
-    if key not in _KERNELS:
-        t0 = time.perf_counter()
-        kern = load_kernel(ptx, ptx_path, s.entry, s.smem_bytes)
-        _KERNELS[key] = (kern, time.perf_counter() - t0)
-    kern, jit_s = _KERNELS[key]
-    ops = make_operands(s.precision, m, n, k, seed, b_layout=s.b_layout)
-    c = cupy.empty((m, n), dtype=np.dtype(s.accum.c_dtype))
-    poison(c)
-    launch = GemmLaunch(kern, s, ops.a, ops.b, c, m, n, k)
-    launch()
-    cupy.cuda.Device().synchronize()
-    tol = tolerance(s.precision, s.acc, k, rtol)
-    res = check(c, ops, s.prec.is_float, tol)
-    out = {"verified": res.ok, "verify_max_error": res.max_error, "verify_mismatches": res.mismatches,
-           "verify_message": "" if res.ok else res.message(), "verify_rtol": tol, "jit_s": jit_s,
-           "jit_registers": kern.num_regs, "jit_local_bytes": kern.local_size_bytes}
-    del ops.a_ref, ops.b_ref
-    if not res.ok:
-        return out
-    cupy.get_default_memory_pool().free_all_blocks()
-    out["state_before"] = gpu_state(pci_bus_id)
-    out["timing"] = time_launches(launch, **timing, pci_bus_id=pci_bus_id)
-    out["state_after"] = gpu_state(pci_bus_id)
-    return out
-
-
 def measure_family(family: str, precision: str, arch: str, params: list, build: dict, m: int, n: int,
                    k: int, timing: dict, rtol: float, seed: int, pci_bus_id: str | None = None) -> dict:
     """Verify, then time, one kernel of a registered family (``experiments.families``; worker side).
@@ -127,20 +75,23 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     :class:`~experiments.families.base.Build` (kind, source, entry, options), as the job made them.
     The family's ``prepare`` makes the operands (C poisoned) and compiles the source (NVRTC for CUDA
     C++, the driver's JIT for PTX); one launch, a synchronize, then ``verify()``; only a verified
-    kernel is timed with :func:`experiments.timing.time_launches`. ``rtol`` reaches families whose
-    ``prepare`` takes it (float results). Returns the dict of :func:`measure` (verify_* fields, jit_s:
-    seconds of prepare, timing, GPU state before/after) plus ``note`` (what is not like-for-like); where
-    the kernel records its own cycles (``Prepared.clocks``), the timing dict holds them too.
+    kernel is timed with :func:`experiments.timing.time_launches` (with the SM clock sampled on the GPU
+    ``pci_bus_id`` during the timed batches, where NVML reads it). ``rtol`` reaches families whose
+    ``prepare`` takes it (float results). Returns verified (bool), verify_* fields (verify_rtol: the
+    tolerance used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
+    ``Prepared.info`` (fields the family reports itself: the default family's JIT seconds and
+    resources), and when verified the timing dict and the GPU state before/after; where the kernel
+    records its own cycles (``Prepared.clocks``), the timing dict holds them too.
     """
     import inspect
 
     import cupy
 
-    from .families import Build, FamilySpec, get
+    from .families import Build, get
     from .timing import gpu_state, time_launches
 
     fam = get(family)
-    spec = FamilySpec(family, precision, arch, tuple((str(a), b) for a, b in params))
+    spec = fam.respec(precision, arch, params)
     b = Build(build["kind"], build["source"], build["entry"], tuple(build.get("options", ())))
     extra = {"rtol": rtol} if "rtol" in inspect.signature(fam.prepare).parameters else {}
     t0 = time.perf_counter()
@@ -151,7 +102,7 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     res = prep.verify()
     out = {"verified": bool(res.ok), "verify_max_error": float(res.max_error),
            "verify_mismatches": int(res.mismatches), "verify_message": "" if res.ok else res.message(),
-           "verify_rtol": float(res.tolerance), "jit_s": jit_s, "note": prep.note}
+           "verify_rtol": float(res.tolerance), "jit_s": jit_s, "note": prep.note, **prep.info}
     if not res.ok:
         return out
     out["state_before"] = gpu_state(pci_bus_id)
@@ -198,7 +149,7 @@ def _serve(conn) -> None:
         from . import launch, timing, verify  # noqa: F401
     except ImportError:
         pass                                        # the first call reports it
-    funcs = {"measure": measure, "measure_family": measure_family, "device_info": device_info,
+    funcs = {"measure_family": measure_family, "device_info": device_info,
              "warm_up": warm_up, "ready": lambda: True}
     while True:
         try:
@@ -368,7 +319,7 @@ class GpuWorker:
         self._proc = self._conn = None
 
     def call(self, name: str, timeout: float, **kwargs):
-        """Call worker function ``name`` (measure, measure_family, device_info, warm_up, ready); wait at
+        """Call worker function ``name`` (measure_family, device_info, warm_up, ready); wait at
         most ``timeout`` seconds.
 
         Raises WorkerError with the remote exception text, or saying that the worker timed out

@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from experiments.render import L2_POLICY
+from experiments.families.mma_sync.render import L2_POLICY
 from experiments.verify import bf16_values, fp8_values, make_operands
 
 __all__ = ["Interpreter", "run_gemm"]

@@ -16,9 +16,9 @@ from experiments.assemble import (PTXAS_HINT, SASS_OPS, Assembly, PtxasError, Pt
                                   disassemble, find_ptxas, find_tool, misaligned_descriptors,
                                   parse_ptxas_report, sass_mix, sass_opcodes, sass_summary,
                                   theoretical_occupancy)
-from experiments.render import render
-from experiments.spec import KernelSpec, space
-from experiments.spec_cover import covering_subset, requirements
+from experiments.families.mma_sync.render import render
+from experiments.families.mma_sync.spec import KernelSpec, space
+from experiments.families.mma_sync.cover import covering_subset, requirements
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -53,16 +53,19 @@ def wgmma_variant(precision, **params):
 
 # ------------------------------------------------------------------ registry and spaces
 def test_registry_names_and_unknown_family():
-    assert families.names() == ("wmma", "dp4a", "cublas", "peak", "wgmma")
+    assert families.names() == ("mma_sync", "wmma", "dp4a", "cublas", "peak", "wgmma")
+    assert families.DEFAULT == "mma_sync"
     assert all(families.get(n).name == n for n in families.names())
-    with pytest.raises(SpecError, match=r"family='mma' is not valid; valid: wmma, dp4a, cublas, peak, wgmma"):
+    with pytest.raises(SpecError, match=r"family='mma' is not valid; valid: mma_sync, wmma, dp4a, cublas, peak, "
+                                        r"wgmma"):
         families.get("mma")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_space_sizes_and_unique_entries(arch):
     entries = []
-    for name in (n for n in families.names() if n != "wgmma"):    # sm_90a only: tests/test_wgmma.py
+    # wgmma: sm_90a only, tests/test_wgmma.py; the default family's space: tests/test_spec.py
+    for name in (n for n in families.names() if n not in ("wgmma", families.DEFAULT)):
         specs = list(families.get(name).space(arch))
         wg = WGMMA_PEAKS.get(arch, 0) if name == "peak" else 0
         want = CUBLAS[arch] if name == "cublas" else COUNTS.get(

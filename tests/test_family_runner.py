@@ -20,7 +20,8 @@ from experiments import compare, families, record
 from experiments.config import register
 from experiments.report import families_table
 from experiments.families.runner import family_name, family_options, family_spec, family_shapes
-from experiments.spec import SpecError, spec_from_config
+from experiments.spec import SpecError
+from experiments.families.mma_sync.spec import spec_from_config
 from experiments.track import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,21 +112,20 @@ def test_shapes_checked_per_family():
 
 def test_run_names_and_params():
     spec = families.get("wmma").spec("int8", {}, "sm_90")
-    axes = tuple(families.get("wmma").axes)
-    assert record.family_run_name(spec, axes, (1024, 1024, 1024)) == "1024 wmma int8 s32 128x128 2x4"
+    assert record.run_name(families.get("wmma"), spec, (1024, 1024, 1024)) == "1024 wmma int8 s32 128x128 2x4"
     peak = families.get("peak").spec("int4", {}, "sm_90")
-    assert record.family_run_name(peak, tuple(families.get("peak").axes)) == "peak int4 m16n8k64"
+    assert record.run_name(families.get("peak"), peak) == "peak int4 m16n8k64"
     peak = families.get("peak").spec("int8", {"instruction": "wgmma"}, "sm_90")
-    assert record.family_run_name(peak, tuple(families.get("peak").axes)) == "peak int8 m64n256k32 wgmma"
+    assert record.run_name(families.get("peak"), peak) == "peak int8 m64n256k32 wgmma"
     # numbers and switches say their axis (a wgmma name was 'wgmma fp8_e4m3 256 2 true 4 128 true grouped')
     wg = families.get("wgmma").spec("fp8_e4m3", {"persistent": "true"}, "sm_90a")
-    assert record.family_run_name(wg, tuple(families.get("wgmma").axes), (8192,) * 3) == (
+    assert record.run_name(families.get("wgmma"), wg, (8192,) * 3) == (
         "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages4 swizzle128 persistent grouped")
     wg = families.get("wgmma").spec("fp16", {"producer": "false"}, "sm_90a")
-    assert "no_producer" in record.family_run_name(wg, tuple(families.get("wgmma").axes))
+    assert "no_producer" in record.run_name(families.get("wgmma"), wg)
     flat = {"precision": "int8", "ktile": "32", "tile.block": "[256, 128]", "family.name": "wmma",
             "family.block": "128x128", "problem.sizes": "[512]", "timing.batches": "10"}
-    params = record.family_params(flat, "wmma", spec.flat())
+    params = record.params_of(flat, families.get("wmma"), spec.flat())
     assert params == {"precision": "int8", "family": "wmma", "family.block": "128x128",
                       "problem.sizes": "[512]", "timing.batches": "10", "spec.arch": "sm_90",
                       "spec.entry": spec.entry, "spec.acc": "s32", "spec.bk": "64", "spec.block": "128x128",
@@ -505,8 +505,7 @@ def test_config_schema_lists_every_family():
     assert OmegaConf.to_container(cfg.family, enum_to_str=True) == {"name": "dp4a", "block": "128x128"}
     import pickle                       # parallel launchers pickle the job's config
     assert pickle.loads(pickle.dumps(cfg)).family.block.value == "128x128"
-    assert sorted(p.stem for p in (ROOT / "conf" / "family").glob("*.yaml")) == sorted(
-        ("mma_sync",) + families.names())
+    assert sorted(p.stem for p in (ROOT / "conf" / "family").glob("*.yaml")) == sorted(families.names())
 
 
 def test_mma_sync_keys_given_to_another_family_are_named():

@@ -161,14 +161,14 @@ def test_suggested_sizes_are_taken():
     from omegaconf import OmegaConf
 
     from experiments.config import Config
-    from experiments.kernel import _check_shapes
-    from experiments.spec import SpecError, spec_from_config
+    from experiments.families.runner import family_shapes, family_spec
+    from experiments.spec import SpecError
     for precision, largest in (("fp16", 46336), ("int8", 65280), ("int4", 92672)):
         cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist([f"precision={precision}"]))
-        spec = spec_from_config(cfg)
-        _check_shapes(spec, [(largest,) * 3])
+        fam, spec = family_spec(cfg, None)
+        family_shapes(fam, spec, [(largest,) * 3])
         with pytest.raises(SpecError, match=rf"at most {largest} .*e\.g\. problem\.sizes=\[512,{largest}\]$"):
-            _check_shapes(spec, [(512,) * 3, (largest + 256,) * 3])
+            family_shapes(fam, spec, [(512,) * 3, (largest + 256,) * 3])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.spec import ARCHS, KernelSpec, SpecError
+from experiments.hardware import ARCHS
+from experiments.spec import SpecError
+from experiments.families.mma_sync.spec import KernelSpec
 from experiments.spec_tables import LOADERS, MAX_STAGES
 
 pytestmark = pytest.mark.gpu
@@ -39,13 +41,21 @@ def _spec(arch, **kw) -> KernelSpec:
         pytest.skip(f"not valid on {arch}: {exc}")
 
 
+def _family_call(spec, ptx: str) -> dict:
+    """The kwargs of the worker's ``measure_family`` for ``spec`` with the PTX text ``ptx``, as the
+    runner makes them (experiments.kernel.make_kernel)."""
+    return {"family": spec.family, "precision": spec.precision, "arch": spec.arch,
+            "params": [list(p) for p in spec.params],
+            "build": {"kind": "ptx", "source": ptx, "entry": spec.entry, "options": []}}
+
+
 def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
     """Launch once on fresh operands (B stored as the spec says); returns (C, operands, VerifyResult)."""
     import cupy
 
     from experiments.launch import GemmLaunch, load_kernel
-    from experiments.render import render
     from experiments.dtypes import tolerance
+    from experiments.families.mma_sync.render import render
     from experiments.verify import check, make_operands, poison
     ptx = ptx or render(spec)
     path = tmp_path / f"{spec.entry}.ptx"
@@ -158,7 +168,7 @@ def test_l2_hints(arch, tmp_path):
     GPU worker process, so that a fault fails this test only. (The 3-stage kernels raised
     cudaErrorIllegalInstruction on an H200 before the template kept its refill address per thread:
     see test_assemble.FAULTING_SASS.)"""
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.worker import GpuWorker
     worker = GpuWorker()
     timing = dict(warmup=1, batches=1, min_batch_ms=0.1, max_launches=1, cuda_graph=False, l2_flush=False)
@@ -170,7 +180,7 @@ def test_l2_hints(arch, tmp_path):
             ptx = render(s)
             path = tmp_path / f"{s.entry}.ptx"
             path.write_text(ptx)
-            res = worker.call("measure", timeout=120, ptx=ptx, ptx_path=str(path), spec=s.as_kwargs(),
+            res = worker.call("measure_family", timeout=120, **_family_call(s, ptx),
                               m=128, n=192, k=256, timing=timing, rtol=1e-3, seed=7)
             assert res["verified"], f"{s.entry}: {res['verify_message']}"
     finally:
@@ -214,9 +224,10 @@ def test_stages_up_to_the_shared_memory_limit(arch, tmp_path):
 
 
 def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
-    """worker.measure lays B out as the spec says and allocates C in the accumulator's dtype."""
+    """worker.measure_family (the default family's prepare) lays B out as the spec says and allocates C
+    in the accumulator's dtype."""
     from experiments.dtypes import tolerance
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.worker import GpuWorker
     s = _spec(arch, b_layout="row", loader_b="x4", acc="f16")
     ptx = render(s)
@@ -224,7 +235,7 @@ def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)
     w = GpuWorker()
     try:
-        res = w.call("measure", 120, ptx=ptx, ptx_path=str(tmp_path / "k.ptx"), spec=s.as_kwargs(),
+        res = w.call("measure_family", 120, **_family_call(s, ptx),
                      m=128, n=128, k=512, timing=timing, rtol=1e-3, seed=5)
     finally:
         w.stop()
@@ -241,7 +252,7 @@ def test_a_small_kernel_times_the_same_whatever_the_process_ran_before(arch, tmp
     import cupy
 
     from experiments.launch import GemmLaunch, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.timing import time_launches
     from experiments.verify import make_operands
     s = _spec(arch, bm=64, bn=64)
@@ -345,7 +356,7 @@ def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
     """A nonzero only at even k, B only at odd k: C must be exactly 0; same parity: not 0."""
     import cupy
     from experiments.launch import GemmLaunch, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.verify import pack_int4
     spec = KernelSpec("int4", 64, 64, 128, 128, 2, 4, 2, "cg", arch)
     m = n = k = 256
@@ -370,7 +381,7 @@ def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
 
 def test_jit_failure_shows_driver_log(arch, tmp_path):
     from experiments.launch import PtxJitError, load_kernel
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     spec = _spec(arch)
     bad = render(spec).replace("mma.sync.aligned", "mma.sync.bogus", 1)
     path = tmp_path / "bad.ptx"
@@ -398,7 +409,7 @@ FAULT_PTX = """
 
 
 def test_worker_survives_a_faulting_kernel(arch, tmp_path):
-    from experiments.render import render
+    from experiments.families.mma_sync.render import render
     from experiments.worker import GpuWorker, WorkerError
     spec = KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", arch)
     timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)
@@ -410,9 +421,9 @@ def test_worker_survives_a_faulting_kernel(arch, tmp_path):
     w = GpuWorker()
     try:
         with pytest.raises(WorkerError, match="(?i)illegal|address|fault"):
-            w.call("measure", 120, ptx=fault, ptx_path=str(tmp_path / "fault.ptx"), spec=spec.as_kwargs(),
+            w.call("measure_family", 120, **_family_call(spec, fault),
                    m=256, n=256, k=256, timing=timing, rtol=1e-3, seed=1)
-        res = w.call("measure", 120, ptx=good, ptx_path=str(tmp_path / "good.ptx"), spec=spec.as_kwargs(),
+        res = w.call("measure_family", 120, **_family_call(spec, good),
                      m=256, n=256, k=256, timing=timing, rtol=1e-3, seed=1)
     finally:
         w.stop()

@@ -10,8 +10,9 @@ from omegaconf import OmegaConf
 from experiments import record
 from experiments.config import Config
 from experiments.performance import check, main, sweep_run
+from experiments.families.mma_sync.spec import auto_tile, tile_cost
 from experiments.hardware import DEFAULT_SMS
-from experiments.spec import auto_tile, sm_count, tile_cost
+from experiments.spec import sm_count
 from experiments.timing import ClockSampler, clock_summary
 from experiments.track import Tracker
 
@@ -493,7 +494,7 @@ def test_preset_builds_the_kernels_of_its_published_table(precision):
     from hydra import compose, initialize_config_dir
 
     from experiments.config import register
-    from experiments.spec import spec_from_config
+    from experiments.families.mma_sync.spec import spec_from_config
     from experiments.variants import register as register_variants
     register()
     register_variants()

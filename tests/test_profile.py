@@ -13,8 +13,8 @@ import pytest
 
 from experiments import metrics, ncu, profile
 from experiments.ncu_launch import _artifact
-from experiments.render import render
-from experiments.spec import KernelSpec
+from experiments.families.mma_sync.render import render
+from experiments.families.mma_sync.spec import KernelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "ncu"
@@ -37,6 +37,20 @@ def db(tmp_path_factory):
     uri = f"sqlite:///{path}"
     mlflow.MlflowClient(uri).search_experiments()
     return uri
+
+
+def _item_spec(item: dict):
+    """The spec of a plan item, as the launcher rebuilds it."""
+    from experiments import families
+    return families.get(item["family"]).respec(item["precision"], item["arch"], item["params"])
+
+
+def _item(run_id: str, spec, source: str, n: int) -> dict:
+    """A plan item as experiments.ncu_launch.plan_item makes it: ``spec`` at N x N x N, seed 1."""
+    return {"run_id": run_id, "entry": spec.entry, "family": spec.family, "precision": spec.precision,
+            "arch": spec.arch, "params": [list(p) for p in spec.params],
+            "build": {"kind": "ptx", "source": source, "entry": spec.entry, "options": []},
+            "m": n, "n": n, "k": n, "seed": 1}
 
 
 def add_run(client, exp, parent, spec, size, tmp, status="FINISHED", verified="true", backend="gpu",
@@ -138,7 +152,7 @@ def test_profiles_latest_sweep_into_the_same_runs(store, fake_ncu, capsys):
     assert cmd[-4:-1] == [sys.executable, "-m", "experiments.ncu_launch"]
     plan = json.loads(Path(cmd[-1]).read_text())
     item = next(it for it in plan["items"] if it["run_id"] == store["runs"]["int8_512"])
-    assert KernelSpec(**{**item["spec"], "ptx_version": tuple(item["spec"]["ptx_version"])}) == INT8
+    assert _item_spec(item) == INT8 and item["family"] == "mma_sync"
     assert (item["m"], item["n"], item["k"], item["seed"]) == (512, 512, 512, 1234)
     for key, size, median in (("int8_256", 256, 10.0), ("int8_512", 512, 40.0), ("fp16_256", 256, 20.0)):
         d = tags_of(store, key)
@@ -290,7 +304,7 @@ def test_run_that_keeps_only_its_config(store, fake_ncu):
     from omegaconf import OmegaConf
 
     from experiments.config import Config
-    from experiments.spec import spec_from_config
+    from experiments.families.mma_sync.spec import spec_from_config
     cfg = OmegaConf.structured(Config)
     spec = spec_from_config(cfg, 90)
     client, tmp = store["client"], store["tmp"]
@@ -309,7 +323,7 @@ def test_run_that_keeps_only_its_config(store, fake_ncu):
     assert run(store, "--filter", f"tags.kernel = '{spec.entry}'") == 0
     plan = json.loads(Path(calls(fake_ncu)[0][-1]).read_text())
     (item,) = plan["items"]
-    assert KernelSpec(**{**item["spec"], "ptx_version": tuple(item["spec"]["ptx_version"])}) == spec
+    assert _item_spec(item) == spec
     assert client.get_run(rid).data.tags["ncu"] == "done"
     assert client.get_run(rid).data.metrics["ncu.duration_us"] == 5.12
 
@@ -385,12 +399,8 @@ def test_import_published_text_reports(db, capsys):
 
 def test_launcher_stops_before_any_launch_when_a_kernel_cannot_load(tmp_path):
     """A broken PTX (and, without a GPU, a missing CuPy) is reported per run; nothing is launched."""
-    good, bad = tmp_path / "good.ptx", tmp_path / "bad.ptx"
-    good.write_text(render(INT8))
-    bad.write_text("this is not PTX\n")
-    kw = {**INT8.as_kwargs(), "ptx_version": list(INT8.ptx_version)}
-    items = [{"run_id": rid, "entry": INT8.entry, "ptx_path": str(path), "spec": kw, "m": 256, "n": 256,
-              "k": 256, "seed": 1} for rid, path in (("r_good", good), ("r_bad", bad))]
+    items = [_item(rid, INT8, source, 256) for rid, source in (("r_good", render(INT8)),
+                                                                ("r_bad", "this is not PTX\n"))]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"items": items, "status": str(tmp_path / "status.json")}))
     proc = subprocess.run([sys.executable, "-m", "experiments.ncu_launch", str(plan)], cwd=ROOT,
@@ -405,11 +415,7 @@ def test_launcher_stops_before_any_launch_when_a_kernel_cannot_load(tmp_path):
 @pytest.mark.gpu
 def test_launcher_runs_a_plan(tmp_path):
     """The program ncu runs: loads, then launches each item twice (warm-up, profile), exit 0."""
-    ptx = tmp_path / f"{INT8.entry}.ptx"
-    ptx.write_text(render(INT8))
-    kw = {**INT8.as_kwargs(), "ptx_version": list(INT8.ptx_version)}
-    items = [{"run_id": f"r{m}", "entry": INT8.entry, "ptx_path": str(ptx), "spec": kw, "m": m, "n": m,
-              "k": m, "seed": 1} for m in (256, 512)]
+    items = [_item(f"r{m}", INT8, render(INT8), m) for m in (256, 512)]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"items": items, "status": str(tmp_path / "status.json")}))
     proc = subprocess.run([sys.executable, "-m", "experiments.ncu_launch", str(plan)], cwd=ROOT,
@@ -448,7 +454,7 @@ def test_runs_of_registered_families(store, fake_ncu):
     from mlflow.entities import Param
 
     from experiments import families
-    from experiments.render import ptx_sha256
+    from experiments.families.base import ptx_sha256
     client = store["client"]
     exp = client.get_experiment_by_name(store["experiment"]).experiment_id
 

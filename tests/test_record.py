@@ -4,7 +4,10 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from experiments import families
 from experiments.record import clock_reasons, params_of, run_name, sweep_note, sweep_view
+
+DEFAULT = families.get(families.DEFAULT)
 
 
 @pytest.mark.parametrize("mask, text", [(0, "none"), (4, "sw_power_cap"), (1 | 4, "gpu_idle+sw_power_cap"),
@@ -16,23 +19,25 @@ def test_clock_reasons(mask, text):
 
 def test_run_name_leads_with_the_size_then_what_differs_from_the_default_kernel():
     spec = NS(precision="int8", ktile=64, mma_shape="m16n8k32", stages=3, bm=256, bn=128)
-    assert run_name(spec, (8192, 8192, 8192)) == "8192 int8 bk64 m16n8k32 s3 256x128"
-    assert run_name(spec, (512, 1024, 256)) == "512x1024x256 int8 bk64 m16n8k32 s3 256x128"
-    assert run_name(spec) == "int8 bk64 m16n8k32 s3 256x128"
+    assert run_name(DEFAULT, spec, (8192, 8192, 8192)) == "8192 int8 bk64 m16n8k32 s3 256x128"
+    assert run_name(DEFAULT, spec, (512, 1024, 256)) == "512x1024x256 int8 bk64 m16n8k32 s3 256x128"
+    assert run_name(DEFAULT, spec) == "int8 bk64 m16n8k32 s3 256x128"
     stages = NS(precision="fp16", ktile=32, mma_shape="m16n8k16", stages=2, bm=256, bn=128)
-    assert run_name(stages, (1024,) * 3) == "1024 fp16 s2 bk32 m16n8k16 256x128"
+    assert run_name(DEFAULT, stages, (1024,) * 3) == "1024 fp16 s2 bk32 m16n8k16 256x128"
     study = NS(precision="int4", ktile=64, mma_shape="m16n8k64", stages=2, bm=32, bn=64, loader_a="x4",
                loader_b="manual", cache_op="ca", b_layout="row", acc="auto", l2_hint_a="none",
                l2_hint_b="evict_last")
-    assert run_name(study, (2048,) * 3) == "2048 int4 bk64 s2 32x64 ldx4man ca l2xl brow m16n8k64"
+    assert run_name(DEFAULT, study, (2048,) * 3) == "2048 int4 bk64 s2 32x64 ldx4man ca l2xl brow m16n8k64"
 
 
 def test_params_leave_out_the_store_and_repeated_spec_fields():
     flat = {"precision": "int8", "ktile": "64", "mma": "auto", "tracking.uri": "sqlite:////x.db",
             "tracking.experiment": "e", "tracking.rerun": "False"}
     spec = {"precision": "int8", "ktile": 64, "mma": "m16n8k32", "arch": "sm_90", "ptx_version": "7.8"}
-    assert params_of(flat, spec) == {"precision": "int8", "ktile": "64", "mma": "auto", "spec.mma": "m16n8k32",
-                                     "spec.arch": "sm_90", "spec.ptx_version": "7.8"}
+    assert params_of(flat, DEFAULT, spec) == {"precision": "int8", "ktile": "64", "mma": "auto",
+                                              "spec.mma": "m16n8k32", "spec.arch": "sm_90",
+                                              "spec.ptx_version": "7.8", "family": "mma_sync"}
+    assert params_of(flat) == {"precision": "int8", "ktile": "64", "mma": "auto"}
 
 
 def _run(name, outcome, params=None, metrics=None, tags=None):

@@ -1,4 +1,4 @@
-"""experiments/render.py: every loader puts exactly the PTX ISA fragment into every register, and
+"""experiments/families/mma_sync/render.py: every loader puts exactly the PTX ISA fragment into every register, and
 rendered kernels compute the GEMM when the PTX is executed on a CPU (tests/ptx_interpreter.py).
 
 A byte model of one shared-memory stage (what cp.async writes: A row r at r * pitch, B column n (col)
@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from ptx_interpreter import run_gemm
 
-from experiments.render import fragment_plan, lane_address, lane_bases, render, template_context
-from experiments.spec import KernelSpec, SpecError, space
+from experiments.families.mma_sync.render import fragment_plan, lane_address, lane_bases, render, template_context
+from experiments.spec import SpecError
+from experiments.families.mma_sync.spec import KernelSpec, space
 from experiments.spec_tables import LOADERS
 from experiments.dtypes import tolerance
 from experiments.verify import check
@@ -206,17 +207,18 @@ def test_ldmatrix_rows_fall_in_eight_bank_groups(layout):
 def test_swizzled_kernels_are_named_and_keyed_apart():
     """The layout is in the entry name (``_sw``), the run name (``sw``) and the run key of swizzled
     kernels; padded kernels keep the run key they had before the axis existed (no smem_layout in it)."""
-    from experiments.kernel import _identity_axes
+    from experiments import families
     from experiments.record import run_name
+    fam = families.get(families.DEFAULT)
     kw = dict(precision="int8", ktile=64, mma_k=32, bm=128, bn=256, warps_m=2, warps_n=4, stages=3,
               cache_op="cg", arch="sm_90", loader_a="x4", loader_b="x4")
     padded, swizzled = KernelSpec(**kw), KernelSpec(**kw, smem_layout="swizzled")
     assert swizzled.entry == "gemm_int8_bk64_m16n8k32_ldx4x4_cg_sw_bcol_s3_128x256_w2x4_g8"
     assert padded.entry == swizzled.entry.replace("_sw", "")
-    assert run_name(swizzled, (8192,) * 3) == "8192 int8 bk64 128x256 ldx4x4 sw m16n8k32 s3"
-    assert "smem_layout" not in dict(_identity_axes(padded))
-    assert dict(_identity_axes(swizzled))["smem_layout"] == "swizzled"
-    assert [kv for kv in _identity_axes(swizzled) if kv[0] != "smem_layout"] == _identity_axes(padded)
+    assert run_name(fam, swizzled, (8192,) * 3) == "8192 int8 bk64 128x256 ldx4x4 sw m16n8k32 s3"
+    assert "smem_layout" not in dict(fam.identity(padded))
+    assert dict(fam.identity(swizzled))["smem_layout"] == "swizzled"
+    assert [kv for kv in fam.identity(swizzled) if kv[0] != "smem_layout"] == fam.identity(padded)
 
 
 def test_plan_counts():

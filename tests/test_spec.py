@@ -1,12 +1,16 @@
-"""KernelSpec validation, spec_from_config, the derived numbers and the space of experiments/spec.py."""
+"""KernelSpec validation, spec_from_config, the derived numbers and the space of the default family
+(experiments/families/mma_sync/spec.py)."""
 from math import prod
 
 import pytest
 from omegaconf import OmegaConf
 
 from experiments.config import Config
-from experiments.spec import (ARCHS, PRECISIONS, RULES, KernelSpec, SpecError, describe_space,
-                              resolve_arch, space, spec_from_config, valid_ktiles)
+from experiments.families.mma_sync.rules import RULES, valid_ktiles
+from experiments.families.mma_sync.spec import KernelSpec, describe_space, space, spec_from_config
+from experiments.hardware import ARCHS
+from experiments.spec import SpecError, resolve_arch
+from experiments.spec_tables import PRECISIONS
 from experiments.spec_tables import MAX_STAGES, tile_presets
 
 # Axes the numbers below depend on, pinned so that a change of a default does not move them

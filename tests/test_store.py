@@ -69,13 +69,14 @@ def test_crash_inside_a_job_fails_that_run_only(tmp_path):
     script = textwrap.dedent(f"""
         import runpy, sys
         sys.path.insert(0, {str(ROOT)!r})
-        import experiments.job as job
-        real = job.render
-        def render(spec):
+        from experiments import families
+        fam = type(families.get(families.DEFAULT))
+        real = fam.build
+        def build(self, spec):
             if spec.precision == "int4":
                 raise ZeroDivisionError("boom in render")
-            return real(spec)
-        job.render = render
+            return real(self, spec)
+        fam.build = build
         sys.argv = ["run.py", *sys.argv[1:]]
         runpy.run_path({str(ROOT / "run.py")!r}, run_name="__main__")
     """)

@@ -356,18 +356,17 @@ def test_run_names_and_identity():
     """The defaults epilogue=registers and cluster=1 add nothing to a point's identity (params, entry, run
     name); tma and cluster=2 do."""
     from experiments import record
-    axes = tuple(FAM.axes)
-    assert axes[-3:] == ("epilogue", "cluster", "schedule")
+    assert tuple(FAM.axes)[-3:] == ("epilogue", "cluster", "schedule")
     old = _spec("fp8_e4m3", persistent="true")
-    assert record.family_run_name(old, axes, (8192,) * 3) == (
+    assert record.run_name(FAM, old, (8192,) * 3) == (
         "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages4 swizzle128 persistent grouped")
     new = _spec("fp8_e4m3", persistent="true", epilogue="tma", stages=2)
-    assert record.family_run_name(new, axes, (8192,) * 3) == (
+    assert record.run_name(FAM, new, (8192,) * 3) == (
         "8192 wgmma fp8_e4m3 bn256 consumers2 producer stages2 swizzle128 persistent grouped tma")
     assert new.entry == ("wgmma_fp8_e4m3_bk128_bn256_consumers2_epiloguetma_ordergrouped_persistenttrue_"
                          "producertrue_stages2_swizzle128")
     two = _spec("int8", cluster=2)
-    assert record.family_run_name(two, axes) == (
+    assert record.run_name(FAM, two) == (
         "wgmma int8 bn256 consumers2 producer stages4 swizzle128 no_persistent grouped cluster2")
     assert two.entry == ("wgmma_int8_bk128_bn256_cluster2_consumers2_ordergrouped_persistentfalse_producertrue_"
                          "stages4_swizzle128")

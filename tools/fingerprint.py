@@ -7,7 +7,7 @@ equal: run it before and after and compare the lines.
     python tools/fingerprint.py                 # every point (a few minutes on one core)
     python tools/fingerprint.py --stride 20     # every 20th point of each family (quick check)
 
-mma_sync: every shaping cell of :func:`experiments.spec.space` at its largest stage count and at one
+mma_sync: every shaping cell of its pruning walker (``space``) at its largest stage count and at one
 stage, the non-shaping axes (cache.op, L2 hints, tile.group_m) rotated over the cells so that every value
 of each occurs. Other families: every point of ``Family.space(arch)`` for every arch.
 Prints one line per family: name, points, sha256 of the records (in enumeration order).
@@ -23,10 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments import families, record  # noqa: E402
-from experiments.kernel import _identity_axes  # noqa: E402
-from experiments.render import ptx_sha256, render  # noqa: E402
+from experiments.families.base import ptx_sha256  # noqa: E402
+from experiments.families.mma_sync.spec import space  # noqa: E402
 from experiments.hardware import ARCHS  # noqa: E402
-from experiments.spec import space  # noqa: E402
 
 SIZE = (4096, 4096, 4096)
 
@@ -48,10 +47,11 @@ def _mma_sync_points(stride: int):
 
 def mma_sync_records(stride: int):
     """(entry, source sha256, identity, run names) of the mma_sync points."""
+    fam = families.get("mma_sync")
     for spec in _mma_sync_points(stride):
-        sha = ptx_sha256(render(spec))
-        yield (spec.entry, sha, str((_identity_axes(spec), sha)),
-               record.run_name(spec, SIZE), record.run_name(spec, None))
+        sha = ptx_sha256(fam.build(spec).source)
+        yield (spec.entry, sha, str((fam.identity(spec), sha)),
+               record.run_name(fam, spec, SIZE), record.run_name(fam, spec, None))
 
 
 def family_records(name: str, stride: int):
@@ -64,9 +64,8 @@ def family_records(name: str, stride: int):
             if (i - 1) % stride:
                 continue
             sha = ptx_sha256(fam.build(spec).source)
-            yield (spec.entry, sha, str((sorted(spec.flat().items()), sha)),
-                   record.family_run_name(spec, tuple(fam.axes), SIZE),
-                   record.family_run_name(spec, tuple(fam.axes), None))
+            yield (spec.entry, sha, str((fam.identity(spec), sha)),
+                   record.run_name(fam, spec, SIZE), record.run_name(fam, spec, None))
 
 
 def main(argv=None) -> None:
@@ -74,7 +73,7 @@ def main(argv=None) -> None:
     ap.add_argument("--stride", type=int, default=1, help="every Nth point only (default 1: all)")
     ap.add_argument("--family", action="append", help="only this family (repeatable)")
     args = ap.parse_args(argv)
-    wanted = args.family or ["mma_sync", *families.names()]
+    wanted = args.family or list(families.names())
     for name in wanted:
         recs = mma_sync_records(args.stride) if name == "mma_sync" else family_records(name, args.stride)
         h, n = hashlib.sha256(), 0

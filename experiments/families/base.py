@@ -4,14 +4,17 @@ A family declares its axes (name -> valid values) and restrictions (:class:`Rule
 function (:meth:`Family.space`) enumerates every valid point for tests and ``--help``. The runner only
 sees this interface: ``spec`` validates, ``build`` produces source text (no GPU), ``prepare`` allocates,
 compiles and returns the launch and verify closures (GPU), ``flops`` and ``unit`` give the throughput.
-Family modules: :mod:`.wmma`, :mod:`.dp4a`, :mod:`.cublas`, :mod:`.peak`; registry in the package.
+Family modules: the default family's package, :mod:`.wmma`, :mod:`.dp4a`, :mod:`.cublas`, :mod:`.peak`,
+:mod:`.wgmma`; registry in the package.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,10 +22,10 @@ import jinja2
 
 from ..dtypes import DType, tolerance
 from ..hardware import ARCHS
-from ..spec import SpecError, check_no_tails
+from ..spec import SpecError, check_no_tails, resolve_arch
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
-           "TEMPLATE_DIR", "sm_of", "parse_pair"]
+           "TEMPLATE_DIR", "sm_of", "parse_pair", "ptx_sha256", "config_options", "markdown_values"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "kernels_ptx"
 
@@ -72,14 +75,16 @@ class Build:
 class Prepared:
     """launch(): enqueue one launch on the current CuPy stream. verify(): after one launch and a
     synchronize, compare with the reference (an :class:`experiments.verify.VerifyResult`).
-    note: what is not like-for-like with the mma_sync kernels ("" when nothing). clocks: where the
+    note: what is not like-for-like with the default family's kernels ("" when nothing). clocks: where the
     kernel records its own cycles (the peak family's MMA loops), a function that waits for the device
     and returns the exact figures of the last launch (dict, :func:`experiments.families.peak.kernel_clock`);
-    None elsewhere."""
+    None elsewhere. info: fields the worker's result takes over as they are (the default family's
+    JIT seconds and resources), {} elsewhere."""
     launch: Callable[[], None]
     verify: Callable[[], object]
     note: str = ""
     clocks: Callable[[], dict] | None = None
+    info: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,17 @@ class Rule:
     name: str
     why: str
     check: Callable[[str, dict, str], str | None]
+
+
+def config_options(cfg) -> dict:
+    """The ``family.*`` options of a composed config (without ``name``), Enum members by value."""
+    node = cfg.get("family") or {}
+    return {str(k): (v.value if isinstance(v, Enum) else v) for k, v in node.items() if k != "name"}
+
+
+def markdown_values(values) -> str:
+    """Values as a Markdown table cell: each in backticks, comma-separated."""
+    return ", ".join(f"`{v}`" for v in values)
 
 
 def sm_of(arch: str) -> int:
@@ -107,6 +123,11 @@ def _env() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), trim_blocks=True,
                               lstrip_blocks=True, undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True)
+
+
+def ptx_sha256(ptx: str) -> str:
+    """Hex sha256 of a kernel's source text (PTX, or CUDA C++), the cache and tracking key of a kernel."""
+    return hashlib.sha256(ptx.encode()).hexdigest()
 
 
 def render_template(name: str, **context) -> str:
@@ -133,6 +154,13 @@ class Family:
     on M, N, K (False: one run per spec, the problem size is ignored); tensor_cores: the kernel's
     SASS should hold the tensor-core MMA of its precision (the runner checks it where it has SASS);
     narrow_accumulation: its instructions sum fp8 products in fewer bits than f32 (:meth:`tolerance`).
+
+    How a family meets the config and the store: ``root_keys``, the config's root keys that hold its
+    options (the default family's; () for the others, whose options are ``family.*``: :meth:`spec_of`);
+    ``key_defaults``, axes added after runs were tracked, at the value those runs had, left out of the
+    run key (:meth:`identity`); ``param_drop``, config keys (a trailing dot: a group) a run of this family
+    does not log as params (:meth:`run_params`); ``auto_keys``, the config keys tile=auto sets per
+    problem size (() where the family has no tile=auto: :meth:`auto_tile`).
     """
     name: str = ""
     title: str = ""
@@ -142,6 +170,107 @@ class Family:
     sized: bool = True
     tensor_cores: bool = False
     narrow_accumulation: bool = False
+    root_keys: tuple = ()
+    key_defaults: dict = {}
+    # the default family's root keys as runs of the other families have always left them out (smem_layout,
+    # added later, stays a param of theirs: their run params do not change)
+    param_drop: tuple = ("ktile", "mma", "acc", "b_layout", "study_kernel", "family.name", "tracking.",
+                         "tile.", "loader.", "pipeline.", "cache.")
+    auto_keys: tuple = ()
+    profiles_logged: bool = False   # the profiler takes the source a run logged (True), or builds it again
+
+    # ------------------------------------------------------------------ from the config and the store
+    def options_of(self, cfg, gpu_cc: int | None) -> tuple[str, dict, str]:
+        """(precision, options, arch) of the composed config ``cfg`` for a GPU of compute capability
+        ``gpu_cc`` (None: none): the options are ``family.*`` without ``name`` (Enum members by value),
+        ``target.arch`` resolved (auto = the GPU's own, sm_90 without a GPU; SpecError for another)."""
+        options = config_options(cfg)
+        precision = cfg.precision.name if isinstance(cfg.precision, Enum) else str(cfg.precision)
+        return precision, options, resolve_arch(str(cfg.target.arch), gpu_cc)
+
+    def spec_of(self, cfg, gpu_cc: int | None):
+        """The spec of the composed config ``cfg`` (:meth:`options_of` through :meth:`spec`).
+        Raises SpecError naming the key, the value and the valid values."""
+        return self.spec(*self.options_of(cfg, gpu_cc))
+
+    def respec(self, precision: str, arch: str, params):
+        """The resolved spec again from its ``params`` ((key, value) pairs of ``spec.params``), as the
+        GPU worker and the profiler rebuild it; not validated again."""
+        return FamilySpec(self.name, precision, arch, tuple((str(a), b) for a, b in params))
+
+    def spec_of_run(self, params: dict, tags: dict, config: Callable):
+        """The spec of a tracked run from its params (``family.<option>``, precision, ``spec.arch`` or
+        tag arch); ``config()`` would load the run's config.yaml artifact (families whose params do not
+        hold every option). Raises SpecError (ValueError) when the run's values make no valid spec."""
+        options = {k.split(".", 1)[1]: v for k, v in params.items()
+                   if k.startswith("family.") and k.split(".", 1)[1] in self.axes}
+        return self.spec(params["precision"], options, params.get("spec.arch") or tags.get("arch", ""))
+
+    def identity(self, spec) -> list:
+        """The spec's part of the run key: sorted items of ``spec.flat()`` without :attr:`key_defaults`."""
+        return sorted((k, v) for k, v in spec.flat().items() if self.key_defaults.get(k, object()) != v)
+
+    def name_tokens(self, spec) -> list | None:
+        """The family's own run-name rule (the words after the size), or None (the default): the
+        family, the precision and the values of its axes (:func:`experiments.record.run_name`)."""
+        return None
+
+    def run_params(self, config_params: dict, spec_flat: dict) -> dict:
+        """The run's params: the config's (``config_params``: flattened, ``tracking.*`` left out) without
+        :attr:`param_drop`, ``family``, and ``spec.<key>`` for every resolved spec value."""
+        keys = tuple(k for k in self.param_drop if not k.endswith("."))
+        groups = tuple(k for k in self.param_drop if k.endswith("."))
+        params = {k: v for k, v in config_params.items() if k not in keys and not k.startswith(groups)}
+        params["family"] = self.name
+        params.update({f"spec.{k}": str(v) for k, v in spec_flat.items() if k not in ("family", "precision")})
+        return params
+
+    def archs(self) -> tuple:
+        """The archs on which some precision has a kernel with the default options."""
+        def takes(precision, arch):
+            try:
+                self.spec(precision, {}, arch)
+                return True
+            except SpecError:
+                return False
+        return tuple(a for a in ARCHS if any(takes(p, a) for p in self.axes["precision"]))
+
+    def options_help(self) -> str:
+        """The options (``family.<option>``) and their valid values, the default first, for --help."""
+        lines = []
+        for axis, values in self.axes.items():
+            if axis != "precision":
+                default = self.defaults.get(axis, values[0])
+                rest = [str(v) for v in values if str(v) != str(default)]
+                lines.append(f"{axis}: {default} (default), {', '.join(rest)}" if rest
+                             else f"{axis}: {default}")
+        return "\n".join(lines or ["(none)"]) + "\n"
+
+    def axes_markdown(self) -> list[str]:
+        """The family's section of docs/axes.md (lines): its keys (``family.*``, the default value
+        first) and values, then its rules."""
+        out = [f"## family={self.name}: {self.title}", "",
+               "| key | values (of `family.*`: the default first) |", "| --- | --- |"]
+        for key, values in self.axes.items():
+            if key == "precision":
+                out.append(f"| `precision` | {markdown_values(values)} |")
+                continue
+            default = self.defaults.get(key, values[0])
+            ordered = [default, *(v for v in values if str(v) != str(default))]
+            out.append(f"| `family.{key}` | {markdown_values(ordered)} |")
+        if self.rules:
+            out += ["", "Rules:", ""] + [f"- `{r.name}`: {r.why}" for r in self.rules]
+        return out
+
+    def auto_tile(self, cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None):
+        """tile=auto: the :class:`experiments.spec.AutoTile` (preset name, spec, estimated time) for an
+        M x N x K problem on ``sms`` SMs, ``cfg`` giving the other options. Raises SpecError: this
+        family has no tile=auto (families that have one override this and :meth:`auto_settings`)."""
+        raise SpecError(f"family={self.name} has no tile=auto: its tile is an option of its own (family.*)")
+
+    def auto_settings(self, spec) -> dict:
+        """The config keys (dotted) and values that give tile=auto's choice ``spec``."""
+        raise SpecError(f"family={self.name} has no tile=auto")
 
     # ------------------------------------------------------------------ space and validation
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:

@@ -3,7 +3,7 @@
 One ``cublasGemmEx`` call per launch (cuBLAS Library User Guide, "cublasGemmEx"), with the library's
 own kernel choice (CUBLAS_GEMM_DEFAULT):
   fp16, bf16: A/B CUDA_R_16F / CUDA_R_16BF, C CUDA_R_32F, CUBLAS_COMPUTE_32F (f32 output, like the
-              mma_sync kernels' f32 accumulator);
+              default family's f32 accumulator);
   int8:       A/B CUDA_R_8I, C CUDA_R_32I, CUBLAS_COMPUTE_32I.
 fp8_e4m3 goes through cuBLASLt instead (cublasGemmEx has no FP8; cuBLAS guide, "cublasLtMatmul", its
 FP8 type table): one ``cublasLtMatmul`` per launch, A/B CUDA_R_8F_E4M3, C and D CUDA_R_32F,

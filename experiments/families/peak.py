@@ -1,8 +1,8 @@
 """The peak family: this GPU's own ceilings, measured with the same timing as every kernel. The option
 ``instruction`` says which tensor-core instruction a precision's ceiling is measured with.
 
-``instruction=mma_sync`` (the default): a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in which
-every warp keeps ``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK``
+``instruction`` mma.sync (the default, :data:`MMA`): a register-only loop (``kernels_ptx/peak_mma.ptx.j2``) in
+which every warp keeps ``CHAINS`` independent accumulator chains and issues one ``mma.sync.aligned.m16n8kK``
 per chain per iteration (PTX ISA 9.0, 9.7.14.5), 256 threads per block, 4 blocks per SM (the
 register-only peak of ``results/h200/README.md``). The loop is written out ``UNROLL`` iterations per
 trip: with one iteration per trip the loop's branch after every 8 mma.sync cost 13 % of the rate on an
@@ -13,7 +13,7 @@ chosen so one launch lasts about 1 ms on an H200. A holds 1 and B 1/K (floats) o
 every mma adds exactly 1 (floats) or K (integers) to each accumulator and the host knows each result.
 
 ``feed=ldmatrix`` (mma.sync, the shape of the largest K): the same instruction fed from shared memory the
-way the mma_sync GEMM family's main loop feeds it at its 64 x 64 warp tile: per K step a warp issues 8
+way the default GEMM family's main loop feeds it at its 64 x 64 warp tile: per K step a warp issues 8
 ``ldmatrix.x4`` (PTX ISA 9.7.9.26; 4 for A, 4 for B) and 32 mma.sync, fragments double-buffered in
 registers, 8 warps per block and one block per SM (the GEMM's 128 x 256 tile holds 8 such warps), no
 global memory and no barrier in the loop. It is the ceiling of that main loop: what a GEMM of this
@@ -65,7 +65,8 @@ __all__ = ["PeakFamily", "operand_words", "expected_accumulators", "expected_wgm
            "expected_fed", "FEEDS", "wgmma_smem_bytes", "wgmma_restarts", "THREADS", "CHAINS", "INSTRUCTIONS",
            "WGMMA_N", "CLOCK_RECORD", "mma_per_warp", "kernel_clock"]
 
-INSTRUCTIONS = ("mma_sync", "wgmma")
+MMA = "mma_sync"            # instruction mma.sync: its value in params, named as the default family is
+INSTRUCTIONS = (MMA, "wgmma")
 FEEDS = ("registers", "ldmatrix")
 # feed=ldmatrix: (iters = K steps per unit, units): 2**17 x 32 x 32 mma = 1.3e8 mma per launch as the
 # register-only loop; one block of THREADS per SM, 32 accumulator tiles (64 x 64) per warp
@@ -76,7 +77,7 @@ THREADS, BLOCKS_PER_SM, CHAINS, UNROLL = 256, 4, 8, 16
 # ~2e6 mma, one chain step per unit
 NATIVE_WORK, EMULATED_WORK = (16, 1 << 20), (1, 1 << 18)
 # archs whose SASS of mma.sync .e4m3 is F2FP.F16.E4M3.UNPACK_B + HMMA.16816, no QMMA (ptxas 13.0)
-NO_FP8_MMA_SYNC = (90, 100)
+NO_FP8_MMA = (90, 100)
 COPY_BYTES, COPY_UNROLL, COPY_BLOCKS_PER_SM, COPY_CACHE = 1 << 30, 8, 2, ("", ".cs")
 # instruction=wgmma: m64nNkK per warpgroup; warpgroups per block (one block per SM), wgmma per commit
 # group, groups left in flight by wait_group (on an H200 the 36 structures of
@@ -102,7 +103,7 @@ def _mma_rule(precision, p, arch):
         return f"mma={p['mma']} is not valid with precision={precision}; valid: auto, {', '.join(shapes)}"
     if sm_of(arch) < DType[precision].min_arch:
         return f"mma.sync with {precision} needs sm_{DType[precision].min_arch} or later, not {arch}"
-    if DType[precision].is_fp8 and sm_of(arch) in NO_FP8_MMA_SYNC:
+    if DType[precision].is_fp8 and sm_of(arch) in NO_FP8_MMA:
         folded = ("" if p.get("feed") == "ldmatrix" else ", and with the loop's constant operands it "
                   "computes the product once and adds it in a loop of FADDs")
         return (f"{arch} has no tensor-core instruction for mma.sync on fp8 (ptxas converts to f16 for "
@@ -115,7 +116,7 @@ def _feed_rule(precision, p, arch):
         return None
     largest = f"m16n8k{DType[precision].mma_k[-1]}"
     if p["mma"] != largest:
-        return (f"feed=ldmatrix uses the shape of the largest K, as the mma_sync GEMMs do: mma={largest} "
+        return (f"feed=ldmatrix uses the shape of the largest K, as the {MMA} GEMMs do: mma={largest} "
                 f"(or auto), not {p['mma']}")
     if precision == "int4" and sm_of(arch) >= 90:
         return f"{arch} emulates s4 mma.sync with integer code: no shared-memory feed to measure"
@@ -292,7 +293,7 @@ class PeakFamily(Family):
             "copy": ("auto", "kernel", "memcpy"),
             "instruction": INSTRUCTIONS,
             "feed": FEEDS}
-    defaults = {"mma": "auto", "copy": "auto", "instruction": "mma_sync", "feed": "registers"}
+    defaults = {"mma": "auto", "copy": "auto", "instruction": MMA, "feed": "registers"}
     rules = (Rule("mma", "the shapes mma.sync offers per type; fp8 from sm_89", _mma_rule),
              Rule("feed", "feed=ldmatrix: mma.sync at the largest K, where the type is native", _feed_rule),
              Rule("wgmma", "wgmma.mma_async exists only on sm_90a (auto and sm_90 resolve to it)",
@@ -304,7 +305,7 @@ class PeakFamily(Family):
         """As :meth:`Family.spec`; with ``instruction=wgmma`` target.arch auto and sm_90 resolve to
         sm_90a (any other arch is refused by the rule ``wgmma``)."""
         opts = dict(options or {})
-        if str(opts.get("instruction", "mma_sync")) == "wgmma" and str(arch) in ("auto", "sm_90"):
+        if str(opts.get("instruction", MMA)) == "wgmma" and str(arch) in ("auto", "sm_90"):
             arch = WGMMA_ARCH
         return super().spec(precision, opts, arch)
 
@@ -320,7 +321,7 @@ class PeakFamily(Family):
 
     def resolve(self, precision, params, arch):
         """Drop the axis that does not apply (mma for copy, copy for mma types; only "auto" is
-        accepted there, and instruction for mma_sync and feed for registers, so those specs are as
+        accepted there, and instruction for mma.sync and feed for registers, so those specs are as
         before the options existed), resolve "auto" and add the work size (and, for wgmma, the loop's
         structure)."""
         wgmma = params.pop("instruction") == "wgmma"

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
 from ..assemble import Assembly, PtxasError, PtxasMissing, assemble
 from ..dtypes import DType
-from ..spec import SpecError, misfit_message, resolve_arch
-from . import get
-from .base import Build, Family, FamilySpec
+from ..spec import SpecError, misfit_message
+from . import DEFAULT, get
+from .base import Build, Family, FamilySpec, config_options
 
-__all__ = ["MMA_SYNC", "WGMMA", "family_name", "family_options", "family_spec", "family_shapes", "resources",
+__all__ = ["WGMMA", "family_name", "family_options", "family_spec", "family_shapes", "resources",
            "sass_subject", "NvccError"]
 
-MMA_SYNC = "mma_sync"
 WGMMA = "wgmma"
 
 
@@ -32,27 +30,25 @@ class NvccError(RuntimeError):
 
 
 def family_name(cfg) -> str:
-    """The config's family (``family.name``); mma_sync when the config has no family node."""
+    """The config's family (``family.name``); the default family when the config has no family node."""
     node = cfg.get("family")
-    return str(node.name) if node is not None and node.get("name") else MMA_SYNC
+    return str(node.name) if node is not None and node.get("name") else DEFAULT
 
 
 def family_options(cfg) -> dict:
     """The family's options from the config (``family.*`` without ``name``), Enum members by value."""
-    node = cfg.get("family") or {}
-    return {str(k): (v.value if isinstance(v, Enum) else v) for k, v in node.items() if k != "name"}
+    return config_options(cfg)
 
 
 def family_spec(cfg, gpu_cc: int | None) -> tuple[Family, FamilySpec]:
-    """(family, spec) for the config: ``target.arch`` resolved as for mma_sync (auto = the GPU's own,
-    sm_90 without a GPU), then ``families.get(name).spec(precision, options, arch)``.
+    """(family, spec) for the config: ``families.get(name).spec_of(cfg, gpu_cc)``, the family reading
+    its options as it declares (``family.*``, or the default family's root keys) and ``target.arch``
+    resolved (auto = the GPU's own, sm_90 without a GPU).
 
     Raises SpecError naming the key, the value and the valid values (e.g. ``family=cublas
     precision=int4``: no cuBLAS GEMM for precision=int4; valid: fp16, bf16, int8)."""
     fam = get(family_name(cfg))
-    precision = cfg.precision.name if isinstance(cfg.precision, Enum) else str(cfg.precision)
-    arch = resolve_arch(str(cfg.target.arch), gpu_cc)
-    return fam, fam.spec(precision, family_options(cfg), arch)
+    return fam, fam.spec_of(cfg, gpu_cc)
 
 
 def family_shapes(fam: Family, spec: FamilySpec, shapes: list) -> list:

@@ -1,7 +1,7 @@
 """The Hopper family: GEMMs built from TMA loads, an mbarrier ring and ``wgmma.mma_async`` (sm_90a).
 
 One PTX template (``kernels_ptx/wgmma_gemm.ptx.j2``, its contract in its header). A block computes a
-BM x BN tile of C = A B^T (A: M x K, B: N x K, both K contiguous, as the mma_sync family's ``col`` B):
+BM x BN tile of C = A B^T (A: M x K, B: N x K, both K contiguous, as the default family's ``col`` B):
 ``consumers`` warpgroups each own 64 rows (BM = 64 x consumers) and issue one m64nBNkK wgmma per 32
 bytes of K, both operands read from shared memory through matrix descriptors (K-major, swizzled);
 accumulators stay in registers (f32, or s32 for int8). The operands arrive by TMA
@@ -288,6 +288,17 @@ class WgmmaFamily(Family):
              Rule("group", "group (other than 8) needs order=grouped", _group_rule))
     tensor_cores = True
     narrow_accumulation = True      # fp8 wgmma sums in about 14 significant bits (dtypes.FP8_RTOL)
+    auto_keys = ("family.bn", "family.consumers")
+
+    def auto_tile(self, cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None):
+        """tile=auto's choice for M x N x K on ``sms`` SMs (:func:`auto_tile`), the config's other
+        ``family.*`` options kept."""
+        precision, options, arch = self.options_of(cfg, gpu_cc)
+        return auto_tile(self, precision, options, m, n, k, sms=sms, arch=arch)
+
+    def auto_settings(self, spec: FamilySpec) -> dict:
+        """family.consumers and family.bn of ``spec``."""
+        return {"family.consumers": spec.p["consumers"], "family.bn": spec.p["bn"]}
 
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
         """As :meth:`Family.spec`; target.arch auto / sm_90 / sm_90a resolve to sm_90a, any other

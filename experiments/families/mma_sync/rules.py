@@ -1,7 +1,7 @@
 """The axes of the ``mma_sync`` space and their restrictions, as data.
 
-:data:`RULES` are the restrictions in the order :class:`~experiments.spec.KernelSpec` checks them;
-each reads only the fields it names, so :func:`~experiments.spec.space` can decide it as soon as
+:data:`RULES` are the restrictions in the order :class:`~.spec.KernelSpec` checks them;
+each reads only the fields it names, so :func:`~.spec.space` can decide it as soon as
 those are enumerated. Sources: PTX ISA 9.0, 9.7.14.5 (mma shapes, fragments), 9.7.14.5.15
 (ldmatrix .x1/.x2/.x4 and .trans), 9.7.9.25.3.1 (cp.async); CUDA Programming Guide (limits).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .spec_tables import (ACCUMULATORS, ARCHS, B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS,
-                          MAX_STAGES, PRECISIONS, SMEM_LAYOUTS, Precision, tile_presets)
+from ...spec_tables import (ACCUMULATORS, ARCHS, B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS,
+                            MAX_STAGES, PRECISIONS, SMEM_LAYOUTS, Precision, tile_presets)
 
 __all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
 
@@ -153,7 +153,7 @@ def make_axes(tiles: dict | None = None, archs=None) -> tuple:
 
 def preset_tiles() -> dict:
     """The block tiles of conf/tile/ (name -> (BM, BN, WM, WN)), without ``auto`` (tile=auto picks
-    one of these per problem size: :func:`experiments.spec.auto_tile`)."""
+    one of these per problem size: :func:`.spec.auto_tile`)."""
     return {name: t for name, t in tile_presets().items() if name != "auto"}
 
 

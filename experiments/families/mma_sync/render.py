@@ -8,18 +8,16 @@ row t / 4 of each matrix, with .trans the 16-bit elements (2(t % 4), t / 4) and 
 """
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
-from pathlib import Path
 
 import jinja2
 
+from ..base import TEMPLATE_DIR
 from .spec import KernelSpec
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "kernels_ptx"
 FAMILY_TEMPLATE = "mma_sync_gemm.ptx.j2"
 
-__all__ = ["render", "template_context", "ptx_sha256", "lane_bases", "fragment_plan", "lane_address"]
+__all__ = ["render", "template_context", "lane_bases", "fragment_plan", "lane_address"]
 
 
 @lru_cache(maxsize=1)
@@ -255,7 +253,3 @@ def render(s: KernelSpec) -> str:
     """
     return _env().get_template(FAMILY_TEMPLATE).render(**template_context(s))
 
-
-def ptx_sha256(ptx: str) -> str:
-    """Hex sha256 of the PTX text, the cache and tracking key of a rendered kernel."""
-    return hashlib.sha256(ptx.encode()).hexdigest()

@@ -1,6 +1,6 @@
 """A covering subset of the ``mma_sync`` space: few kernels, every value and every pair exercised.
 
-The whole valid space (:func:`experiments.spec.space`) has millions of points; assembling all of them
+The whole valid space (:func:`.spec.space`) has millions of points; assembling all of them
 takes hours. :func:`covering_subset` picks kernels so that
   1. every pair of values of two kernel-shaping axes (target.arch, precision, acc, ktile, mma,
      b_layout, tile, loader.a, loader.b, pipeline.stages) that occurs together in some valid point
