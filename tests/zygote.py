@@ -59,11 +59,11 @@ def _child(cwd: str, env: dict, args: list, write_fd: int) -> None:
             else:
                 print(exc.code, file=sys.stderr)
                 code = 1
-        except BaseException as exc:      # as the interpreter reports it: the frames from run.py on
+        except BaseException as exc:      # as the interpreter reports it: the frames from run.py's on
             tb = exc.__traceback__
             while tb is not None and tb.tb_frame.f_code.co_filename != RUN:
                 tb = tb.tb_next
-            traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+            traceback.print_exception(type(exc), exc, tb)     # none for run.py's own SyntaxError
             code = 1
         threading._shutdown()             # the interpreter's exit: threads, atexit, flushed streams
         atexit._run_exitfuncs()
