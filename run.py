@@ -261,6 +261,8 @@ if __name__ == "__main__":
     from experiments.track import StoreUnavailable, abort_open_runs, close_runs_of_ended_processes, trackers
     from experiments.validate import Invalid
     signal.signal(signal.SIGTERM, _terminate)
+    from experiments.sweep import compose_once
+    compose_once()                       # Hydra's repeated compositions of the same config, done once
     hydra_utils.run_and_report = _reported
     try:        # the variants that presets of a --config-dir list, beside conf/'s
         if len(dirs := _config_dirs(sys.argv[1:]) or ()) > 1:

@@ -1,10 +1,13 @@
 """run.py end to end without a GPU: Hydra sweeps, static runs in MLflow, errors before any work."""
+import atexit
 import functools
+import locale
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,13 +20,52 @@ EXPERIMENT = "cli-tests"
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
 
-def run_cli(cwd, *args, env=None, timeout=300):
-    """``python run.py ARGS`` in ``cwd`` with every GPU hidden; stdout and stderr together."""
-    if env is None:
-        env = dict(os.environ)
+def _cli_env(env=None) -> dict:
+    """The environment of ``run_cli``: ``env`` (default: this process's) with every GPU hidden."""
+    env = dict(os.environ if env is None else env)
     for key in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR"):
         env.pop(key, None)
     env["CUDA_VISIBLE_DEVICES"] = ""     # the same static path on machines with and without a GPU
+    return env
+
+
+# read when a module is imported or the interpreter starts: a command with other values than the
+# zygote's needs a fresh interpreter
+_START_ENV = ("PYTHON", "MPL", "HOME", "XDG_", "LC_", "LANG", "CUDA_", "NVIDIA_", "LD_")
+_ZYGOTE = []
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote_run(cwd, args, env, timeout):
+    """(status, output) from this process's zygote (tests/zygote.py), or None when it cannot take
+    the command: another thread is using it, or ``env`` differs from its own in a start-up setting."""
+    from zygote import Zygote
+    if not _ZYGOTE_LOCK.acquire(blocking=False):
+        return None
+    try:
+        if not _ZYGOTE:
+            _ZYGOTE.append(Zygote(_cli_env()))
+            atexit.register(_ZYGOTE[0].close)
+        start = _ZYGOTE[0].env
+        if any(env.get(k) != start.get(k) for k in {*env, *start} if k.startswith(_START_ENV)):
+            return None
+        rc, data = _ZYGOTE[0].run(cwd, args, env, timeout)
+    finally:
+        _ZYGOTE_LOCK.release()
+    # as subprocess.run(text=True) decodes it
+    text = data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+    return rc, text
+
+
+def run_cli(cwd, *args, env=None, timeout=300, fresh=False):
+    """``python run.py ARGS`` in ``cwd`` with every GPU hidden; stdout and stderr together.
+
+    Forked from a process that has run.py's imports done (tests/zygote.py: the same output and
+    status, seconds less CPU each); ``fresh``: a new interpreter, for what needs one (signals,
+    interpreter options, the start-up itself)."""
+    env = _cli_env(env)
+    if not fresh and (done := _zygote_run(cwd, args, env, timeout)) is not None:
+        return done
     proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
@@ -570,3 +612,49 @@ def test_single_job_multirun_with_impossible_combination_is_skipped(tmp_path):
     assert [(c.info.status, c.data.tags["outcome"]) for c in children] == [("FINISHED", "skipped")]
     assert MMA_K64_INT8 in children[0].data.tags["skip_reason"]
     # the same command again: test_first_steps.test_sweep_whose_every_job_is_skipped_exits_2
+
+
+@pytest.mark.parametrize("args", [("-m", "precision=int5", "ktile=32,64"), ("--cfg", "job", "precision=int8"),
+                                  ("precision=int8", "ktile=64", "tile.warps=[3,2]")])
+def test_forked_command_says_what_a_fresh_interpreter_says(tmp_path, args):
+    """run_cli's zygote (a fork with run.py's imports done) gives the exit status and output of
+    ``python run.py ARGS`` in a new interpreter: a refusal (2), a config shown (0), a failed run (1)."""
+    store = store_args(tmp_path, multirun=False)
+    forked = run_cli(tmp_path, *args, *store)
+    assert forked == run_cli(tmp_path, *args, *store, fresh=True)
+    assert forked[0] == {"-m": 2, "--cfg": 0}.get(args[0], 1), forked[1]
+
+
+def test_hydra_composes_each_config_once_per_command(monkeypatch):
+    """experiments.sweep.compose_once: a repeated composition (Hydra's mode check, its sweeper's check
+    of each job, its launcher) is a copy of the first; what it reads (overrides, mode, folder,
+    environment) composes anew, and Hydra's override checks still run on each call."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from hydra.types import RunMode
+
+    from experiments.config import register
+    from experiments.sweep import compose_once
+    register()
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", ConfigLoaderImpl.load_configuration)  # undone after
+    impl, calls = ConfigLoaderImpl._load_configuration_impl, []
+    monkeypatch.setattr(ConfigLoaderImpl, "_load_configuration_impl",
+                        lambda self, *a, **k: calls.append(k["overrides"]) or impl(self, *a, **k))
+    compose_once()
+    compose_once()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        first = loader.load_configuration("config", ["precision=int8"], RunMode.RUN)
+        first.ktile = 16                                   # each caller gets its own copy
+        again = loader.load_configuration("config", ["precision=int8"], RunMode.RUN)
+        assert calls == [["precision=int8"]] and again.precision.value == "int8" and again.ktile == 32
+        loader.load_configuration("config", ["precision=int4"], RunMode.RUN)
+        monkeypatch.setenv("COMPOSE_ONCE_TEST", "1")
+        loader.load_configuration("config", ["precision=int8"], RunMode.RUN)
+        assert len(calls) == 3
+        loader.load_configuration("config", ["ktile=32,64"], RunMode.RUN, validate_sweep_overrides=False)
+        with pytest.raises(ConfigCompositionException, match="Ambiguous value for argument 'ktile=32,64'"):
+            loader.load_configuration("config", ["ktile=32,64"], RunMode.RUN)
+        assert len(calls) == 4

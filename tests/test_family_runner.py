@@ -145,9 +145,10 @@ def test_help_lists_the_families(tmp_path):
 
 
 def _run_cli(cwd, *args, hide_gpu=True, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
     if hide_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        from test_cli import run_cli
+        return run_cli(cwd, *args, timeout=timeout)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
     proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
     return proc.returncode, proc.stdout

@@ -290,9 +290,8 @@ def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, 
     kept = sum(c.info.status == "FINISHED" for c in children)     # finished by the job processes
     killed = sum(c.info.status == "KILLED" for c in children)
     assert f"Interrupted: {kept} run(s) finished in this command are kept; {killed} run(s) in progress" in out
-    rc = subprocess.run(args, cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""}, timeout=300,
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT).returncode
-    assert rc == 0
+    rc, out = run_cli(tmp_path, *args[2:])
+    assert rc == 0, out
     parents, children = all_runs(tmp_path)
     finished = [c for c in children if c.info.status == "FINISHED"]
     assert len(finished) == 6 and len({c.data.tags["run_key"] for c in finished}) == 6

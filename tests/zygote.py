@@ -1,0 +1,158 @@
+"""``python run.py ARGS`` without paying the interpreter's start-up and imports each time.
+
+Run as a script, this is a long-lived process that imports what run.py imports (Hydra, OmegaConf,
+MLflow with its SQL store, ``experiments``, the plotting modules a sweep loads), opens no store and touches no GPU, then serves requests
+read from stdin: for each it forks a child that takes the request's folder, environment and argv,
+sends its fds 1 and 2 into one pipe, runs run.py as ``__main__`` and exits with the status Python
+would give (``SystemExit`` code; an uncaught exception: its traceback on stderr and 1). The answer,
+(exit status, output bytes) or a timeout, goes back on stdout. ``Zygote.run`` is the client side.
+"""
+import os
+import pickle
+import struct
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "run.py")
+
+
+def _send(stream, obj) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("!Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    return pickle.loads(stream.read(struct.unpack("!Q", head)[0]))
+
+
+def _child(cwd: str, env: dict, args: list, write_fd: int) -> None:
+    """In the forked child: become ``python run.py ARGS`` and never return."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+    code = 1
+    try:
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [RUN, *args]
+        sys.path[0] = ROOT
+        try:
+            runpy.run_path(RUN, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code & 0xFF
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException as exc:      # as the interpreter reports it: the frames from run.py's on
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != RUN:
+                tb = tb.tb_next
+            traceback.print_exception(type(exc), exc, tb)     # none for run.py's own SyntaxError
+            code = 1
+        threading._shutdown()             # the interpreter's exit: threads, atexit, flushed streams
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _serve() -> None:
+    import select
+    import signal
+    import time
+    requests = os.fdopen(os.dup(0), "rb")
+    answers = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(null, fd)
+    os.close(null)
+    while (request := _receive(requests)) is not None:
+        cwd, env, args, timeout = request
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            requests.close()
+            answers.close()
+            os.close(read_fd)
+            _child(cwd, env, args, write_fd)
+        os.close(write_fd)
+        chunks, deadline, timed_out = [], time.monotonic() + timeout, False
+        while True:                      # as subprocess.run: read to EOF, then wait
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_fd], [], [], left)[0]:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(read_fd)
+        status = os.waitpid(pid, 0)[1]
+        rc = os.waitstatus_to_exitcode(status)
+        _send(answers, ("timeout" if timed_out else "done", rc, b"".join(chunks)))
+
+
+class Zygote:
+    """Client of one zygote process, started on the first ``run`` with environment ``env``."""
+
+    def __init__(self, env: dict):
+        self.env = dict(env)
+        self.proc = None
+
+    def run(self, cwd, args, env: dict, timeout: float) -> tuple:
+        """(status, output bytes) of ``python run.py ARGS`` in ``cwd`` with environment ``env``;
+        raises subprocess.TimeoutExpired after ``timeout`` seconds (the child is killed)."""
+        import subprocess
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=self.env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        _send(self.proc.stdin, (str(cwd), dict(env), [str(a) for a in args], timeout))
+        answer = _receive(self.proc.stdout)
+        if answer is None:
+            raise RuntimeError("the zygote process ended")
+        kind, rc, output = answer
+        if kind == "timeout":
+            raise subprocess.TimeoutExpired([sys.executable, RUN, *args], timeout, output)
+        return rc, output
+
+    def close(self) -> None:
+        """Ends the zygote process and waits for it (its CPU time then counts for this process)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+if __name__ == "__main__":
+    sys.path[0] = ROOT                    # experiments from this tree, as for python run.py
+    import hydra  # noqa: F401
+    import omegaconf  # noqa: F401
+    import mlflow  # noqa: F401
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    import experiments.config  # noqa: F401
+    import experiments.job  # noqa: F401
+    import experiments.sweep  # noqa: F401
+    import experiments.track  # noqa: F401
+    import experiments.worker  # noqa: F401
+    from experiments.record import plotting
+    plotting()                            # what each sweep imports in a background thread (seconds)
+    _serve()
