@@ -1,5 +1,5 @@
 """The default family's config schema: its root keys (ktile, mma, acc, b_layout, smem_layout, tile.*,
-loader.*, pipeline.*, cache.*), their Enums made from the domains in :mod:`experiments.spec_tables` and
+loader.*, pipeline.*, cache.*), their Enums made from the domains in :mod:`.domains` and
 their sections. :func:`root_fields` is what ``experiments.config.Config`` takes from this family
 (:meth:`MmaSyncFamily.root_fields`); the classes keep this module as their pickled path (joblib, submitit)
 and are re-exported by ``experiments.config``.
@@ -11,7 +11,7 @@ from enum import Enum
 from typing import List, Optional
 
 from ...dtypes import Accum
-from ...spec_tables import B_LAYOUTS, CACHE_OPS, L2_HINTS, LOADERS, SMEM_LAYOUTS
+from .domains import B_LAYOUTS, CACHE_OPS, L2_HINTS, LOADERS, SMEM_LAYOUTS
 
 __all__ = ["Acc", "Loader", "CacheOp", "L2Hint", "BLayout", "SmemLayout", "TileConf", "PipelineConf",
            "LoaderConf", "CacheConf", "root_fields"]
@@ -23,11 +23,11 @@ def _enum(name: str, values) -> type:
 
 # acc: auto = f32 for float types, s32 for integers; f16 with fp16 only (C fp16 in memory)
 Acc = _enum("Acc", ("auto", *(a.name for a in Accum)))
-Loader = _enum("Loader", LOADERS)           # shared -> register loader (spec_tables.LOADERS)
+Loader = _enum("Loader", LOADERS)           # shared -> register loader (domains.LOADERS)
 CacheOp = _enum("CacheOp", CACHE_OPS)       # cp.async.ca: L1 and L2; .cg: L2 only (16-byte copies)
 L2Hint = _enum("L2Hint", L2_HINTS)          # .L2::cache_hint eviction priority (none: no hint)
 BLayout = _enum("BLayout", B_LAYOUTS)       # col: B stored N x K (K contiguous); row: K x N
-SmemLayout = _enum("SmemLayout", SMEM_LAYOUTS)   # padded or swizzled rows (spec_tables.SMEM_LAYOUTS)
+SmemLayout = _enum("SmemLayout", SMEM_LAYOUTS)   # padded or swizzled rows (domains.SMEM_LAYOUTS)
 
 
 @dataclass
