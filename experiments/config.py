@@ -6,13 +6,16 @@ work with the key, the value and (for enums) the valid values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, is_dataclass, make_dataclass
 from enum import Enum
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from .dtypes import Accum, DType
+from .dtypes import DType
+# the default family's Enums and sections, declared in its package; importable here too, by their old path
+from .families.mma_sync.config import (Acc, BLayout, CacheConf, CacheOp, L2Hint, Loader,  # noqa: F401
+                                       LoaderConf, PipelineConf, SmemLayout, TileConf)
 
 __all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "SmemLayout", "Acc", "Backend", "Config",
            "register", "family_schema"]
@@ -28,73 +31,14 @@ def _precisions() -> dict:
     return out
 
 
-# the ``precision`` key's values (fp16, ..., fp8_e5m2, copy), and ``acc``'s (auto = f32 for float types,
-# s32 for integers; f16 with fp16 only, C fp16 in memory), both derived from experiments.dtypes
+# the ``precision`` key's values (fp16, ..., fp8_e5m2, copy), derived from experiments.dtypes
 Precision = Enum("Precision", _precisions(), module=__name__)
-Acc = Enum("Acc", {"auto": "auto", **{a.name: a.name for a in Accum}}, module=__name__)
-
-
-class Loader(Enum):
-    x1 = "x1"           # ldmatrix.x1: one 8x8 matrix per instruction
-    x2 = "x2"
-    x4 = "x4"
-    manual = "manual"   # scalar ld.shared of single elements, packed into the fragment registers
-
-
-class CacheOp(Enum):
-    ca = "ca"   # cp.async.ca: cache in L1 and L2
-    cg = "cg"   # cp.async.cg: cache in L2 only (16-byte copies)
-
-
-class L2Hint(Enum):
-    none = "none"                   # no .L2::cache_hint
-    evict_first = "evict_first"     # L2 cache policy evict_first on .L2::cache_hint (render.L2_POLICY)
-    evict_last = "evict_last"
-    evict_normal = "evict_normal"
-
-
-class BLayout(Enum):
-    col = "col"     # B stored N x K (K contiguous)
-    row = "row"     # B stored K x N (N contiguous)
-
-
-class SmemLayout(Enum):
-    padded = "padded"       # rows padded by 16 bytes (ldmatrix rows spread over the banks)
-    swizzled = "swizzled"   # unpadded rows, 16-byte chunks XOR-permuted by row (TMA's 32B/64B/128B swizzles)
 
 
 class Backend(Enum):
     auto = "auto"      # gpu when one is found, else static
     gpu = "gpu"        # fail if there is no GPU
     static = "static"  # render + ptxas only, even with a GPU
-
-
-@dataclass
-class TileConf:
-    block: List[int] = field(default_factory=lambda: [256, 128])   # BM, BN
-    warps: List[int] = field(default_factory=lambda: [4, 2])       # warps along M, along N
-    group_m: int = 8            # block rasterization: block rows per group (1 = row-major)
-    auto: bool = False          # tile=auto: block and warps chosen per problem size (the family's auto_tile)
-    sms: Optional[int] = None   # tile=auto plans for this many SMs (default: the GPU's own count)
-
-
-@dataclass
-class PipelineConf:
-    stages: int = 3             # cp.async stages in flight (1 = load, wait, compute); at most what
-                                # shared memory allows on the target, and 65
-
-
-@dataclass
-class LoaderConf:
-    a: Loader = Loader.x4       # shared -> register loader of A fragments
-    b: Loader = Loader.x2       # ... of B fragments (b_layout=row with 8-/4-bit types: manual)
-
-
-@dataclass
-class CacheConf:
-    op: CacheOp = CacheOp.cg            # cp.async cache operator
-    l2_hint_a: L2Hint = L2Hint.none     # L2 eviction priority of A's copies
-    l2_hint_b: L2Hint = L2Hint.none     # ... of B's copies
 
 
 @dataclass
@@ -169,26 +113,33 @@ def family_schema(name: str) -> type:
     return _SCHEMAS[name]
 
 
-@dataclass
-class Config:
-    family: Any = None          # conf/family/<name>.yaml: name and the family's typed options
-    precision: Precision = Precision.fp16
-    ktile: int = 32
-    mma: str = "auto"           # auto = largest native m16n8kK whose K divides ktile
-    acc: Acc = Acc.auto
-    b_layout: BLayout = BLayout.col
-    smem_layout: SmemLayout = SmemLayout.padded
-    backend: Backend = Backend.auto
-    study_kernel: Optional[str] = None   # published kernel a variant reproduces (docs/l4_mapping.md)
-    tile: TileConf = field(default_factory=TileConf)
-    loader: LoaderConf = field(default_factory=LoaderConf)
-    pipeline: PipelineConf = field(default_factory=PipelineConf)
-    cache: CacheConf = field(default_factory=CacheConf)
-    problem: ProblemConf = field(default_factory=ProblemConf)
-    target: TargetConf = field(default_factory=TargetConf)
-    timing: TimingConf = field(default_factory=TimingConf)
-    verify: VerifyConf = field(default_factory=VerifyConf)
-    tracking: TrackingConf = field(default_factory=TrackingConf)
+def _make_config() -> type:
+    """The root of the schema: the shared keys and the root keys families declare
+    (:meth:`experiments.families.Family.root_fields`: the default family's ktile, ..., cache), in the
+    order ``--cfg job`` shows them: a family's scalars after ``precision``, its sections before ``problem``."""
+    from .families import get, names
+    declared = [f for n in names() for f in get(n).root_fields()]
+    scalars = [f for f in declared if not is_dataclass(f[1])]
+    sections = [f for f in declared if is_dataclass(f[1])]
+    fields = [
+        ("family", Any, field(default=None)),     # conf/family/<name>.yaml: name and the family's typed options
+        ("precision", Precision, field(default=Precision.fp16)),
+        *scalars,
+        ("backend", Backend, field(default=Backend.auto)),
+        ("study_kernel", Optional[str], field(default=None)),  # published kernel a variant reproduces (docs/l4_mapping.md)
+        *sections,
+        ("problem", ProblemConf, field(default_factory=ProblemConf)),
+        ("target", TargetConf, field(default_factory=TargetConf)),
+        ("timing", TimingConf, field(default_factory=TimingConf)),
+        ("verify", VerifyConf, field(default_factory=VerifyConf)),
+        ("tracking", TrackingConf, field(default_factory=TrackingConf)),
+    ]
+    config = make_dataclass("Config", fields)
+    config.__module__ = __name__
+    return config
+
+
+Config = _make_config()
 
 
 def _all_schemas() -> dict:

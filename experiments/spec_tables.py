@@ -1,16 +1,9 @@
 """Facts the default family (``experiments.families.DEFAULT``) is built from, each in one table: the
-element types and accumulators it takes (a selection of :mod:`experiments.dtypes`), the target
-architectures (:mod:`experiments.hardware`) and the domains of the axes.
-
-Sources: PTX ISA 9.0, section 9.7.14.5.15 (``ldmatrix``), 9.7.9.25.3.1 (``cp.async``, ``.L2::cache_hint``
-since PTX ISA 7.4), 9.7.9.18 (``createpolicy``, PTX ISA 7.4, sm_80); the types' and targets' sources are
-named in their modules. Every minimum was also checked with ``ptxas 13.0``, which names the version or
-target a feature needs when it is missing.
+element types and accumulators it takes (a selection of :mod:`experiments.dtypes`) and the target
+architectures (:mod:`experiments.hardware`); the sources are named in those modules. The domains of its
+other axes are its own (:mod:`experiments.families.mma_sync.domains`), re-exported here.
 """
 from __future__ import annotations
-
-from functools import lru_cache
-from pathlib import Path
 
 from .dtypes import Accum, DType
 from .hardware import ARCHS, ArchLimits
@@ -28,39 +21,6 @@ Accumulator = Accum
 ACCUMULATORS = {a.name: a for a in (Accum.f32, Accum.s32, Accum.f16)}
 
 
-KTILES = (16, 32, 64, 128)
-# shared -> register loader of one operand: ldmatrix with 1, 2 or 4 8x8 matrices, or scalar ld.shared
-# of single elements (bytes for 4-bit types) packed into the fragment registers
-LOADERS = ("x1", "x2", "x4", "manual")
-CACHE_OPS = ("ca", "cg")
-L2_HINTS = ("none", "evict_first", "evict_last", "evict_normal")
-B_LAYOUTS = ("col", "row")
-# shared-memory rows of a stage: "padded" (16 bytes after each row, so the 8 row addresses of an ldmatrix
-# fall in 8 bank groups) or "swizzled" (no padding, the 16-byte chunk index XORed with bits of the row:
-# the patterns of TMA's 32B/64B/128B swizzles, Geometry.swizzle; conflict-free too, and no row straddles
-# a 128-byte line)
-SMEM_LAYOUTS = ("padded", "swizzled")
-# cp.async.wait_group N compiles to `DEPBAR.LE SB0, N`, whose counter holds at most 63 (ptxas 13.0
-# clamps larger N to 63): S stages wait with N = S - 2, so at most 65 stages can be in flight.
-MAX_STAGES = 65
-GROUP_M_RANGE = (1, 64)
-
-_TILE_DIR = Path(__file__).resolve().parent.parent / "conf" / "tile"
-
-
-@lru_cache(maxsize=1)
-def tile_presets() -> dict:
-    """The presets of ``conf/tile/*.yaml``: name -> (BM, BN, warps along M, warps along N)."""
-    from omegaconf import OmegaConf
-    out = {}
-    for path in sorted(_TILE_DIR.glob("*.yaml")):
-        c = OmegaConf.load(path)
-        out[path.stem] = (int(c.block[0]), int(c.block[1]), int(c.warps[0]), int(c.warps[1]))
-    return out
-
-
-def tile_group_m() -> dict:
-    """The presets of ``conf/tile/*.yaml`` that set ``group_m``: name -> group_m (e.g. l4_32x64: 1)."""
-    from omegaconf import OmegaConf
-    return {path.stem: int(c.group_m) for path in sorted(_TILE_DIR.glob("*.yaml"))
-            if "group_m" in (c := OmegaConf.load(path))}
+# the default family's own domains (imported last: that package imports the tables above)
+from .families.mma_sync.domains import (B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, KTILES, L2_HINTS,  # noqa: E402
+                                        LOADERS, MAX_STAGES, SMEM_LAYOUTS, tile_group_m, tile_presets)

@@ -180,6 +180,12 @@ class Family:
     profiles_logged: bool = False   # the profiler takes the source a run logged (True), or builds it again
 
     # ------------------------------------------------------------------ from the config and the store
+    def root_fields(self) -> list:
+        """The config's root keys this family declares, as ``(name, type, dataclasses.field)`` for
+        ``experiments.config.Config`` (the default family's :attr:`root_keys`); [] for the others, whose
+        options are ``family.*``."""
+        return []
+
     def options_of(self, cfg, gpu_cc: int | None) -> tuple[str, dict, str]:
         """(precision, options, arch) of the composed config ``cfg`` for a GPU of compute capability
         ``gpu_cc`` (None: none): the options are ``family.*`` without ``name`` (Enum members by value),

@@ -1,8 +1,8 @@
 """The study's own family (the default): one mma.sync GEMM rendered from ``kernels_ptx/mma_sync_gemm.ptx.j2``.
 
 Its options are the config's root keys (ktile, mma, acc, b_layout, smem_layout, tile.*, loader.*,
-pipeline.*, cache.*), read by :meth:`MmaSyncFamily.spec_of` (:func:`.spec.spec_from_config`), not
-``family.*``. The spec type is :class:`.spec.KernelSpec`; its axes and restrictions are data
+pipeline.*, cache.*), declared in :mod:`.config` from the domains in :mod:`.domains`, read by
+:meth:`MmaSyncFamily.spec_of` (:func:`.spec.spec_from_config`), not ``family.*``. The spec type is :class:`.spec.KernelSpec`; its axes and restrictions are data
 (:mod:`.rules`), enumerated by the pruning walker :func:`.spec.space`; :mod:`.render` prints the
 fragment plan through the template; :mod:`.cover` picks a covering subset of the space.
 """
@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ...spec_tables import ARCHS, GROUP_M_RANGE, MAX_STAGES, PRECISIONS
+from ...spec_tables import ARCHS, PRECISIONS
 from ...timing import tflops
 from ..base import Build, Family, Prepared, markdown_values
+from .config import root_fields
+from .domains import GROUP_M_RANGE, MAX_STAGES
 from .render import render
 from .rules import RULES, make_axes
 from .spec import NAME, KernelSpec, auto_tile, describe_space, space, spec_from_config
@@ -21,7 +23,7 @@ from .spec import NAME, KernelSpec, auto_tile, describe_space, space, spec_from_
 __all__ = ["MmaSyncFamily", "NAME", "ROOT_KEYS", "KernelSpec"]
 
 # the config's root keys that hold this family's options (its axes besides precision and target.*)
-ROOT_KEYS = ("ktile", "mma", "acc", "b_layout", "smem_layout", "tile", "loader", "pipeline", "cache")
+ROOT_KEYS = tuple(name for name, _, _ in root_fields())
 # run params: the values the config's ``auto`` resolved to, as ``spec.<key>`` (the other spec fields
 # repeat config keys)
 RESOLVED = ("mma", "arch", "ptx_version")
@@ -48,6 +50,10 @@ class MmaSyncFamily(Family):
     auto_keys = ("tile.block", "tile.warps")
     profiles_logged = True      # the PTX a run logged is what it measured
     tensor_cores = True
+
+    def root_fields(self) -> list:
+        """The root keys' schema (:func:`.config.root_fields`): their Enums and sections."""
+        return root_fields()
 
     # ------------------------------------------------------------------ space and validation
     def spec_of(self, cfg, gpu_cc: int | None) -> KernelSpec:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ...spec_tables import (ACCUMULATORS, ARCHS, B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS,
-                            MAX_STAGES, PRECISIONS, SMEM_LAYOUTS, Precision, tile_presets)
+from ...spec_tables import ACCUMULATORS, ARCHS, PRECISIONS, Precision
+from .domains import B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS, MAX_STAGES, SMEM_LAYOUTS, tile_presets
 
 __all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
 

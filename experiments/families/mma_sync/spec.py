@@ -3,8 +3,8 @@
 The axes (:func:`~.rules.make_axes`) and their restrictions (:data:`~.rules.RULES`) are data:
 :class:`KernelSpec` validates one point with them, :func:`space` enumerates every point of them
 (tests, ``--help``: :func:`describe_space`). An impossible combination stops with a message naming the
-axis, the value and the valid values. Facts (types, targets, domains) live in
-:mod:`experiments.spec_tables`; sources are named there and in each rule.
+axis, the value and the valid values. Facts live in :mod:`experiments.spec_tables` (types, targets)
+and :mod:`.domains` (the other axes' domains); sources are named there and in each rule.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from math import prod
 from ...assemble import theoretical_occupancy
 from ...spec import AUTO_SHARED_COST, AutoTile, SpecError, check_no_tails, resolve_arch, value, waves_cost
 from ...spec import _parse_version
-from ...spec_tables import (ARCHS, B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES,
-                            PRECISIONS, SMEM_LAYOUTS, tile_group_m)
+from ...spec_tables import ARCHS, PRECISIONS
+from .domains import (B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES, SMEM_LAYOUTS,
+                      tile_group_m)
 from .rules import RULES, Geometry, choose, make_axes, preset_tiles, valid_ktiles
 
 __all__ = ["NAME", "KernelSpec", "Space", "space", "describe_space", "spec_from_config", "auto_tile",
