@@ -13,12 +13,8 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from .dtypes import DType
-# the default family's Enums and sections, declared in its package; importable here too, by their old path
-from .families.mma_sync.config import (Acc, BLayout, CacheConf, CacheOp, L2Hint, Loader,  # noqa: F401
-                                       LoaderConf, PipelineConf, SmemLayout, TileConf)
 
-__all__ = ["Precision", "CacheOp", "L2Hint", "Loader", "BLayout", "SmemLayout", "Acc", "Backend", "Config",
-           "register", "family_schema"]
+__all__ = ["Precision", "Backend", "Config", "register", "family_schema"]
 
 
 def _precisions() -> dict:
@@ -116,17 +112,19 @@ def family_schema(name: str) -> type:
 def _make_config() -> type:
     """The root of the schema: the shared keys and the root keys families declare
     (:meth:`experiments.families.Family.root_fields`: the default family's ktile, ..., cache), in the
-    order ``--cfg job`` shows them: a family's scalars after ``precision``, its sections before ``problem``."""
+    order ``--cfg job`` shows them: a family's scalars after ``precision``, its sections before
+    ``problem``."""
     from .families import get, names
     declared = [f for n in names() for f in get(n).root_fields()]
     scalars = [f for f in declared if not is_dataclass(f[1])]
     sections = [f for f in declared if is_dataclass(f[1])]
     fields = [
-        ("family", Any, field(default=None)),     # conf/family/<name>.yaml: name and the family's typed options
+        ("family", Any, field(default=None)),     # conf/family/<name>.yaml: name and typed options
         ("precision", Precision, field(default=Precision.fp16)),
         *scalars,
         ("backend", Backend, field(default=Backend.auto)),
-        ("study_kernel", Optional[str], field(default=None)),  # published kernel a variant reproduces (docs/l4_mapping.md)
+        # the published kernel a variant reproduces (docs/l4_mapping.md)
+        ("study_kernel", Optional[str], field(default=None)),
         *sections,
         ("problem", ProblemConf, field(default_factory=ProblemConf)),
         ("target", TargetConf, field(default_factory=TargetConf)),

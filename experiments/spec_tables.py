@@ -1,16 +1,14 @@
 """Facts the default family (``experiments.families.DEFAULT``) is built from, each in one table: the
 element types and accumulators it takes (a selection of :mod:`experiments.dtypes`) and the target
 architectures (:mod:`experiments.hardware`); the sources are named in those modules. The domains of its
-other axes are its own (:mod:`experiments.families.mma_sync.domains`), re-exported here.
+other axes are its own, in its package.
 """
 from __future__ import annotations
 
 from .dtypes import Accum, DType
 from .hardware import ARCHS, ArchLimits
 
-__all__ = ["Precision", "PRECISIONS", "Accumulator", "ACCUMULATORS", "ArchLimits", "ARCHS", "KTILES",
-           "LOADERS", "CACHE_OPS", "L2_HINTS", "B_LAYOUTS", "SMEM_LAYOUTS", "MAX_STAGES", "GROUP_M_RANGE",
-           "tile_presets"]
+__all__ = ["Precision", "PRECISIONS", "Accumulator", "ACCUMULATORS", "ArchLimits", "ARCHS"]
 
 
 # element types and accumulators: selections of the one table (experiments.dtypes), in the order of the
@@ -20,7 +18,3 @@ PRECISIONS = {p.name: p for p in DType}
 Accumulator = Accum
 ACCUMULATORS = {a.name: a for a in (Accum.f32, Accum.s32, Accum.f16)}
 
-
-# the default family's own domains (imported last: that package imports the tables above)
-from .families.mma_sync.domains import (B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, KTILES, L2_HINTS,  # noqa: E402
-                                        LOADERS, MAX_STAGES, SMEM_LAYOUTS, tile_group_m, tile_presets)

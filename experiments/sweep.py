@@ -153,7 +153,8 @@ def compose_once() -> None:
 
     def load_configuration(self, config_name, overrides, run_mode, from_shell=True,
                            validate_sweep_overrides=True):
-        key = (config_name, tuple(overrides), run_mode, from_shell, os.getcwd(), frozenset(os.environ.items()))
+        key = (config_name, tuple(overrides), run_mode, from_shell, os.getcwd(),
+               frozenset(os.environ.items()))
         done = self.__dict__.setdefault("_composed", {})
         if key not in done:
             cfg = compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)

@@ -66,7 +66,9 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                 "...)")
     if m := re.search(in_preset, text):
         group, name, option, family = m.groups()
-        family = family.removesuffix("Conf").lower().replace("mmasync", "mma_sync")
+        from .config import family_schema
+        from .families import names
+        family = {family_schema(n).__name__: n for n in names()}.get(family, family)
         return (f"{group}={name} sets family.{option}, an option family={family} does not have: a family= on "
                 f"the command line replaces the preset's family; drop it, or choose a {group} of "
                 f"family={family} (conf/{group}/)")
@@ -145,12 +147,11 @@ def _keys_of(kind, key: str) -> str:
 
 def _declared(cause, key: str) -> str:
     """"; valid: ..." for an integer key with declared values (ktile, a family's integer option)."""
-    from .spec_tables import KTILES
-    if key == "ktile":
-        return f"; valid: {', '.join(map(str, KTILES))}"
+    from .families import get
+    if values := get(DEFAULT).root_values().get(key):
+        return f"; valid: {', '.join(map(str, values))}"
     family = _family_of(getattr(cause, "object_type", None))
     if family and key.startswith("family."):
-        from .families import get
         return f"; valid: {', '.join(map(str, get(family).axes.get(key[7:], ())))}"
     return ""
 

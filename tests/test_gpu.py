@@ -17,7 +17,7 @@ import pytest
 from experiments.hardware import ARCHS
 from experiments.spec import SpecError
 from experiments.families.mma_sync.spec import KernelSpec
-from experiments.spec_tables import LOADERS, MAX_STAGES
+from experiments.families.mma_sync.domains import LOADERS, MAX_STAGES
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent

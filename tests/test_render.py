@@ -20,7 +20,7 @@ from ptx_interpreter import run_gemm
 from experiments.families.mma_sync.render import fragment_plan, lane_address, lane_bases, render, template_context
 from experiments.spec import SpecError
 from experiments.families.mma_sync.spec import KernelSpec, space
-from experiments.spec_tables import LOADERS
+from experiments.families.mma_sync.domains import LOADERS
 from experiments.dtypes import tolerance
 from experiments.verify import check
 

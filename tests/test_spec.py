@@ -11,7 +11,7 @@ from experiments.families.mma_sync.spec import KernelSpec, describe_space, space
 from experiments.hardware import ARCHS
 from experiments.spec import SpecError, resolve_arch
 from experiments.spec_tables import PRECISIONS
-from experiments.spec_tables import MAX_STAGES, tile_presets
+from experiments.families.mma_sync.domains import MAX_STAGES, tile_presets
 
 # Axes the numbers below depend on, pinned so that a change of a default does not move them
 BASE = ["tile.block=[128,128]", "tile.warps=[2,4]", "tile.group_m=8", "pipeline.stages=2",

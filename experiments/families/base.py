@@ -186,6 +186,11 @@ class Family:
         options are ``family.*``."""
         return []
 
+    def root_values(self) -> dict:
+        """Integer root keys with declared values (config key -> valid values) for messages that name them;
+        {} for families without root keys."""
+        return {}
+
     def options_of(self, cfg, gpu_cc: int | None) -> tuple[str, dict, str]:
         """(precision, options, arch) of the composed config ``cfg`` for a GPU of compute capability
         ``gpu_cc`` (None: none): the options are ``family.*`` without ``name`` (Enum members by value),

@@ -2,7 +2,8 @@
 
 Its options are the config's root keys (ktile, mma, acc, b_layout, smem_layout, tile.*, loader.*,
 pipeline.*, cache.*), declared in :mod:`.config` from the domains in :mod:`.domains`, read by
-:meth:`MmaSyncFamily.spec_of` (:func:`.spec.spec_from_config`), not ``family.*``. The spec type is :class:`.spec.KernelSpec`; its axes and restrictions are data
+:meth:`MmaSyncFamily.spec_of` (:func:`.spec.spec_from_config`), not ``family.*``. The spec type is
+:class:`.spec.KernelSpec`; its axes and restrictions are data
 (:mod:`.rules`), enumerated by the pruning walker :func:`.spec.space`; :mod:`.render` prints the
 fragment plan through the template; :mod:`.cover` picks a covering subset of the space.
 """
@@ -15,7 +16,7 @@ from ...spec_tables import ARCHS, PRECISIONS
 from ...timing import tflops
 from ..base import Build, Family, Prepared, markdown_values
 from .config import root_fields
-from .domains import GROUP_M_RANGE, MAX_STAGES
+from .domains import GROUP_M_RANGE, KTILES, MAX_STAGES
 from .render import render
 from .rules import RULES, make_axes
 from .spec import NAME, KernelSpec, auto_tile, describe_space, space, spec_from_config
@@ -56,6 +57,10 @@ class MmaSyncFamily(Family):
         return root_fields()
 
     # ------------------------------------------------------------------ space and validation
+
+    def root_values(self) -> dict:
+        """ktile's declared values (the other integer root keys are ranges checked by the spec)."""
+        return {"ktile": KTILES}
     def spec_of(self, cfg, gpu_cc: int | None) -> KernelSpec:
         """The spec of the composed config from its root keys (:func:`.spec.spec_from_config`)."""
         return spec_from_config(cfg, gpu_cc)
