@@ -1,4 +1,5 @@
 import shutil
+import sys
 
 import pytest
 
@@ -48,6 +49,19 @@ def _cli_env(mp, cwd):
     mp.setenv("CUDA_VISIBLE_DEVICES", "")
     if cwd is not None:
         mp.chdir(cwd)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_hydra():
+    """Hydra's global state after each test as a new process has it: a test that composes a config or runs
+    run.py in this process (run_checks) leaves GlobalHydra and HydraConfig set, and a later test's job
+    would read that run's Hydra config as its own."""
+    yield
+    hydra = sys.modules.get("hydra.core.hydra_config")
+    if hydra is not None:
+        from hydra.core.global_hydra import GlobalHydra
+        GlobalHydra.instance().clear()
+        hydra.HydraConfig.instance().cfg = None
 
 
 @pytest.fixture
