@@ -242,6 +242,8 @@ def check(config: DictConfig, multirun: bool) -> None:
             raise Invalid(problem)
         name = str(OmegaConf.select(cfg, "family.name", default=None) or DEFAULT)
         families[name] = None
+        if problem := _root_value_problem(cfg, name, overrides):
+            raise Invalid(problem)
         for key in VALUE_KEYS:
             v = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
             v = OmegaConf.to_container(v) if OmegaConf.is_config(v) else getattr(v, "name", v)
@@ -250,6 +252,18 @@ def check(config: DictConfig, multirun: bool) -> None:
         for v in seen.values():
             if problem := value_problem(key, v, list(families)):
                 raise Invalid(problem)
+
+
+def _root_value_problem(cfg: DictConfig, family: str, overrides: list) -> str | None:
+    """A root key of ``family`` with declared values (``Family.root_values``: ktile) given a value outside
+    them (``ktile=33``, which no precision takes), naming the override and the valid values; or None."""
+    from .families import get
+    for key, valid in get(family).root_values().items():
+        v = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+        if v is not None and not isinstance(v, str) and v not in valid:
+            given = next((f" ({o!r})" for o in overrides if o.lstrip("+~").partition("=")[0] == key), "")
+            return f"{key}={v} is not valid{given}; valid: {', '.join(map(str, valid))}"
+    return None
 
 
 def _added_key(node, path: str = "") -> tuple | None:

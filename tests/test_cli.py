@@ -477,6 +477,10 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "variant=nosuch is not a preset ('variant=nosuch'); valid: "
      + ", ".join(sorted([*(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")), *listed()]))
      + " (conf/variant/ and the variants conf/experiment/ presets list)"),
+    (['ktile=33'],
+     "ktile=33 is not valid ('ktile=33'); valid: 16, 32, 64, 128"),
+    (['-m', 'ktile=32,33', 'precision=int8,fp16'],
+     "ktile=33 is not valid ('ktile=33'); valid: 16, 32, 64, 128"),
     (['tile=foo'],
      "tile=foo is not a preset ('tile=foo'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
      '256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/)'),
