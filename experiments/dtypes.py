@@ -180,26 +180,26 @@ class Accum(Enum):
         return max(rtol, min(worst, 8 * n ** 0.5 * u))
 
 
+def _member(enum, name, what: str):
+    """The member of ``enum`` called ``name`` (a member, its name, or an Enum whose name it is); raises
+    ValueError ``what`` (``precision=... is not an element type``) naming the valid values otherwise."""
+    key = getattr(name, "name", name)
+    try:
+        return enum[key]
+    except KeyError:
+        raise ValueError(f"{what.format(key=key)}; valid values: " + ", ".join(enum.__members__)) from None
+
+
 def dtype(name) -> DType:
     """The element type called ``name`` (a :class:`DType`, its name, or an Enum whose name it is).
     Raises ValueError naming the valid values for another name."""
-    key = getattr(name, "name", name)
-    try:
-        return DType[key]
-    except KeyError:
-        raise ValueError(f"precision={key!r} is not an element type; valid values: "
-                         + ", ".join(DType.__members__)) from None
+    return _member(DType, name, "precision={key!r} is not an element type")
 
 
 def accum(name) -> Accum:
     """The accumulator called ``name`` (an :class:`Accum` or its name). Raises ValueError naming the
     valid values for another name."""
-    key = getattr(name, "name", name)
-    try:
-        return Accum[key]
-    except KeyError:
-        raise ValueError(f"acc={key!r} is not an accumulator; valid values: "
-                         + ", ".join(Accum.__members__)) from None
+    return _member(Accum, name, "acc={key!r} is not an accumulator")
 
 
 def tolerance(precision, acc, k: int, rtol: float, *, narrow: bool = False) -> float:

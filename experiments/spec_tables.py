@@ -8,13 +8,11 @@ from __future__ import annotations
 from .dtypes import Accum, DType
 from .hardware import ARCHS, ArchLimits
 
-__all__ = ["Precision", "PRECISIONS", "Accumulator", "ACCUMULATORS", "ArchLimits", "ARCHS"]
+__all__ = ["PRECISIONS", "ACCUMULATORS", "ArchLimits", "ARCHS"]
 
 
 # element types and accumulators: selections of the one table (experiments.dtypes), in the order of the
 # precision and acc axes (the enumeration order of the space)
-Precision = DType
 PRECISIONS = {p.name: p for p in DType}
-Accumulator = Accum
 ACCUMULATORS = {a.name: a for a in (Accum.f32, Accum.s32, Accum.f16)}
 

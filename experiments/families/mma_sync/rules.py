@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ...spec_tables import ACCUMULATORS, ARCHS, PRECISIONS, Precision
+from ...dtypes import DType
+from ...spec_tables import ACCUMULATORS, ARCHS, PRECISIONS
 from .domains import B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS, MAX_STAGES, SMEM_LAYOUTS, tile_presets
 
 __all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
@@ -20,7 +21,7 @@ class Geometry:
     """Numbers derived from the axes (shared by KernelSpec and the partial points of :func:`space`)."""
 
     @property
-    def prec(self) -> Precision:
+    def prec(self) -> DType:
         return PRECISIONS[self.precision]
 
     @property
@@ -164,7 +165,7 @@ def choose(key: str, value, valid, given: str = "") -> str | None:
             + ", ".join(str(v) for v in valid))
 
 
-def valid_ktiles(prec: Precision) -> list[int]:
+def valid_ktiles(prec: DType) -> list[int]:
     """K-tile depths (elements) this template accepts for a precision: a stage row of
     ``ktile * bits / 8`` bytes is copied in 16-byte cp.async chunks and read in 16-byte ldmatrix rows,
     so it must be a power of two of at least 16 bytes, and a multiple of the smallest MMA K."""
