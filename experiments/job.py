@@ -26,7 +26,7 @@ from .compare import relate
 from .families import get as get_family
 from .families import names as family_names
 from .families.runner import WGMMA, family_name
-from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, git_commit, make_kernel,
+from .kernel import (Kernel, SourceRejected, auto_tile_plans, git_commit, make_kernel,
                      resolved, tile_is_auto)
 from .metrics import rounded
 from .spec import SpecError, sm_count, value
@@ -176,7 +176,6 @@ def auto_replaced_keys(overrides: str, family: str) -> list[str]:
 
 
 def _run(cfg, job: _Job) -> dict:
-    check_settings(cfg)
     if ignored := ignored_keys(job.overrides, family_name(cfg)):
         one = len(ignored) == 1
         tile = ("; of the tile keys it reads tile=auto and tile.sms only (tile rows per group: family.group)"

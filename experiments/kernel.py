@@ -109,7 +109,7 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
                                                 for x in v):
             return None
         return (f"problem.sizes={_shown(v)} is not valid: square sizes M=N=K must be positive integers, "
-                "e.g. problem.sizes=[512,1024]")
+                "e.g. 'problem.sizes=[512,1024]'")
     if key == "problem.shapes":
         ok = lambda s: (isinstance(s, (list, tuple)) and len(s) == 3     # noqa: E731
                         and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in s))
@@ -117,7 +117,7 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
             return None
         bad = next((s for s in v if not ok(s)), v) if isinstance(v, (list, tuple)) else v
         return (f"problem.shapes={_shown(v)} is not valid: entry {_shown(bad)} is not [M, N, K] of positive "
-                "integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]]")
+                "integers; e.g. 'problem.shapes=[[4096,4096,1024],[512,2048,512]]'")
     return None
 
 
@@ -216,14 +216,6 @@ def resolved(cfg) -> dict:
         key = getattr(exc, "full_key", None)
         raise SystemExit(f"Invalid configuration: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") \
             from None
-
-
-def check_settings(cfg) -> None:
-    """Raise SpecError for a timing or verification setting that :func:`setting_problem` refuses."""
-    from omegaconf import OmegaConf
-    for key in SETTING_KEYS:
-        if problem := setting_problem(key, OmegaConf.select(cfg, key)):
-            raise SpecError(problem)
 
 
 def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) -> dict:

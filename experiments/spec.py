@@ -51,7 +51,7 @@ def misfit_message(entry: str, shapes: list, bad: list, multiples: tuple | None 
         text += f". Square sizes must be multiples of {lcm} (M, N, K: multiples of {tile})"
         if fits is not None and any(not fits(-(-max(shape) // lcm) * lcm) for shape in shapes):
             text += f" and at most {_square_fit(1 << 62, lcm, fits)} (the largest this kernel takes)"
-        text += f", e.g. problem.sizes=[{','.join(map(str, fit))}]" if fit else ""
+        text += f", e.g. 'problem.sizes=[{','.join(map(str, fit))}]'" if fit else ""
     return text
 
 

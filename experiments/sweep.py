@@ -644,7 +644,7 @@ class SweepCallback(Callback):
             return 0, [], 0, [], outcomes
         reused = reused_count(runs, parent)
         summary = ", ".join(f"{n} {s}" for s, n in sorted(outcomes.items())) + (
-            f"; {reused} reused" if reused else "")
+            f"; {reused} of them reused" if reused else "")
         # added: runs it made now, or runs it reused now (the summary it recorded before differs)
         if parent is None or not new and tracker.client.get_run(parent).data.tags.get("runs") == summary:
             if parent in tracker.open:                # reopened at the start; nothing was added

@@ -103,8 +103,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     if re.match(r"field '.*' is not Optional", msg):
         return f"{key} takes no null{given}; give a value, e.g. the default {key}={_default(key)}"
     if "is not a ListConfig" in msg:
-        return (f"{key} takes a list{given}; give one in brackets, e.g. {_example(key)} "
-                "(quoted for the shell)")
+        return f"{key} takes a list{given}; give one in brackets, e.g. '{_example(key)}'"
     every = text.splitlines() + ([] if cause is exc else str(cause).splitlines())
     lines = [line.strip() for line in every if line.strip()
              and not re.match(r"(full_key|object_type|reference_type|Config search|provider=)", line.strip())]
@@ -226,6 +225,7 @@ def check(config: DictConfig, multirun: bool) -> None:
     to the jobs (a skipped run in a sweep). Raises Invalid naming the first problem."""
     from hydra.core.global_hydra import GlobalHydra
 
+    from .families import get
     from .kernel import VALUE_KEYS, value_problem
     jobs = job_overrides(config, multirun)
     configs = [(config, jobs[0] if jobs else [])] if not multirun else []
@@ -244,6 +244,10 @@ def check(config: DictConfig, multirun: bool) -> None:
         families[name] = None
         if problem := _root_value_problem(cfg, name, overrides):
             raise Invalid(problem)
+        if get(name).sized and not OmegaConf.select(cfg, "problem.sizes") \
+                and not OmegaConf.select(cfg, "problem.shapes"):
+            raise Invalid("problem.sizes and problem.shapes are both empty; give at least one size, e.g. "
+                          "'problem.sizes=[4096]'")
         for key in VALUE_KEYS:
             v = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
             v = OmegaConf.to_container(v) if OmegaConf.is_config(v) else getattr(v, "name", v)
@@ -252,6 +256,33 @@ def check(config: DictConfig, multirun: bool) -> None:
         for v in seen.values():
             if problem := value_problem(key, v, list(families)):
                 raise Invalid(problem)
+    if not multirun and (problem := _spec_problem(config)):
+        raise Invalid(problem)
+
+
+def _spec_problem(cfg: DictConfig) -> str | None:
+    """Why the single run of ``cfg`` has no kernel: the family's spec refuses the combination or a size
+    (SpecError: ``pipeline.stages=100``, ``precision=int8 mma=m16n8k64``, ``'tile.block=[100,128]'``,
+    ``'problem.sizes=[]'``) for the target the run would use (with target.arch=auto the GPU's own, as
+    NVML reports it, unless backend=static); or None. With tile=auto only the sizes are checked here (the
+    tile is chosen per size by the job). In a sweep such a combination is a skipped run of its own
+    (experiments.job.run_job)."""
+    from .families import get
+    from .families.runner import family_name, family_shapes, family_spec
+    from .kernel import shapes_of, tile_is_auto
+    from .spec import SpecError, value
+    from .worker import nvml_gpu
+    try:
+        shapes, fam = shapes_of(cfg), get(family_name(cfg))
+        if fam.sized and not shapes:
+            family_shapes(fam, None, shapes)        # raises: no size at all
+        if not tile_is_auto(cfg):
+            gpu = nvml_gpu() if value(cfg.backend) != "static" else None
+            fam, spec = family_spec(cfg, gpu["compute_capability"] if gpu else None)
+            family_shapes(fam, spec, shapes if fam.sized else [])
+    except SpecError as exc:
+        return f"Invalid configuration: {exc}"
+    return None
 
 
 def _root_value_problem(cfg: DictConfig, family: str, overrides: list) -> str | None:
@@ -308,7 +339,10 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
             v = OmegaConf.select(cfg, f"family.{axis}", default=None, throw_on_resolution_failure=False)
             v = getattr(v, "value", v)
             if axis != "precision" and str(v).lower() not in {str(d).lower() for d in declared}:
-                return f"family={family} {axis}={v} is not valid; valid: {', '.join(map(str, declared))}"
+                given = next((f" ({o!r})" for o in overrides if o.lstrip("+~").partition("=")[0]
+                              == f"family.{axis}"), "")
+                return (f"family.{axis}={v} is not valid for family={family}{given}; valid: "
+                        f"{', '.join(map(str, declared))}")
     for key in SETTING_KEYS:
         v = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         if problem := setting_problem(key, v):

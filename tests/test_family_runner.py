@@ -100,11 +100,11 @@ def test_shapes_checked_per_family():
     # name and the advice for every size)
     assert str(err.value) == (f"1 of 2 problem sizes do not fit {spec.entry}: 96x128x64 (M=96 is not a multiple "
                               "of BM=128). Square sizes must be multiples of 128 (M, N, K: multiples of 128, 128, 64), "
-                              "e.g. problem.sizes=[128,512]")
+                              "e.g. 'problem.sizes=[128,512]'")
     wg = families.get("wgmma")
     bn192 = wg.spec("fp16", {"bn": 192}, "sm_90a")
     with pytest.raises(SpecError, match=r"5 of 5 problem sizes .* Square sizes must be multiples of 384 \(M, N, K: "
-                                        r"multiples of 128, 192, 64\), e.g. problem.sizes=\[768,1152,2304,4224,8448\]$"):
+                                        r"multiples of 128, 192, 64\), e.g. \'problem.sizes=\[768,1152,2304,4224,8448\]\'$"):
         family_shapes(wg, bn192, [(s, s, s) for s in (512, 1024, 2048, 4096, 8192)])
     peak = families.get("peak")
     assert family_shapes(peak, peak.spec("int8", {}, "sm_90"), [(512, 512, 512)]) == [None]

@@ -71,9 +71,9 @@ VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a p
                             "sm_89, sm_90, sm_90a, sm_100, sm_120"),
     (["precision=copy"], f"precision=copy is not valid for family=mma_sync; {VALID_MMA_SYNC}"),
     (["problem.sizes=[0]"], "problem.sizes=[0] is not valid: square sizes M=N=K must be positive integers, e.g. "
-                            "problem.sizes=[512,1024]"),
+                            "'problem.sizes=[512,1024]'"),
     (["problem.shapes=[[512,512]]"], "problem.shapes=[[512,512]] is not valid: entry [512,512] is not [M, N, K] "
-                                     "of positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]]"),
+                                     "of positive integers; e.g. 'problem.shapes=[[4096,4096,1024],[512,2048,512]]'"),
     (["family=wgmma", "target.arch=sm_80"], "target.arch=sm_80 is not valid for family=wgmma; valid: auto, sm_90, "
                                             "sm_90a"),
     (["target.ptx_version=abc"], "target.ptx_version='abc' must be 'auto' or MAJOR.MINOR, e.g. 7.8"),
@@ -100,10 +100,10 @@ def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, run_checks,
      'fp8_e5m2 (copy is a precision of family=peak)'),
     (['-m', 'problem.sizes=[512],[-512]'],
      'problem.sizes=[-512] is not valid: square sizes M=N=K must be positive integers, e.g. '
-     'problem.sizes=[512,1024]'),
+"'problem.sizes=[512,1024]'"),
     (['-m', 'problem.shapes=[[512,512,512,1]]'],
      'problem.shapes=[[512,512,512,1]] is not valid: entry [512,512,512,1] is not [M, N, K] of '
-     'positive integers; e.g. problem.shapes=[[4096,4096,1024],[512,2048,512]]'),
+     "positive integers; e.g. 'problem.shapes=[[4096,4096,1024],[512,2048,512]]'"),
     (['family=wgmma', 'precision=int4'],
      'precision=int4 is not valid for family=wgmma; valid: fp16, bf16, fp8_e4m3, fp8_e5m2, int8 '
      '(int4 is a precision of family=mma_sync or wmma or peak)'),
@@ -149,10 +149,10 @@ def test_sweep_whose_every_job_is_skipped_exits_2(tmp_path):
 def test_too_large_size_suggests_one_that_fits(tmp_path, size, reason):
     """The hint rounded up past the 32-bit offset limit: [50000] suggested [50176], [1048576] itself."""
     rc, out = run_cli(tmp_path, f"problem.sizes=[{size}]", *store_args(tmp_path, False))
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out and "Tracking" not in out, out
     assert reason in out
     assert out.strip().endswith("Square sizes must be multiples of 256 (M, N, K: multiples of 256, 128, 32) and at "
-                                "most 46336 (the largest this kernel takes), e.g. problem.sizes=[46336]"), out
+                                "most 46336 (the largest this kernel takes), e.g. 'problem.sizes=[46336]'"), out
     assert all_runs(tmp_path) == ([], [])
 
 
@@ -167,7 +167,7 @@ def test_suggested_sizes_are_taken():
         cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.from_dotlist([f"precision={precision}"]))
         fam, spec = family_spec(cfg, None)
         family_shapes(fam, spec, [(largest,) * 3])
-        with pytest.raises(SpecError, match=rf"at most {largest} .*e\.g\. problem\.sizes=\[512,{largest}\]$"):
+        with pytest.raises(SpecError, match=rf"at most {largest} .*e\.g\. 'problem\.sizes=\[512,{largest}\]'$"):
             family_shapes(fam, spec, [(512,) * 3, (largest + 256,) * 3])
 
 
@@ -518,7 +518,7 @@ def test_parent_counts_each_measurement_once(tmp_path):
     (["precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
                          "fp8_e5m2, copy"),
     (["tile.block=128"], "tile.block takes a list ('tile.block=128'); give one in brackets, e.g. "
-                         "tile.block=[256,128] (quoted for the shell)"),
+                         "'tile.block=[256,128]'"),
     # a boolean given as 1: OmegaConf reads it as true, the typed field takes true or false only
     (["timing.l2_flush=1"], "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
     # a preset that does not exist; a family option the family does not have or a value it does not take
@@ -527,7 +527,7 @@ def test_parent_counts_each_measurement_once(tmp_path):
     (["family=cublas", "family.schedule=streamk"], "Unknown key 'family.schedule' ('family.schedule=streamk'); "
                                                    "family=cublas has no options; schedule is an option of "
                                                    "family=wgmma"),
-    (["family=wgmma", "family.bn=100"], "family=wgmma bn=100 is not valid; valid: 256, 192, 128, 64"),
+    (["family=wgmma", "family.bn=100"], "family.bn=100 is not valid for family=wgmma ('family.bn=100'); valid: 256, 192, 128, 64"),
 ])
 def test_bad_override_is_refused_before_anything_is_tracked(tmp_path, run_checks, args, message, multirun):
     """Each kind of bad override, alone and beside a sweep: exit 2, one line naming the key, the value
@@ -554,3 +554,38 @@ def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, 
     rc, out = run_checks(tmp_path, "-m", sweep, "backend=static", *store_args(tmp_path))
     assert (rc, out.strip()) == (2, message), out
     assert all_runs(tmp_path) == ([], []) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["pipeline.stages=100"], "Invalid configuration: pipeline.stages=100 is not valid; valid values: 1 ... 65"),
+    (["tile.block=[100,128]"], "Invalid configuration: tile.block=[100, 128] with tile.warps=[4, 2] gives a warp "
+                               "tile of 25x64; it must be a multiple of 16x8"),
+    (["precision=int8", "mma=m16n8k64"], "Invalid configuration: mma=m16n8k64 is not valid with precision=int8; "
+                                         "valid values: auto, m16n8k16, m16n8k32"),
+    (["problem.sizes=[]"], "problem.sizes and problem.shapes are both empty; give at least one size, e.g. "
+                           "'problem.sizes=[4096]'"),
+    (["tile=auto", "problem.sizes=[]"], "problem.sizes and problem.shapes are both empty"),
+    (["problem.sizes=[1000]"], "Invalid configuration: 1 of 1 problem sizes do not fit gemm_fp16_bk32_m16n8k16_"
+                               "ldx4x2_cg_bcol_s3_256x128_w4x2_g8: 1000x1000x1000 (M=1000 is not a multiple of "
+                               "BM=256;"),
+])
+def test_a_single_run_no_kernel_can_take_is_refused_before_anything_is_tracked(tmp_path, run_checks, args,
+                                                                                 message):
+    """Without -m, a combination the family's spec refuses (or no size at all) stopped after the sweep's
+    start had opened the store and printed "Tracking 1 job(s)", with exit 1. Now it is refused with the
+    sweep's other checks: exit 2, one line, no run in the store."""
+    rc, out = run_checks(tmp_path, *args, "backend=static", *store_args(tmp_path, False))
+    assert rc == 2 and out.strip().startswith(message) and "Tracking" not in out, out
+    assert all_runs(tmp_path) == ([], [])
+
+
+def test_a_sweep_without_sizes_is_refused_but_peak_needs_none(tmp_path, run_checks):
+    """'problem.sizes=[]' in a sweep left every job a skipped run; the peak family ignores sizes."""
+    rc, out = run_checks(tmp_path, "-m", "precision=int8,fp16", "problem.sizes=[]", "backend=static",
+                         *store_args(tmp_path))
+    assert (rc, out.strip()) == (2, "problem.sizes and problem.shapes are both empty; give at least one size, "
+                                    "e.g. 'problem.sizes=[4096]'"), out
+    assert all_runs(tmp_path) == ([], [])
+    rc, out = run_cli(tmp_path, "-m", "family=peak", "family.instruction=mma_sync", "precision=int8",
+                      "problem.sizes=[]", "backend=static", *store_args(tmp_path))
+    assert rc == 0 and len(all_runs(tmp_path)[1]) == 1, out

@@ -154,7 +154,7 @@ def test_auto_tile_fills_the_gpu_on_132_sms():
         auto_tile(c, 100, 100, 100, 132)
     assert str(err.value) == ("tile=auto: no tile preset fits 100x100x100: M and N must be multiples of a "
                               "preset's BM and BN, and K of BK; the smallest square sizes a preset takes are "
-                              "multiples of 64 (64x64), e.g. problem.sizes=[128]")
+                              "multiples of 64 (64x64), e.g. 'problem.sizes=[128]'")
 
 
 def test_tile_auto_with_no_size_is_an_error():

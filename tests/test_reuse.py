@@ -70,9 +70,9 @@ def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, caps
     assert runs[made].data.tags["mlflow.parentRunId"] == second and runs[made].data.tags[f"in_sweep.{second}"] == "new"
     assert all(runs[r].data.tags["mlflow.parentRunId"] == first for r in mine)     # never moved
     # the parent's summary counts them
-    assert f"Parent run {second}: 6 verified; 5 reused." in out2 and "Nothing new" not in out2
+    assert f"Parent run {second}: 6 verified; 5 of them reused." in out2 and "Nothing new" not in out2
     p = tr.client.get_run(second)
-    assert p.data.tags["runs"] == "6 verified; 5 reused" and p.data.metrics["runs_reused"] == 5
+    assert p.data.tags["runs"] == "6 verified; 5 of them reused" and p.data.metrics["runs_reused"] == 5
     note = p.data.tags["mlflow.note.content"]
     assert "6 verified; 5 of them reused (measured by an earlier sweep)." in note
     best = [line for line in note.splitlines() if line.startswith("| fp16 |")]
@@ -121,11 +121,11 @@ def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, caps
     assert "Nothing new was tracked" in out3
     assert {r.info.run_id for r in tr.sweep_runs(second)} == set(runs)
     p = tr.client.get_run(second)
-    assert p.data.tags["runs"] == "6 verified; 5 reused" and p.data.metrics["runs_reused"] == 5
+    assert p.data.tags["runs"] == "6 verified; 5 of them reused" and p.data.metrics["runs_reused"] == 5
 
     # a sweep of another preset that asks only for measured kernels: all reused, the parent kept
     third, out4 = _sweep(job, monkeypatch, "third", store, FIRST[1:2], capsys)
-    assert f"Parent run {third}: 2 verified; 2 reused." in out4 and len(worker.calls) == 6
+    assert f"Parent run {third}: 2 verified; 2 of them reused." in out4 and len(worker.calls) == 6
     assert tr.client.get_run(third).info.lifecycle_stage == "active"
     cublas = {r.info.run_id for r in tr.sweep_runs(third)}
     assert len(cublas) == 2 and cublas < mine
@@ -164,7 +164,7 @@ def test_static_and_skipped_runs_reused_by_another_sweep(tmp_path, need_ptxas):
             "reused by this sweep)") in out
     [second] = [r.info.run_id for r in tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'")
                 if r.info.run_id != first]
-    assert f"Parent run {second}: 1 skipped, 2 static; 2 reused." in out
+    assert f"Parent run {second}: 1 skipped, 2 static; 2 of them reused." in out
     runs = tr.sweep_runs(second)
     assert len(runs) == 3 and {done["static"], done["skipped"]} < {r.info.run_id for r in runs}
     assert record.reused_count(runs, second) == 2
@@ -175,7 +175,7 @@ def test_static_and_skipped_runs_reused_by_another_sweep(tmp_path, need_ptxas):
     rc, out = run_cli(tmp_path, "-m", "family=cublas", "precision=int8,fp8_e4m3,fp16", "target.arch=sm_80",
                       *_cli_store(tmp_path))
     assert rc == 0 and "Nothing new was tracked" in out and ", reused by this sweep" in out, out
-    assert tr.client.get_run(second).data.tags["runs"] == "1 skipped, 2 static; 2 reused"
+    assert tr.client.get_run(second).data.tags["runs"] == "1 skipped, 2 static; 2 of them reused"
     assert len(tr.sweep_runs(second)) == 3
 
 
@@ -205,7 +205,7 @@ def test_a_second_gpu_sweep_reports_the_runs_it_reused(tmp_path, capsys):
                                *_cli_store(tmp_path)], cwd=tmp_path, env=env, timeout=900, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.returncode == 0, proc.stdout
-    assert proc.stdout.count(", reused by this sweep)") == 4 and "; 4 reused." in proc.stdout, proc.stdout
+    assert proc.stdout.count(", reused by this sweep)") == 4 and "; 4 of them reused." in proc.stdout, proc.stdout
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     capsys.readouterr()
     assert performance.main(["--uri", uri, "--experiment", EXPERIMENT, "--generations", "--sweep", "latest"]) == 0

@@ -70,7 +70,7 @@ def test_auto_tile_chooses_the_largest_tile_that_fills_a_wave():
     assert str(err.value) == (
         "tile=auto: no wgmma block tile fits 192x512x512: M must be a multiple of a tile's BM (2 BM with "
         "cluster=2 or 4), N of its BN (2 BN with cluster=4) and K of BK; the smallest square sizes a tile takes are multiples of 128 "
-        "(64x64), e.g. problem.sizes=[512]")
+        "(64x64), e.g. 'problem.sizes=[512]'")
     # a reason every tile shares (the arch) is said once, as without tile=auto
     with pytest.raises(SpecError) as err:
         auto_tile(FAM, "fp16", {}, 512, 512, 512, 132, arch="sm_89")

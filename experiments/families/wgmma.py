@@ -222,7 +222,7 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
         raise SpecError(f"tile=auto: no wgmma block tile fits {m}x{n}x{k}: M must be a multiple of a tile's "
                         "BM (2 BM with cluster=2 or 4), N of its BN (2 BN with cluster=4) and K of BK; the "
                         f"smallest square sizes a tile takes are multiples of {lcm} ({name}), e.g. "
-                        f"problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]")
+                        f"'problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]'")
     raise SpecError("tile=auto: no wgmma block tile makes a valid kernel with these options: "
                     + " | ".join(f"{name}: {why}" for name, why in rules))
 

@@ -333,7 +333,8 @@ def auto_tile(cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None = None,
         lcm, name = min(sizes)
         raise SpecError(f"tile=auto: no tile preset fits {m}x{n}x{k}: M and N must be multiples of a "
                         "preset's BM and BN, and K of BK; the smallest square sizes a preset takes are "
-                        f"multiples of {lcm} ({name}), e.g. problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]")
+                        f"multiples of {lcm} ({name}), e.g. "
+                        f"'problem.sizes=[{-(-max(m, n, k) // lcm) * lcm}]'")
     if not fits:
         raise SpecError(f"tile=auto: no tile preset fits {m}x{n}x{k} with this configuration: "
                         + " | ".join(why))
