@@ -187,7 +187,7 @@ class _Check:
         return sum(_metric(r, REPLICATE_SPREAD) for r in runs)
 
     def interval(self) -> str:
-        return f"above {self.lo:.3g}" if math.isinf(self.hi) else f"[{self.lo:.3g}, {self.hi:.3g}]"
+        return f"[{self.lo:.3g}, inf)" if math.isinf(self.hi) else f"[{self.lo:.3g}, {self.hi:.3g}]"
 
     def line(self) -> str:
         where = "inside" if self.margin >= 0 else "outside"

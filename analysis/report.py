@@ -34,7 +34,7 @@ STUDIES = {"l4": DEFAULT_CLAIMS}
 _CAPTIONS = {"throughput_vs_size": "Throughput against problem size, per kernel",
              "predictors_vs_throughput": "Each ncu predictor against throughput, with a fit per size",
              "speedup_vs_baseline": "Speedup over the baseline kernel, per size",
-             "main_effects": "Main effect of each configuration axis"}
+             "marginal_means": "Marginal means of each configuration axis (not main effects: not factorial)"}
 
 
 @dataclass

@@ -266,6 +266,7 @@ def read_table(paths: str | Path | typing.Sequence[str | Path]) -> pd.DataFrame:
             df[col] = df[col].map(lambda v, tp=types[col]: cast(v, tp))
         else:
             df[col] = infer(df[col])
+    df = df.copy()                                      # one block per column, not fragmented
     df.attrs.update(uri=None, table=", ".join(map(str, paths)), experiments=sorted(df["experiment"].dropna().unique()),
                     sweep=None, filter=None)
     return df
