@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--claims", default=None, help="claims YAML for the claims notebook (default: the L4 study's)")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (predictors notebook)")
     args = ap.parse_args(argv)
+    for table in args.table or []:
+        if not Path(table).is_file():
+            raise SystemExit(f"--table {table}: no such file; give a runs.csv that analysis.report wrote")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     repo = str(FOLDER.parents[1])                 # this checkout's analysis package, also in the kernel
@@ -63,9 +66,6 @@ def main(argv=None) -> int:
                 "ANALYSIS_CLAIMS": args.claims and str(Path(args.claims).resolve()),
                 "ANALYSIS_N_BOOT": args.n_boot and str(args.n_boot)}
     env.update({k: v for k, v in settings.items() if v is not None})
-    for table in args.table or []:
-        if not Path(table).is_file():
-            raise SystemExit(f"--table {table}: no such file; give a runs.csv that analysis.report wrote")
     try:
         from nbclient.exceptions import CellExecutionError
     except ImportError as exc:
