@@ -121,8 +121,9 @@ def predictors_vs_throughput(df: pd.DataFrame):
                 sns.regplot(x=x, y=np.log10(s[THROUGHPUT]), ax=ax, ci=None, color=pal[size], label=f"N={size}",
                             fit_reg=len(s) >= 3, scatter_kws={"s": 18}, truncate=True)
             name = "DRAM active cycles (count; circular)" if col == DRAM_COUNT else PREDICTORS[col][0]
-            ax.set(xlabel=f"log10 {name}" if logx[col] else name,
-                   ylabel=f"log10 throughput ({_unit(g)})", title=f"{prec}")
+            emulated = g["mma_native"].astype(str).str.lower().eq("false").all()
+            ax.set(xlabel=f"log10 {name}" if logx[col] else name, ylabel=f"log10 throughput ({_unit(g)})",
+                   title=prec + (" (MMA emulated here)" if emulated else ""))
     handles, labels = axs[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
     fig.suptitle("Throughput against each predictor, per precision; linear fit within each size")
