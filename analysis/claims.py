@@ -12,7 +12,8 @@ and a verdict, always with the reason and the numbers, by one rule for every cla
   in time). A margin within that noise is *inconclusive*; a claim holds when every margin is above
   the noise, fails when one lies outside beyond it. A run without replicates gives no noise: the
   claim is inconclusive and says it needs ``timing.repeats`` (the batch spread within one run is
-  not run-to-run noise and is never used as such);
+  not run-to-run noise and is never used as such). The same relative noise applies to a value
+  computed from the runs' ncu metrics (C9's occupancy), the only run-to-run measure there is;
 - a claim about a tensor-core MMA that a run it depends on emulates (tag ``mma_native=false``: no
   MMA of its type in the SASS) is *not testable here*.
 
@@ -194,7 +195,6 @@ class _Check:
         return f"{self.text} {where} {self.interval()} by {abs(self.margin):.2%}"
 
 
-
 def _judge(c: dict, cells: _Cells, tol: float):
     """(checks, shown values, missing, used rows, extra notes): what one claim finds in one table."""
     checks, vals, miss, used, extra = [], [], [], [], []
@@ -210,7 +210,8 @@ def _judge(c: dict, cells: _Cells, tol: float):
 
     def speed(k, base, size):
         row, b = get(k, size), get(base, size)
-        return (row, b, b[MEDIAN_US] / row[MEDIAN_US]) if row is not None and b is not None else (row, b, None)
+        ok = row is not None and b is not None
+        return row, b, (b[MEDIAN_US] / row[MEDIAN_US] if ok else None)
 
     for size in c["sizes"]:
         if kind in ("speedup", "ratio", "tracks"):
@@ -286,8 +287,9 @@ def _judge(c: dict, cells: _Cells, tol: float):
                 (r1, x1), (r2, x2) = by_metric[1], by_time[1]
                 lead = min(_metric(xt, m) / _metric(x1, m), x2[MEDIAN_US] / xt[MEDIAN_US])
                 checks.append(_Check(f"at N={size} {top} has the highest {m} ({_metric(xt, m):.4g} vs "
-                                     f"{_metric(x1, m):.4g} for {r1}) and is the fastest ({xt[MEDIAN_US]:.4g} "
-                                     f"vs {x2[MEDIAN_US]:.4g} us for {r2}); smaller lead {lead:.4g}",
+                                     f"{_metric(x1, m):.4g} for {r1}) and is the fastest "
+                                     f"({xt[MEDIAN_US]:.4g} vs {x2[MEDIAN_US]:.4g} us for {r2}); "
+                                     f"smaller lead {lead:.4g}",
                                      lead, 0.0, 1.0, [xt, x1, x2]))
     return checks, vals, miss, used, extra
 

@@ -118,7 +118,8 @@ def predictors_vs_throughput(df: pd.DataFrame):
         for ax, col in zip(row, have, strict=True):
             for size, s in g.dropna(subset=[col]).groupby("size", observed=True):
                 x = np.log10(s[col]) if logx[col] else s[col]
-                sns.regplot(x=x, y=np.log10(s[THROUGHPUT]), ax=ax, ci=None, color=pal[size], label=f"N={size}",
+                sns.regplot(x=x, y=np.log10(s[THROUGHPUT]), ax=ax, ci=None, color=pal[size],
+                            label=f"N={size}",
                             fit_reg=len(s) >= 3, scatter_kws={"s": 18}, truncate=True)
             name = "DRAM active cycles (count; circular)" if col == DRAM_COUNT else PREDICTORS[col][0]
             emulated = g["mma_native"].astype(str).str.lower().eq("false").all()

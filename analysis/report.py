@@ -137,12 +137,13 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
         counts = t["verdict"].value_counts()
         lines += [f"### Claims of the study: {spec.get('study', '')}", "",
                   f"{counts.get('holds', 0)} hold, {counts.get('fails', 0)} fail, "
-                  f"{counts.get('inconclusive', 0)} are inconclusive and {counts.get('not testable here', 0)} "
-                  f"are not testable on {gpu}. One rule for every claim: each value's margin to the published "
-                  f"range (a published number +-{spec['tolerance']:.0%}) against the replicate noise of its "
-                  "runs (timing.repeats >= 2), inconclusive within it; not testable where a run emulates "
-                  "its MMA (mma_native=false). 'study recomputed' is the same computation on the study's own "
-                  "published numbers.", ""]
+                  f"{counts.get('inconclusive', 0)} are inconclusive and "
+                  f"{counts.get('not testable here', 0)} are not testable on {gpu}. One rule for every "
+                  "claim: each value's margin to the published range (a published number "
+                  f"+-{spec['tolerance']:.0%}) against the replicate noise of its runs "
+                  "(timing.repeats >= 2), inconclusive within it; not testable where a run emulates its MMA "
+                  "(mma_native=false). "
+                  "'study recomputed' is the same computation on the study's own published numbers.", ""]
         show = t.rename(columns={"this_gpu": "this GPU", "study_recomputed": "study recomputed",
                                  "published_flag": "flag on the published value"})
         lines += [tables.markdown(show.drop(columns=["sizes"])), ""]

@@ -267,8 +267,8 @@ def read_table(paths: str | Path | typing.Sequence[str | Path]) -> pd.DataFrame:
         else:
             df[col] = infer(df[col])
     df = df.copy()                                      # one block per column, not fragmented
-    df.attrs.update(uri=None, table=", ".join(map(str, paths)), experiments=sorted(df["experiment"].dropna().unique()),
-                    sweep=None, filter=None)
+    df.attrs.update(uri=None, table=", ".join(map(str, paths)), sweep=None, filter=None,
+                    experiments=sorted(df["experiment"].dropna().unique()))
     return df
 
 

@@ -44,5 +44,5 @@ def load(default_sweep: str | None = None) -> pd.DataFrame:
     if table := os.environ.get("ANALYSIS_TABLE"):
         return read_table(table.split(os.pathsep))
     sweep = os.environ.get("ANALYSIS_SWEEP", default_sweep or "")
-    return load_runs(os.environ.get("ANALYSIS_URI"), os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT),
-                     sweep or None)
+    experiment = os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT)
+    return load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)

@@ -1,7 +1,7 @@
 """Execute the analysis notebooks headless and keep the executed copies with their outputs.
 
     python -m analysis.notebooks --table results/h200/l4_claims/runs.csv --out outputs/notebooks/h200
-    python -m analysis.notebooks --uri sqlite:///outputs/mlflow.db --sweep latest --out outputs/notebooks/latest
+    python -m analysis.notebooks --uri sqlite:///outputs/mlflow.db --sweep latest --out outputs/nb/latest
 
 Each notebook (analysis/notebooks/<name>.py, a jupytext percent file) runs in a fresh Python kernel
 (nbclient + ipykernel: ``pip install -e '.[notebooks]'``) with its working folder and every output
@@ -46,11 +46,13 @@ def main(argv=None) -> int:
     src.add_argument("--table", nargs="+", help="tidy table(s) (runs.csv of a report), e.g. the committed "
                      "results/h200/l4_claims/runs.csv")
     src.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
-    ap.add_argument("--experiment", default=None, help="experiment of the store (default tensor-core-ablations)")
+    ap.add_argument("--experiment", default=None,
+                    help="experiment of the store (default tensor-core-ablations)")
     ap.add_argument("--sweep", default=None, help="parent run id, 'latest', or '' for every run")
     ap.add_argument("--out", required=True, help="output folder (one sub-folder per GPU inside)")
     ap.add_argument("--only", nargs="+", choices=NAMES, default=list(NAMES), help="which notebooks")
-    ap.add_argument("--claims", default=None, help="claims YAML for the claims notebook (default: the L4 study's)")
+    ap.add_argument("--claims", default=None,
+                    help="claims YAML for the claims notebook (default: the L4 study's)")
     ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (predictors notebook)")
     args = ap.parse_args(argv)
     for table in args.table or []:
@@ -62,7 +64,8 @@ def main(argv=None) -> int:
     env = {**os.environ, "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     settings = {"ANALYSIS_TABLE": args.table and os.pathsep.join(str(Path(t).resolve()) for t in args.table),
-                "ANALYSIS_URI": args.uri, "ANALYSIS_EXPERIMENT": args.experiment, "ANALYSIS_SWEEP": args.sweep,
+                "ANALYSIS_URI": args.uri, "ANALYSIS_EXPERIMENT": args.experiment,
+                "ANALYSIS_SWEEP": args.sweep,
                 "ANALYSIS_CLAIMS": args.claims and str(Path(args.claims).resolve()),
                 "ANALYSIS_N_BOOT": args.n_boot and str(args.n_boot)}
     env.update({k: v for k, v in settings.items() if v is not None})
@@ -75,8 +78,8 @@ def main(argv=None) -> int:
         try:
             path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})
         except CellExecutionError as exc:
-            print(f"notebook {name} failed (executed copy with the traceback: {out / (name + '.ipynb')}):\n{exc}",
-                  file=sys.stderr)
+            print(f"notebook {name} failed (executed copy with the traceback: {out / (name + '.ipynb')}):"
+                  f"\n{exc}", file=sys.stderr)
             return 1
         print(f"executed {name}: {path}")
     return 0
