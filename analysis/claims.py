@@ -1,28 +1,46 @@
 """Evaluate a study's claims (a declarative YAML, e.g. analysis/claims/l4.yaml) against tracked runs.
 
-Each claim says which kernels, which sizes, what to compute from the tidy table, the published value
-and a relative tolerance (the file's header documents the kinds). :func:`evaluate` computes "this
-GPU" from the runs and a verdict -- holds, fails or inconclusive, always with the reason -- and, given
-the study's own numbers (:func:`analysis.reference.read_study`), recomputes each claim from them and
-flags a published value that they contradict or that rests on durations flagged implausible.
+Each claim says which kernels, which sizes, what to compute from the tidy table and what the study
+published (the file's header documents the kinds). :func:`evaluate` computes "this GPU" from the runs
+and a verdict, always with the reason and the numbers, by one rule for every claim:
+
+- every value a claim computes is a check against an interval: the published range as the claim
+  states it, or a published number widened by the file's one relative ``tolerance``; its *margin*
+  is its relative distance to the nearest edge (negative outside);
+- the noise of a value is the sum of the ``replicate_spread`` of the runs it is computed from (runs
+  made with ``timing.repeats`` >= 2: (max - min) / median of the replicate medians, each taken apart
+  in time). A margin within that noise is *inconclusive*; a claim holds when every margin is above
+  the noise, fails when one lies outside beyond it. A run without replicates gives no noise: the
+  claim is inconclusive and says it needs ``timing.repeats`` (the batch spread within one run is
+  not run-to-run noise and is never used as such). The same relative noise applies to a value
+  computed from the runs' ncu metrics (C9's occupancy), the only run-to-run measure there is;
+- a claim about a tensor-core MMA that a run it depends on emulates (tag ``mma_native=false``: no
+  MMA of its type in the SASS) is *not testable here*.
+
+Given the study's own numbers (:func:`analysis.reference.read_study`) each claim is recomputed from
+them, flagging a published value that they contradict or that rests on durations flagged implausible.
 """
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from numbers import Real
 
 import pandas as pd
 
-from .runs import COLUMNS, MEDIAN_US, SPREAD, ok_runs
+from .runs import COLUMNS, MEDIAN_US, ok_runs
 
-__all__ = ["ClaimsError", "KINDS", "validate", "load_claims", "evaluate", "VERDICTS"]
+__all__ = ["ClaimsError", "KINDS", "VERDICTS", "REPLICATE_SPREAD", "REPLICATES", "validate", "load_claims",
+           "evaluate"]
 
 KINDS = {"speedup": ("baseline", "published"), "ratio": ("baseline", "published", "metric"),
          "tracks": ("baseline", "published", "metric"), "fastest": ("kernel", "among"),
-         "highest_not_fastest": ("metric", "among")}
-VERDICTS = ("holds", "fails", "inconclusive")
+         "highest_not_fastest": ("metric", "among"), "dip": ("kernel", "baseline", "at")}
+VERDICTS = ("holds", "fails", "inconclusive", "not testable here")
+REPLICATE_SPREAD, REPLICATES = "replicate_spread", "replicates"     # metrics of runs with timing.repeats >= 2
 _COLS = {c.name: c for c in COLUMNS}
+_SUBJECT = ("kernel", "kernels", "best_of")        # who a pair kind (speedup, ratio, tracks) is about
 
 
 class ClaimsError(ValueError):
@@ -38,6 +56,10 @@ def validate(spec: dict) -> dict:
         raise ClaimsError(f"match={spec['match']!r} is not a column; valid: {', '.join(_COLS)}")
     spec.setdefault("aliases", {})
     spec.setdefault("sizes", [512, 1024, 2048, 4096, 8192])
+    spec.setdefault("tolerance", 0.15)
+    if not isinstance(spec["tolerance"], Real) or spec["tolerance"] < 0:
+        raise ClaimsError(f"tolerance={spec['tolerance']!r} must be a number >= 0 (relative, for published "
+                          "numbers)")
     ids = set()
     for c in spec["claims"]:
         cid = c.get("id", "?")
@@ -48,21 +70,25 @@ def validate(spec: dict) -> dict:
         if c.get("kind") not in KINDS:
             raise ClaimsError(f"{where}: kind={c.get('kind')!r} is not valid; valid values: "
                               + ", ".join(KINDS))
-        pair = c["kind"] in ("speedup", "ratio", "tracks") and "kernels" not in c
-        need = KINDS[c["kind"]] + (("kernel",) if pair else ())
-        for key in need + ("claim",):
+        if "tolerance" in c:
+            raise ClaimsError(f"{where}: tolerance={c['tolerance']!r}: one tolerance applies to every claim; "
+                              "set the file's top-level `tolerance` (relative, for published numbers)")
+        pair = c["kind"] in ("speedup", "ratio", "tracks")
+        if pair and sum(k in c for k in _SUBJECT) != 1:
+            raise ClaimsError(f"{where} (kind {c['kind']}): give exactly one of {', '.join(_SUBJECT)}")
+        for key in KINDS[c["kind"]] + ("claim",):
             if key not in c:
                 raise ClaimsError(f"{where} (kind {c['kind']}): key {key!r} is missing; it needs "
-                                  f"{', '.join(need + ('claim',))}")
+                                  f"{', '.join(KINDS[c['kind']] + ('claim',))}")
         if "metric" in c and c["metric"] not in _COLS:
             raise ClaimsError(f"{where}: metric={c['metric']!r} is not a column of the run table; valid: "
                               + ", ".join(_COLS))
         c.setdefault("sizes", spec["sizes"])
-        c.setdefault("tolerance", 0.0)
-        if not isinstance(c["tolerance"], Real) or c["tolerance"] < 0:
-            raise ClaimsError(f"{where}: tolerance={c['tolerance']!r} must be a number >= 0 (relative)")
+        if c["kind"] == "dip" and (c["at"] not in c["sizes"] or c["at"] in (c["sizes"][0], c["sizes"][-1])):
+            raise ClaimsError(f"{where}: at={c['at']!r} must be one of sizes {c['sizes']} with a size on "
+                              "each side (the dip is measured against both neighbours)")
         if "published" in c:
-            _interval(c, c["sizes"][0])
+            _interval(c, c["sizes"][0], spec["tolerance"])
     return spec
 
 
@@ -72,29 +98,30 @@ def load_claims(path) -> dict:
     return validate(load_spec(path))
 
 
-def _interval(c: dict, size: int) -> tuple[float, float]:
-    """Accepted [low, high] at one size: published widened by the relative tolerance."""
-    pub, tol = c["published"], c.get("tolerance", 0.0)
+def _interval(c: dict, size: int, tol: float) -> tuple[float, float]:
+    """Accepted [low, high] at one size: a published range as stated, a published number +- tol."""
+    pub = c["published"]
     if isinstance(pub, Real):
-        lo = hi = float(pub)
-    elif (isinstance(pub, list) and len(pub) == 2 and all(isinstance(v, Real) for v in pub)
-          and pub[0] <= pub[1]):
-        lo, hi = map(float, pub)
-    elif isinstance(pub, dict) and set(pub) <= set(c["sizes"]) and set(c["sizes"]) <= set(pub):
-        lo = hi = float(pub[size])
-    else:
-        raise ClaimsError(f"claim {c.get('id')}: published={pub!r} is not valid; valid forms: a number, "
-                          f"[low, high] with low <= high, or {{size: number}} for every size in {c['sizes']}")
-    return lo * (1 - tol), hi * (1 + tol)
+        return float(pub) * (1 - tol), float(pub) * (1 + tol)
+    if (isinstance(pub, list) and len(pub) == 2 and all(isinstance(v, Real) for v in pub)
+            and pub[0] <= pub[1]):
+        return float(pub[0]), float(pub[1])
+    if isinstance(pub, dict) and set(pub) == set(c["sizes"]):
+        return float(pub[size]) * (1 - tol), float(pub[size]) * (1 + tol)
+    raise ClaimsError(f"claim {c.get('id')}: published={pub!r} is not valid; valid forms: a number, "
+                      f"[low, high] with low <= high, or {{size: number}} for every size in {c['sizes']}")
 
 
-def _published(c: dict) -> str:
+def _published(c: dict, tol: float) -> str:
+    if c["kind"] == "dip":
+        return f"lower at N={c['at']} than at N={', '.join(str(s) for s in c['sizes'] if s != c['at'])}"
     if "published" not in c:
         return "true at every N" if c["kind"] == "highest_not_fastest" else "fastest at every N"
-    pub, tol = c["published"], c["tolerance"]
-    text = (f"{pub[0]:g}-{pub[1]:g}" if isinstance(pub, list) else
-            ", ".join(f"{v:g} (N={s})" for s, v in pub.items()) if isinstance(pub, dict) else f"{pub:g}")
-    return text + (f" (tolerance {tol:.0%})" if tol else "")
+    pub = c["published"]
+    if isinstance(pub, list):
+        return f"{pub[0]:g}-{pub[1]:g}"
+    text = ", ".join(f"{v:g} (N={s})" for s, v in pub.items()) if isinstance(pub, dict) else f"{pub:g}"
+    return text + (f" (+-{tol:.0%})" if tol else "")
 
 
 class _Cells:
@@ -131,25 +158,71 @@ class _Cells:
 
 def _metric(row, col: str) -> float:
     v = row.get(col) if row is not None else None
-    return float(v) if v is not None and not (isinstance(v, float) and math.isnan(v)) else math.nan
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return v
 
 
-def _noise(a, b) -> float:
-    """Relative difference two runs' own batch spreads cannot resolve (0 without a spread)."""
-    return max([v for v in (_metric(a, SPREAD), _metric(b, SPREAD)) if math.isfinite(v)] or [0.0])
+@dataclass
+class _Check:
+    """One value a claim computes, the interval it must lie in, and the runs it is computed from."""
+    text: str             # what the value is, e.g. "int8_dp4a at N=512: 0.433"
+    value: float
+    lo: float
+    hi: float
+    rows: list
+
+    @property
+    def margin(self) -> float:
+        """Relative distance of the value to the nearest edge of [lo, hi]; negative outside."""
+        below = self.value / self.lo - 1 if self.lo > 0 else math.inf
+        above = 1 - self.value / self.hi if math.isfinite(self.hi) else math.inf
+        return min(below, above)
+
+    @property
+    def noise(self) -> float:
+        """Sum of the runs' replicate spreads (relative); NaN when one of them has no replicates."""
+        runs = {r["run_id"]: r for r in self.rows}.values()
+        return sum(_metric(r, REPLICATE_SPREAD) for r in runs)
+
+    def interval(self) -> str:
+        return f"[{self.lo:.3g}, inf)" if math.isinf(self.hi) else f"[{self.lo:.3g}, {self.hi:.3g}]"
+
+    def line(self) -> str:
+        where = "inside" if self.margin >= 0 else "outside"
+        return f"{self.text} {where} {self.interval()} by {abs(self.margin):.2%}"
 
 
-def _judge(c: dict, cells: _Cells):
-    """(values, outside, missing, noise, extra): what one claim finds in one table."""
-    vals, out, miss, noise, extra = [], [], [], [], []
+def _judge(c: dict, cells: _Cells, tol: float):
+    """(checks, shown values, missing, used rows, extra notes): what one claim finds in one table."""
+    checks, vals, miss, used, extra = [], [], [], [], []
     kind = c["kind"]
+
+    def get(name, size):
+        row, why = cells.get(name, size)
+        if row is None:
+            miss.append(why)
+        else:
+            used.append(row)
+        return row
+
+    def speed(k, base, size):
+        row, b = get(k, size), get(base, size)
+        ok = row is not None and b is not None
+        return row, b, (b[MEDIAN_US] / row[MEDIAN_US] if ok else None)
+
     for size in c["sizes"]:
         if kind in ("speedup", "ratio", "tracks"):
-            base, why_b = cells.get(c["baseline"], size)
-            for k in c.get("kernels", [c.get("kernel")]):
-                row, why = cells.get(k, size)
+            subjects = c.get("kernels") or [c.get("kernel")]
+            if "best_of" in c:                  # the fastest of the candidates measured at this size
+                have = [(k, r) for k in c["best_of"] if (r := get(k, size)) is not None]
+                subjects = [min(have, key=lambda t: t[1][MEDIAN_US])[0]] if have else []
+            base = get(c["baseline"], size)
+            for k in subjects:
+                row = cells.get(k, size)[0] if "best_of" in c else get(k, size)
                 if row is None or base is None:
-                    miss.append(why or why_b)
                     continue
                 if kind == "speedup":
                     v = base[MEDIAN_US] / row[MEDIAN_US]
@@ -160,50 +233,65 @@ def _judge(c: dict, cells: _Cells):
                         v /= row[MEDIAN_US] / base[MEDIAN_US]
                         share = _metric(row, "dram_active_pct") / _metric(base, "dram_active_pct")
                         if c.get("circular") and math.isfinite(share):
-                            extra.append(f"DRAM share ratio {k}/{c['baseline']} at N={size}: {share:.2f}")
+                            extra.append(f"DRAM share ratio {k}/{c['baseline']} at N={size}: {share:.3g}")
                     if not math.isfinite(v):
                         miss.append(f"no {_COLS[m].key} for {k} or {c['baseline']} at N={size}")
                         continue
-                lo, hi = _interval(c, size)
-                vals.append((k, size, v))
-                if not lo <= v <= hi:
-                    out.append(f"{k} at N={size}: {v:.3g} outside [{lo:.3g}, {hi:.3g}]")
+                label = f"best of {len(c['best_of'])} ({k})" if "best_of" in c else k
+                lo, hi = _interval(c, size, tol)
+                vals.append((label, size, v))
+                checks.append(_Check(f"{label} at N={size}: {v:.3g}", v, lo, hi, [row, base]))
+        elif kind == "dip":
+            if size != c["at"]:
+                continue
+            i = c["sizes"].index(size)
+            row, b, v = speed(c["kernel"], c["baseline"], size)
+            for nb in (c["sizes"][i - 1], c["sizes"][i + 1]):
+                nrow, nbase, w = speed(c["kernel"], c["baseline"], nb)
+                if v is None or w is None:
+                    continue
+                vals.append((c["kernel"], nb, w))
+                checks.append(_Check(f"at N={size} vs N={nb}: {v:.3g} / {w:.3g} = {v / w:.3g}", v / w, 0.0,
+                                     1.0, [row, b, nrow, nbase]))
+            if v is not None:
+                vals.append((c["kernel"], size, v))
         elif kind == "fastest":
-            row, why = cells.get(c["kernel"], size)
-            if row is None:
-                miss.append(why)
+            row = get(c["kernel"], size)
+            rivals = [(r, x) for r in c["among"] if (x := get(r, size)) is not None]
+            if row is None or not rivals:
                 continue
-            rivals = [(r, cells.get(r, size)) for r in c["among"]]
-            miss += [w for _, (x, w) in rivals if x is None]
-            present = [(r, x) for r, (x, _) in rivals if x is not None]
-            faster = [(r, x) for r, x in present if x[MEDIAN_US] < row[MEDIAN_US]]
-            if not present:
-                continue
-            close = {r for r, x in present if abs(x[MEDIAN_US] / row[MEDIAN_US] - 1) <= _noise(x, row)}
-            vals.append((c["kernel"], size, 0.0 if faster else 1.0))
-            for r, x in faster:
-                if r in close:
-                    noise.append(f"{r} at N={size} is faster within the measurement spread")
-                else:
-                    out.append(f"at N={size} {r} is faster ({x[MEDIAN_US]:.4g} vs {row[MEDIAN_US]:.4g} us)")
-            if not faster:
-                noise += [f"{c['kernel']} leads {r} at N={size} by less than the measurement spread"
-                          for r in close]
+            lead = [(r, x[MEDIAN_US] / row[MEDIAN_US], x) for r, x in rivals]
+            vals.append((c["kernel"], size, float(all(v > 1 for _, v, _ in lead))))
+            checks += [_Check(f"at N={size} {r} takes {v:.4g}x the time of {c['kernel']} "
+                              f"({x[MEDIAN_US]:.4g} vs {row[MEDIAN_US]:.4g} us)", v, 1.0, math.inf, [row, x])
+                       for r, v, x in lead]
         else:                                                   # highest_not_fastest
-            got = [(r, *cells.get(r, size)) for r in c["among"]]
-            miss += [w for _, x, w in got if x is None]
-            have = [(r, x) for r, x, _ in got if x is not None and math.isfinite(_metric(x, c["metric"]))]
-            miss += [f"no {_COLS[c['metric']].key} for {r} at N={size}" for r, x, _ in got
-                     if x is not None and not math.isfinite(_metric(x, c["metric"]))]
+            m = c["metric"]
+            got = [(r, x) for r in c["among"] if (x := get(r, size)) is not None]
+            have = [(r, x) for r, x in got if math.isfinite(_metric(x, m))]
+            miss += [f"no {_COLS[m].key} for {r} at N={size}" for r, x in got if (r, x) not in have]
             if len(have) < 2:
                 continue
-            top = max(have, key=lambda t: _metric(t[1], c["metric"]))
-            best = min(have, key=lambda t: t[1][MEDIAN_US])
-            vals.append((top[0], size, float(top[0] != best[0])))
-            if top[0] == best[0]:
-                out.append(f"at N={size} {top[0]} has the highest {c['metric']} "
-                           f"({_metric(top[1], c['metric']):.3g}) and is the fastest")
-    return vals, out, miss, noise, extra
+            by_metric = sorted(have, key=lambda t: -_metric(t[1], m))
+            by_time = sorted(have, key=lambda t: t[1][MEDIAN_US])
+            (top, xt), (fast, xf) = by_metric[0], by_time[0]
+            vals.append((top, size, float(top != fast)))
+            if top != fast:              # true here: both leads must be beyond the noise
+                checks.append(_Check(f"at N={size} {m} of {top} (the highest) / of {fast} (the fastest): "
+                                     f"{_metric(xt, m):.4g} / {_metric(xf, m):.4g}",
+                                     _metric(xt, m) / _metric(xf, m), 1.0, math.inf, [xt, xf]))
+                checks.append(_Check(f"at N={size} time of {top} / of {fast}: {xt[MEDIAN_US]:.4g} / "
+                                     f"{xf[MEDIAN_US]:.4g} us", xt[MEDIAN_US] / xf[MEDIAN_US], 1.0, math.inf,
+                                     [xt, xf]))
+            else:                        # false here, by the smaller of its two leads
+                (r1, x1), (r2, x2) = by_metric[1], by_time[1]
+                lead = min(_metric(xt, m) / _metric(x1, m), x2[MEDIAN_US] / xt[MEDIAN_US])
+                checks.append(_Check(f"at N={size} {top} has the highest {m} ({_metric(xt, m):.4g} vs "
+                                     f"{_metric(x1, m):.4g} for {r1}) and is the fastest "
+                                     f"({xt[MEDIAN_US]:.4g} vs {x2[MEDIAN_US]:.4g} us for {r2}); "
+                                     f"smaller lead {lead:.4g}",
+                                     lead, 0.0, 1.0, [xt, x1, x2]))
+    return checks, vals, miss, used, extra
 
 
 def _show(c: dict, vals: list) -> str:
@@ -213,6 +301,8 @@ def _show(c: dict, vals: list) -> str:
         return f"fastest at {sum(v for *_, v in vals):.0f} of {len(vals)} sizes measured"
     if c["kind"] == "highest_not_fastest":
         return f"true at {sum(v for *_, v in vals):.0f} of {len(vals)} sizes measured"
+    if c["kind"] == "dip":
+        vals = sorted(vals, key=lambda t: t[1])
     if len(vals) <= 3:
         one = len({k for k, *_ in vals}) == 1
         return ", ".join(f"{v:.3g} (N={s})" if one else f"{k}: {v:.3g} (N={s})" for k, s, v in vals)
@@ -236,51 +326,89 @@ def _merge(msgs: list[str], limit: int = 4) -> str:
     return "; ".join(parts[:limit]) + (f"; and {len(parts) - limit} more" if len(parts) > limit else "")
 
 
-def _verdict(kind: str, vals, out, miss, noise) -> tuple[str, str]:
-    if out:
-        return "fails", _merge(out)
-    if noise:
-        return "inconclusive", "within the measurement spread: " + _merge(noise + miss)
+def _emulated(used: list, gpu: str) -> str | None:
+    """Why a claim is not testable on this GPU: runs it depends on emulate their MMA (mma_native=false)."""
+    emu = {r["_name"]: r for r in used if str(r.get("mma_native")).lower() == "false"}
+    if not emu:
+        return None
+    precs = ", ".join(sorted({str(r.get("precision")) for r in emu.values()}))
+    return (f"not testable here: {', '.join(sorted(emu))} have mma_native=false on {gpu or 'this GPU'} "
+            f"(ptxas emulates the {precs} MMA: no tensor-core MMA of that type in the SASS), so their "
+            "times measure the emulation, not the tensor-core instruction the claim is about")
+
+
+def _verdict(checks: list[_Check], miss: list[str]) -> tuple[str, str]:
+    """The one rule: margins against the runs' replicate noise (see the module docstring)."""
+    if not checks:
+        return "inconclusive", _merge(miss) or "nothing to check"
+    no_noise = [ch for ch in checks if not math.isfinite(ch.noise)]
+    if no_noise:
+        outside = [ch for ch in checks if ch.margin < 0]
+        worst = min(checks, key=lambda ch: ch.margin)
+        what = (f"{len(outside)} of {len(checks)} value(s) outside, e.g. {worst.line()}" if outside else
+                f"all {len(checks)} value(s) inside, the closest {worst.line()}")
+        runs = len({r["run_id"] for ch in no_noise for r in ch.rows})
+        return "inconclusive", (f"needs timing.repeats >= 2: {runs} run(s) it rests on have no replicates, "
+                                f"so no run-to-run noise to judge the margins against; as measured once, "
+                                f"{what}" + (f"; also {_merge(miss, 2)}" if miss else ""))
+    fails = [ch for ch in checks if ch.margin < -ch.noise]
+    close = [ch for ch in checks if abs(ch.margin) <= ch.noise]
+    if fails:
+        return "fails", _merge([f"{ch.line()} (replicate noise {ch.noise:.2%})" for ch in fails])
+    if close:
+        return "inconclusive", "within the replicate noise: " + _merge(
+            [f"{ch.line()}, noise {ch.noise:.2%}" for ch in close] + miss)
     if miss:
-        return "inconclusive", ("where measured it holds, but " if vals else "") + _merge(miss)
-    if not vals:
-        return "inconclusive", "nothing to check"
-    sizes = len({s for _, s, _ in vals})
-    return "holds", (f"true at all {sizes} sizes" if kind in ("fastest", "highest_not_fastest")
-                     else f"all {len(vals)} value(s) inside the published range")
+        return "inconclusive", "where measured it holds, but " + _merge(miss)
+    low = min(checks, key=lambda ch: ch.margin - ch.noise)
+    return "holds", (f"all {len(checks)} value(s) inside beyond the replicate noise; the closest: "
+                     f"{low.line()} (noise {low.noise:.2%})")
+
+
+def _circular(c: dict, extra: list[str]) -> str:
+    """C10-like claims: what a ratio of the DRAM active-cycle count to time is, with its value."""
+    share = f" (here {extra[0].split(': ')[-1]})" if extra else ""
+    return (f". {_COLS[c['metric']].key} counts DRAM-active cycles = DRAM share x elapsed cycles, so this "
+            f"value is the ratio of the two kernels' DRAM shares{share}: 1 means equal shares, not that "
+            "cycles track time; any duration ratio gives the same value (circular)")
 
 
 def evaluate(spec: dict, runs: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The claims table for ONE GPU's runs: id, claim, sizes, published, this_gpu, verdict, reason,
-    and, with ``reference`` (the study's own tidy table), study_recomputed and published_flag.
+    """The claims table for ONE GPU's runs: id, claim, sizes, published, this_gpu, verdict (one of
+    :data:`VERDICTS`), reason, and, with ``reference`` (the study's own tidy table), study_recomputed
+    and published_flag.
 
-    runs: tidy table (failed, skipped or interrupted runs count as missing cells, with their reason).
-    Raises ClaimsError for an invalid spec and ValueError for runs of several GPUs.
+    runs: tidy table (failed, skipped or interrupted runs count as missing cells, with their reason;
+    ``replicate_spread`` per run gives the noise). Raises ClaimsError for an invalid spec and
+    ValueError for runs of several GPUs.
     """
     spec = validate(spec)
     gpus = runs["gpu"].dropna().unique()
     if len(gpus) > 1:
         raise ValueError(f"runs of {len(gpus)} GPUs ({', '.join(map(str, gpus))}): "
                          "evaluate one GPU at a time")
-    cells = _Cells(runs, spec["match"], spec["aliases"])
-    ref_cells = None if reference is None else _Cells(reference, spec["match"], spec["aliases"])
+    match = spec["match"]
+    runs = runs.assign(_name=runs[match])
+    cells = _Cells(runs, match, spec["aliases"])
+    ref_cells = None if reference is None else _Cells(reference, match, spec["aliases"])
     rtol = spec.get("reference", {}).get("recompute_tolerance", 0.02)
+    tol = spec["tolerance"]
     rows = []
     for c in spec["claims"]:
-        vals, out, miss, noise, extra = _judge(c, cells)
-        verdict, reason = _verdict(c["kind"], vals, out, miss, noise)
+        checks, vals, miss, used, extra = _judge(c, cells, tol)
+        verdict, reason = _verdict(checks, miss)
+        if why := _emulated(used, gpus[0] if len(gpus) else ""):
+            verdict, reason = "not testable here", f"{why}. As measured: {reason}"
         if c.get("circular"):
-            reason += (f". {_COLS[c['metric']].key} is a count that grows with duration: a ratio near "
-                       "1 is expected by construction (circular); compare the DRAM share instead")
-        if extra:
-            reason += ". " + "; ".join(extra)
+            reason += _circular(c, extra)
         row = {"id": c["id"], "claim": c["claim"], "sizes": ", ".join(map(str, c["sizes"])),
-               "published": _published(c), "this_gpu": _show(c, vals), "verdict": verdict, "reason": reason}
+               "published": _published(c, tol), "this_gpu": _show(c, vals), "verdict": verdict,
+               "reason": reason}
         if ref_cells is not None:
-            strict = dict(c, tolerance=rtol) if "published" in c else c
-            rv, rout, rmiss, _, _ = _judge(strict, ref_cells)
-            flags = [f"the study's own numbers give {m}" for m in rout]
-            names = ({*c.get("kernels", []), *c.get("among", [])}
+            rchecks, rv, rmiss, _, _ = _judge(_strict(c, rtol), ref_cells, rtol)
+            flags = [f"the study's own numbers give {ch.text} outside {ch.interval()}" for ch in rchecks
+                     if ch.margin < 0]
+            names = ({*c.get("kernels", []), *c.get("among", []), *c.get("best_of", [])}
                      | {c.get(k) for k in ("kernel", "baseline")})
             bad = [(name, size, r["implausible"]) for name in sorted(n for n in names if n)
                    for size in c["sizes"] for r in [ref_cells.get(name, size)[0]]
@@ -297,3 +425,12 @@ def evaluate(spec: dict, runs: pd.DataFrame, reference: pd.DataFrame | None = No
                      "verdict": "inconclusive", "reason": f"not evaluated: {c['reason']}",
                      **({"study_recomputed": "-", "published_flag": ""} if ref_cells is not None else {})})
     return pd.DataFrame(rows)
+
+
+def _strict(c: dict, rtol: float) -> dict:
+    """The claim as the study's own numbers must meet it: a published range widened by rtol too (the
+    rounding of the published figures)."""
+    pub = c.get("published")
+    if isinstance(pub, list):
+        return dict(c, published=[pub[0] * (1 - rtol), pub[1] * (1 + rtol)])
+    return c

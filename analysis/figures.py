@@ -1,5 +1,9 @@
 """Figures of a tidy run table (seaborn): throughput vs size per kernel, each predictor vs throughput
-with fits, speedup vs a baseline per size, and a main-effect plot per configuration axis.
+with fits, speedup vs a baseline per size, and the marginal means of each configuration axis.
+
+Every throughput axis carries one unit (the runs' ``throughput_unit``: TFLOP/s for float types, TOP/s
+for integers), so figures of several precisions are faceted by precision; rates and shares that
+span decades are on log scales; legends sit outside the plotting area.
 
 Every function returns ``(figure or None, note)``: None with a note that says why the figure cannot
 be drawn from these runs (no baseline, one configuration, no ncu metrics), never an empty plot.
@@ -15,9 +19,11 @@ from .predictors import PREDICTORS
 from .runs import DRAM_COUNT, MEDIAN_US, THROUGHPUT, config_axes, ok_runs, short_labels, size_order
 
 __all__ = ["labelled", "throughput_vs_size", "predictors_vs_throughput", "speedup_table",
-           "speedup_vs_baseline", "main_effects", "all_figures", "save"]
+           "speedup_vs_baseline", "marginal_means", "all_figures", "save"]
 
 BASELINE_FAMILIES = ("wmma", "cublas")
+_STYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def _plt():
@@ -39,44 +45,89 @@ def labelled(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _unit(d: pd.DataFrame) -> str:
+    """The one throughput unit of these rows (callers facet by precision so that there is one)."""
     units = sorted(d["throughput_unit"].dropna().unique())
-    return units[0] if len(units) == 1 else " or ".join(units) or "T(FL)OP/s"
+    return units[0] if len(units) == 1 else "T(FL)OP/s"
+
+
+def _panels(d: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(precision, its rows), one facet per precision (rows without one: the unit's name)."""
+    key = d["precision"].fillna(d["throughput_unit"]).fillna("-").astype(str)
+    return [(str(p), g) for p, g in d.groupby(key, sort=True)]
+
+
+def _grid(plt, n: int, cols: int, w: float, h: float):
+    cols = max(1, min(cols, n))
+    rows = -(-n // cols)
+    fig, axs = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False)
+    for ax in axs.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axs.flat[:n])
 
 
 def throughput_vs_size(df: pd.DataFrame):
-    """Throughput (log scale) against problem size, one line per kernel."""
+    """Throughput against problem size (both log), one panel per precision, one line per kernel
+    (colour, line style and marker together tell the kernels of a panel apart)."""
     d = labelled(df)
+    d = d[d["m"].notna()]
     if d.empty:
         return None, "no measured runs"
     plt, sns = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.lineplot(d, x="size", y=THROUGHPUT, hue="label", marker="o", ax=ax, sort=True)
-    ax.set(yscale="log", xlabel="problem size (N for N x N x N)", ylabel=f"throughput ({_unit(d)})",
-           title=f"Throughput per kernel ({', '.join(map(str, d['gpu'].dropna().unique()))})")
-    ax.legend(fontsize=7, title=None)
+    panels = _panels(d)
+    fig, axs = _grid(plt, len(panels), 2, 6.4, 3.8)
+    for ax, (prec, g) in zip(axs, panels, strict=True):
+        labels = sorted(g["label"].unique())
+        colours = sns.color_palette("tab10" if len(labels) <= 10 else "tab20", len(labels))
+        for i, lab in enumerate(labels):
+            k = g[g["label"] == lab].sort_values("flop")
+            ax.plot(k["m"].astype(float), k[THROUGHPUT], color=colours[i], ls=_STYLES[i % len(_STYLES)],
+                    marker=_MARKERS[i % len(_MARKERS)], ms=4, lw=1.2, label=lab)
+        emulated = g["mma_native"].astype(str).str.lower().eq("false").all()
+        ax.set(xscale="log", yscale="log", xlabel="problem size N (N x N x N)",
+               title=prec + (" (MMA emulated here: mma_native=false)" if emulated else ""),
+               ylabel=f"throughput ({_unit(g)})")
+        ax.set_xticks(sorted(g["m"].astype(float).unique()), map(str, sorted(g["m"].astype(int).unique())))
+        ax.minorticks_off()
+        ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=None, frameon=False)
+    fig.suptitle(f"Throughput per kernel ({', '.join(map(str, d['gpu'].dropna().unique()))})")
     fig.tight_layout()
     return fig, ""
 
 
+def _spans_decades(x: pd.Series) -> bool:
+    x = x[x > 0]
+    return len(x) >= 2 and x.max() / x.min() >= 10
+
+
 def predictors_vs_throughput(df: pd.DataFrame):
-    """One panel per ncu predictor the runs have: throughput (log) against it, a fit per size."""
+    """Throughput (log) against each ncu predictor the runs have: one row of panels per precision
+    (one unit per axis), one colour per size with a linear fit within each size; a predictor whose
+    values span a decade or more (the DRAM share, the count) on a log axis."""
     d = labelled(df)
     have = [c for c in PREDICTORS if d[c].notna().sum() >= 2]
     if not have:
         return None, "no run has the ncu predictors (" + ", ".join(PREDICTORS) + ")"
     plt, sns = _plt()
-    fig, axes = plt.subplots(1, len(have), figsize=(4.6 * len(have), 4), squeeze=False)
+    panels = [(p, g) for p, g in _panels(d) if g[have].notna().any().any()]
+    fig, axs = plt.subplots(len(panels), len(have), figsize=(4.4 * len(have), 3.4 * len(panels)),
+                            squeeze=False)
     cats = d["size"].cat.categories
     pal = dict(zip(cats, sns.color_palette("viridis", len(cats)), strict=True))
-    for ax, col in zip(axes[0], have, strict=True):
-        for size, g in d.dropna(subset=[col]).groupby("size", observed=True):
-            x = np.log10(g[col]) if col == DRAM_COUNT else g[col]
-            sns.regplot(x=x, y=np.log10(g[THROUGHPUT]), ax=ax, ci=None, color=pal[size], label=f"N={size}",
-                        fit_reg=len(g) >= 3, scatter_kws={"s": 18})
-        label = "log10 DRAM active cycles (count; circular)" if col == DRAM_COUNT else PREDICTORS[col][0]
-        ax.set(xlabel=label, ylabel=f"log10 throughput ({_unit(d)})")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Throughput against each predictor, linear fit within each size")
+    logx = {col: _spans_decades(d[col].dropna()) for col in have}
+    for row, (prec, g) in zip(axs, panels, strict=True):
+        for ax, col in zip(row, have, strict=True):
+            for size, s in g.dropna(subset=[col]).groupby("size", observed=True):
+                x = np.log10(s[col]) if logx[col] else s[col]
+                sns.regplot(x=x, y=np.log10(s[THROUGHPUT]), ax=ax, ci=None, color=pal[size],
+                            label=f"N={size}",
+                            fit_reg=len(s) >= 3, scatter_kws={"s": 18}, truncate=True)
+            name = "DRAM active cycles (count; circular)" if col == DRAM_COUNT else PREDICTORS[col][0]
+            emulated = g["mma_native"].astype(str).str.lower().eq("false").all()
+            ax.set(xlabel=f"log10 {name}" if logx[col] else name, ylabel=f"log10 throughput ({_unit(g)})",
+                   title=prec + (" (MMA emulated here)" if emulated else ""))
+    handles, labels = axs[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False)
+    fig.suptitle("Throughput against each predictor, per precision; linear fit within each size")
     fig.tight_layout()
     return fig, ""
 
@@ -130,23 +181,29 @@ def speedup_vs_baseline(df: pd.DataFrame, baseline: str | None = None):
     return fig, ""
 
 
-def main_effects(df: pd.DataFrame, n_boot: int = 1000):
+def marginal_means(df: pd.DataFrame, n_boot: int = 1000):
     """Per configuration axis with >= 2 values: mean log2(throughput / the size's median) per value,
-    with a 95% bootstrap interval (seaborn pointplot). A main effect averages over the other axes."""
+    with a 95% bootstrap interval (seaborn pointplot) and the number of runs per value. These are
+    marginal means, not main effects: the runs are not a factorial design, so the other axes differ
+    between the values of one axis. Runs without a value for an axis are left out of its panel."""
     d = labelled(df)
     axes_ = config_axes(d)
     if not axes_:
-        return None, "every measured run has the same configuration: no axis to show a main effect of"
+        return None, "every measured run has the same configuration: no axis to show the marginal means of"
     d["relative"] = np.log2(d[THROUGHPUT] / d.groupby("size", observed=True)[THROUGHPUT].transform("median"))
     plt, sns = _plt()
-    fig, axs = plt.subplots(1, len(axes_), figsize=(3.2 * len(axes_), 3.6), squeeze=False, sharey=True)
-    for ax, col in zip(axs[0], axes_, strict=True):
-        g = d.assign(level=d[col].map(lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v)))
+    fig, axs = _grid(plt, len(axes_), 4, 3.2, 3.0)
+    for ax, col in zip(axs, axes_, strict=True):
+        g = d[d[col].notna()]
+        g = g.assign(level=g[col].map(lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v)))
+        order = sorted(g["level"].unique(), key=lambda s: (len(s), s))
         sns.pointplot(g, x="level", y="relative", ax=ax, errorbar=("ci", 95), n_boot=n_boot, seed=0,
-                      order=sorted(g["level"].unique(), key=lambda s: (len(s), s)))
+                      order=order, linestyle="none")
+        counts = g["level"].value_counts()
+        ax.set_xticks(range(len(order)), [f"{lv}\n(n={counts[lv]})" for lv in order], fontsize=7)
         ax.axhline(0.0, color="grey", lw=0.6)
-        ax.set(xlabel=col, ylabel="log2(throughput / median at that size)")
-    fig.suptitle("Main effects (mean over the other axes and sizes)")
+        ax.set(xlabel=col, ylabel="log2(throughput / size median)")
+    fig.suptitle("Marginal means per axis value (not main effects: the design is not factorial)")
     fig.tight_layout()
     return fig, ""
 
@@ -156,7 +213,7 @@ def all_figures(df: pd.DataFrame, baseline: str | None = None) -> dict:
     return {"throughput_vs_size": throughput_vs_size(df),
             "predictors_vs_throughput": predictors_vs_throughput(df),
             "speedup_vs_baseline": speedup_vs_baseline(df, baseline),
-            "main_effects": main_effects(df)}
+            "marginal_means": marginal_means(df)}
 
 
 def save(figs: dict, out_dir: str | Path, dpi: int = 110) -> dict:
@@ -168,6 +225,6 @@ def save(figs: dict, out_dir: str | Path, dpi: int = 110) -> dict:
     for name, (fig, _) in figs.items():
         if fig is not None:
             paths[name] = out / f"{name}.png"
-            fig.savefig(paths[name], dpi=dpi)
+            fig.savefig(paths[name], dpi=dpi, bbox_inches="tight")     # legends outside the axes
             plt.close(fig)
     return paths

@@ -1,14 +1,15 @@
 """The published study's own numbers as runs: read its CSVs, flag durations that cannot be right,
 and load them into MLflow as a reference experiment tagged with its GPU (NVIDIA L4, sm_89).
 
-    python -m analysis.reference [--uri URI] [--dir ../shared/reference/paper_l4] [--claims FILE.yaml]
+    python -m analysis.reference [--uri URI] [--dir FOLDER] [--claims FILE.yaml]
 
 Rows use the same record names as tracked runs (param ``study_kernel``, ``problem.m/n/k``, metrics
 ``median_us`` and ``throughput``; tag ``backend=reference``), so :func:`analysis.runs.load_runs` reads
 them and ``mlflow ui`` shows them beside this GPU's runs. Durations come from the study's tables V, VII
 and IX (durations.csv); the run-4 ablation (ablation_int4_k64.csv, table XII) publishes speedups
 only, so those variants' durations are derived (baseline duration / speedup) and tagged ``derived``.
-Throughput is 2N^3 / duration, as the study computes it.
+Throughput is 2N^3 / duration, as the study computes it. The study's tables ship with this package
+(analysis/data/paper_l4, :data:`DEFAULT_DIR`), transcribed from the paper; ``--dir`` reads another copy.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ __all__ = ["DEFAULT_CLAIMS", "DEFAULT_DIR", "load_spec", "study_records", "read_
            "main"]
 
 DEFAULT_CLAIMS = Path(__file__).resolve().parent / "claims" / "l4.yaml"
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "paper_l4"
+DEFAULT_DIR = Path(__file__).resolve().parent / "data" / "paper_l4"    # the paper's tables V-XII, as CSV
 _UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6}
 
 

@@ -4,6 +4,8 @@ tables beside it, logged to the sweep's parent run (artifact folder ``report/``)
     python -m analysis.report --sweep latest                     # the newest sweep in the default store
     python -m analysis.report --sweep <parent run id> --study l4 # with the L4 study's claims table
     python -m analysis.report --experiment tensor-core-ablations --out outputs/reports/all
+    python -m analysis.report --table results/h200/l4_claims/runs.csv --study l4 --no-log \
+        --out results/h200/l4_claims.md                        # from a committed tidy table, no store
 
 The report says what the runs can and cannot answer: FAILED and skipped runs are listed with their
 reasons and left out of the statistics; a question the runs cannot answer (no ncu metrics, one
@@ -24,7 +26,7 @@ from . import claims as claims_mod
 from . import figures, tables
 from .predictors import PREDICTORS, predictor_study
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order, unmeasured_note
+from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, size_order, unmeasured_note
 
 __all__ = ["STUDIES", "Report", "write_report", "main"]
 
@@ -32,7 +34,7 @@ STUDIES = {"l4": DEFAULT_CLAIMS}
 _CAPTIONS = {"throughput_vs_size": "Throughput against problem size, per kernel",
              "predictors_vs_throughput": "Each ncu predictor against throughput, with a fit per size",
              "speedup_vs_baseline": "Speedup over the baseline kernel, per size",
-             "main_effects": "Main effect of each configuration axis"}
+             "marginal_means": "Marginal means of each configuration axis (not main effects: not factorial)"}
 
 
 @dataclass
@@ -135,7 +137,12 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
         counts = t["verdict"].value_counts()
         lines += [f"### Claims of the study: {spec.get('study', '')}", "",
                   f"{counts.get('holds', 0)} hold, {counts.get('fails', 0)} fail, "
-                  f"{counts.get('inconclusive', 0)} are inconclusive on {gpu}. Tolerances are relative; "
+                  f"{counts.get('inconclusive', 0)} are inconclusive and "
+                  f"{counts.get('not testable here', 0)} are not testable on {gpu}. One rule for every "
+                  "claim: each value's margin to the published range (a published number "
+                  f"+-{spec['tolerance']:.0%}) against the replicate noise of its runs "
+                  "(timing.repeats >= 2), inconclusive within it; not testable where a run emulates its MMA "
+                  "(mma_native=false). "
                   "'study recomputed' is the same computation on the study's own published numbers.", ""]
         show = t.rename(columns={"this_gpu": "this GPU", "study_recomputed": "study recomputed",
                                  "published_flag": "flag on the published value"})
@@ -157,7 +164,8 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     files: list[Path] = []
     src = df.attrs
     lines = [f"# {title}", "",
-             f"Store `{src.get('uri', '-')}`, experiment(s) {', '.join(src.get('experiments') or ['-'])}, "
+             (f"Tidy table `{src['table']}`" if src.get("table") else f"Store `{src.get('uri', '-')}`")
+             + f", experiment(s) {', '.join(src.get('experiments') or ['-'])}, "
              f"sweep {src.get('sweep') or 'all'}, filter {src.get('filter') or 'none'}; written "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m analysis.report`.", ""]
     lines += _overview(df, notes)
@@ -185,6 +193,8 @@ def main(argv=None) -> Report:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    ap.add_argument("--table", nargs="+", default=None,
+                    help="tidy table(s) (runs.csv of an earlier report) instead of the store")
     ap.add_argument("--sweep", default=None,
                     help="parent run id of a sweep, or 'latest' (default: every run)")
     ap.add_argument("--filter", default=None, help="MLflow filter, e.g. \"params.precision = 'int8'\"")
@@ -203,10 +213,14 @@ def main(argv=None) -> Report:
     matplotlib.use("Agg")                    # files only: no display needed
     from experiments.track import StoreError
     try:
-        df = load_runs(args.uri, args.experiment, args.sweep, args.filter)
-    except (RunsError, StoreError) as exc:
+        df = read_table(args.table) if args.table else load_runs(args.uri, args.experiment, args.sweep,
+                                                                 args.filter)
+    except (RunsError, StoreError, FileNotFoundError) as exc:
         raise SystemExit(f"Cannot read the runs: {exc}") from None
-    if note := unmeasured_note(df):
+    if args.table and ok_runs(df).empty:
+        print(f"Nothing to report: {', '.join(args.table)} holds no measured run.", file=sys.stderr)
+        raise SystemExit(2)
+    if note := not args.table and unmeasured_note(df):
         where = f" (filter {args.filter})" if args.filter else ""
         print(f"Nothing to report{where}: {note}. Run the sweep on a GPU, then report.", file=sys.stderr)
         raise SystemExit(2)
@@ -218,6 +232,8 @@ def main(argv=None) -> Report:
         spec = claims_mod.load_claims(STUDIES.get(study, study))
     if spec is not None and "reference" in spec:
         try:
+            if args.table:
+                raise RunsError("a tidy table has no reference experiment")
             reference = load_runs(df.attrs["uri"], spec["reference"]["experiment"])
         except RunsError:
             reference = read_study(args.reference_dir, load_spec(STUDIES.get(study, study))) \
@@ -236,7 +252,7 @@ def main(argv=None) -> Report:
     print(f"Report written: {out if single else out / 'report.md'}")
     # the sweep asked for (its runs may come from several parents: those it reused); else the runs' one
     parents = [df.attrs["sweep"]] if df.attrs["sweep"] else df["parent_run_id"].dropna().unique()
-    if args.no_log:
+    if args.no_log or args.table:
         pass
     elif len(parents) == 1:
         import mlflow

@@ -1,5 +1,6 @@
-"""The notebooks under analysis/notebooks run headless (python on the jupytext percent file,
-MPLBACKEND=Agg) on the fixture store and write the figures and tables they promise."""
+"""The notebooks under analysis/notebooks run headless and write the figures and tables they promise,
+under the output folder only, one folder per GPU: as scripts on the fixture store, and executed as
+notebooks (python -m analysis.notebooks) from a committed tidy table."""
 import os
 import subprocess
 import sys
@@ -58,6 +59,7 @@ def test_notebooks_are_jupytext_percent_files_of_plain_python(name):
 def test_predictors_notebook_headless(store, executed):
     stdout, out = executed["predictors"]
     assert "32 runs, 30 measured; GPUs: NVIDIA H200" in stdout and "CIRCULARITY FLAG" in stdout
+    out = out / "nvidia_h200"
     for png in ("predictors_vs_throughput.png", "throughput_vs_size.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     table = pd.read_csv(out / "predictor_tests.csv")
@@ -71,11 +73,47 @@ def test_predictors_notebook_headless(store, executed):
 def test_claims_notebook_headless(store, executed):
     stdout, out = executed["claims"]
     counts = stdout.split("NVIDIA H200: ")[1].splitlines()[0]
-    assert sorted(counts.split(", ")) == ["3 fails", "3 holds", "3 inconclusive"]
-    table = pd.read_csv(out / "claims.csv").set_index("id")
-    assert table.loc["H5", "this_gpu"] == "1.1 (N=512), 1.25 (N=8192)" and table.loc["H2", "verdict"] == "fails"
-    assert (out / "claims.md").read_text().startswith("| id | claim |")
-    assert "speedup figure: not drawn, no baseline runs" in stdout
-    if store["reference"]:                     # the study's numbers: 30 flagged, its speedup figure drawn
-        assert "30 of 110 published durations flagged implausible" in stdout
-        assert (out / "study_speedup_vs_baseline.png").read_bytes()[:4] == b"\x89PNG"
+    assert counts == "9 inconclusive"           # the fixture's runs have no replicates: needs timing.repeats
+    table = pd.read_csv(out / "nvidia_h200" / "claims.csv").set_index("id")
+    assert table.loc["H5", "this_gpu"] == "1.1 (N=512), 1.25 (N=8192)"
+    assert table.loc["H2", "reason"].startswith("needs timing.repeats >= 2: 10 run(s)")
+    assert (out / "nvidia_h200" / "claims.md").read_text().startswith("| id | claim |")
+    assert "NVIDIA H200: speedup figure not drawn, no baseline runs" in stdout
+    # the study's numbers (packaged): 30 flagged, its speedup figure drawn in the L4's own folder
+    assert "30 of 110 published durations flagged implausible" in stdout
+    assert (out / "nvidia_l4" / "speedup_vs_baseline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_notebooks_execute_from_a_committed_table(tmp_path):
+    """The README's command on the committed H200 table of run 2 (30 INT8 runs): executed notebooks
+    and their outputs under --out only, one folder per GPU; nothing written beside the notebooks."""
+    pytest.importorskip("nbclient", reason="executing notebooks needs the 'notebooks' extra")
+    pytest.importorskip("ipykernel", reason="executing notebooks needs the 'notebooks' extra")
+    before = sorted(p.name for p in NOTEBOOKS.iterdir())
+    out = tmp_path / "nb"
+    proc = subprocess.run([sys.executable, "-m", "analysis.notebooks", "--table",
+                           str(REPO / "results" / "h200" / "l4_run2_int8" / "runs.csv"), "--out", str(out),
+                           "--n-boot", "20"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [f"executed claims: {out / 'claims.ipynb'}",
+                                        f"executed predictors: {out / 'predictors.ipynb'}"]
+    assert sorted(p.name for p in NOTEBOOKS.iterdir()) == before and not list(tmp_path.glob("outputs"))
+    import nbformat
+    cells = nbformat.read(out / "claims.ipynb", 4).cells
+    text = "".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs)
+    assert "30 runs, 30 measured; GPUs: NVIDIA H200" in text and "NVIDIA H200: " in text
+    claims = pd.read_csv(out / "nvidia_h200" / "claims.csv").set_index("id")
+    assert claims.loc["C5", "this_gpu"] == "0.497 (N=2048), 0.491 (N=4096), 0.513 (N=8192)"   # real H200 values
+    assert claims.loc["C5", "reason"].startswith("needs timing.repeats >= 2")
+    assert sorted(p.name for p in (out / "nvidia_h200").iterdir()) == [
+        "claims.csv", "claims.md", "predictor_tests.csv", "predictors_vs_throughput.png", "regression.csv",
+        "speedup_vs_baseline.png", "throughput_vs_size.png"]
+    assert (out / "nvidia_l4" / "speedup_vs_baseline.png").is_file()
+
+
+def test_notebook_runner_names_a_missing_table(tmp_path):
+    from analysis.notebooks.__main__ import main
+    with pytest.raises(SystemExit, match=r"--table nope.csv: no such file; give a runs.csv"):
+        main(["--table", "nope.csv", "--out", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []

@@ -80,7 +80,7 @@ def test_report_on_sweep_with_ncu_and_failed_members(store, tmp_path):
     assert "mma=m16n8k64 is not valid with precision=int8" in text
     assert "**Circularity flag.**" in text and "family of **52 tests**" in text
     assert "### Claims of the study" in text and "| C2b |" in text          # runs carry study kernel names
-    for name in ("throughput_vs_size", "predictors_vs_throughput", "main_effects"):
+    for name in ("throughput_vs_size", "predictors_vs_throughput", "marginal_means"):
         assert _png(out / f"{name}.png") and f"]({name}.png)" in text
     assert not (out / "speedup_vs_baseline.png").exists()
     assert "Speedup over the baseline kernel, per size: not drawn, no baseline runs" in text
@@ -101,6 +101,22 @@ def test_report_to_a_markdown_file_keeps_its_figures_beside_it(store, tmp_path):
     assert (tmp_path / "l4_claims" / "runs.csv").is_file() and not (tmp_path / "l4_claims" / "report.md").exists()
 
 
+def test_report_from_a_committed_tidy_table_needs_no_store(tmp_path):
+    """--table: the committed runs.csv of run 2 (30 real INT8 runs on the H200), the study's packaged
+    tables as the reference; nothing logged (there is no store)."""
+    table = Path(report.__file__).resolve().parents[1] / "results" / "h200" / "l4_run2_int8" / "runs.csv"
+    out = tmp_path / "int8.md"
+    report.main(["--table", str(table), "--study", "l4", "--out", str(out), "--n-boot", "20"])
+    text = out.read_text()
+    assert text.splitlines()[2].startswith(f"Tidy table `{table}`, experiment(s) tensor-core-ablations, sweep all")
+    assert "| int8_ptx_mma_k32 | 47.1 | 108 | 131 | 142 | 143 |" in text
+    assert ("0 hold, 0 fail, 20 are inconclusive and 0 are not testable on NVIDIA H200. One rule for every claim"
+            in text)
+    assert "| C5 |" in text and "needs timing.repeats >= 2" in text
+    assert "The study's own numbers were not found" not in text                   # read from the package
+    assert "](int8/marginal_means.png)" in text and _png(tmp_path / "int8" / "marginal_means.png")
+
+
 def test_report_without_ncu_says_what_it_cannot_answer(store, tmp_path):
     df = load_runs(store["uri"], sweep=store["plain"])
     rep = report.write_report(df, tmp_path, "plain", n_boot=100)
@@ -114,7 +130,7 @@ def test_report_without_ncu_says_what_it_cannot_answer(store, tmp_path):
 def test_report_on_a_single_kernel(store, tmp_path):
     rep = report.write_report(load_runs(store["uri"], sweep=store["one"]), tmp_path, "one", n_boot=100)
     assert "no verdict, too few runs" in rep.text
-    assert "every measured run has the same configuration: no axis to show a main effect of" in rep.text
+    assert "every measured run has the same configuration: no axis to show the marginal means of" in rep.text
     assert "skipped for N = 512, 1024, 2048, 4096, 8192" in rep.text
     assert "No regression: regression needs more rows than its 5 parameters + 1; got 5." in rep.text
 

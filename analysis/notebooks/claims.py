@@ -19,7 +19,8 @@
 # against the tracked runs (holds / fails / inconclusive, with the reason) and recomputed from the
 # study's own numbers, which also shows where a published value cannot be right.
 #
-# Run it headless with `python analysis/notebooks/claims.py`, or open it in Jupyter.
+# Run it headless with `python -m analysis.notebooks --table results/h200/l4_claims/runs.csv --out DIR`
+# (both notebooks, executed copies and outputs in DIR, one folder per GPU), or open it in Jupyter.
 
 # %%
 import builtins
@@ -27,22 +28,20 @@ import os
 from pathlib import Path
 
 from analysis import claims, figures, tables
+from analysis.notebooks import gpu_folder, load, output_folder
 from analysis.reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from analysis.runs import RunsError, load_runs, ok_runs, unmeasured_note
+from analysis.runs import RunsError, load_runs, ok_runs
 
 show = getattr(builtins, "display", print)
-URI = os.environ.get("ANALYSIS_URI")
-SWEEP = os.environ.get("ANALYSIS_SWEEP", "")                 # "" = every run of the experiment
-EXPERIMENT = os.environ.get("ANALYSIS_EXPERIMENT", "tensor-core-ablations")
 CLAIMS = Path(os.environ.get("ANALYSIS_CLAIMS", str(DEFAULT_CLAIMS)))
-REFERENCE_DIR = Path(os.environ.get("ANALYSIS_REFERENCE_DIR", str(DEFAULT_DIR)))
-OUT = Path(os.environ.get("ANALYSIS_OUT", "outputs/notebooks/claims"))
-OUT.mkdir(parents=True, exist_ok=True)
+REFERENCE_DIR = Path(os.environ.get("ANALYSIS_REFERENCE_DIR", str(DEFAULT_DIR)))   # packaged with analysis
+OUT = output_folder("claims")
 spec = claims.load_claims(CLAIMS)
 
 # %% [markdown]
 # ## The study's own numbers
-# From the store's reference experiment (`python -m analysis.reference` loads it), else from the CSVs.
+# From the store's reference experiment (`python -m analysis.reference` loads it), else from the
+# study's tables that ship with the package (analysis/data/paper_l4).
 # Durations whose single-GEMM rate is below the plausibility floor of the claims file are flagged.
 
 # %%
@@ -51,7 +50,9 @@ if "reference" not in spec:
     print(f"reference: {CLAIMS.name} names no published study to recheck")
 else:
     try:
-        reference = load_runs(URI, spec["reference"]["experiment"])
+        if os.environ.get("ANALYSIS_TABLE"):
+            raise RunsError("tidy tables hold no reference experiment")
+        reference = load_runs(os.environ.get("ANALYSIS_URI"), spec["reference"]["experiment"])
         print(f"reference: {len(reference)} runs from the store")
     except RunsError:
         reference = read_study(REFERENCE_DIR, load_spec(CLAIMS)) if REFERENCE_DIR.is_dir() else None
@@ -63,25 +64,29 @@ if reference is not None:
 
 # %% [markdown]
 # ## Claims, one GPU at a time
+# Each verdict follows one rule: every value's margin to the published range against the replicate
+# noise of its runs (`timing.repeats` >= 2); "not testable here" where a run emulates its MMA.
 
 # %%
-runs = load_runs(URI, EXPERIMENT, SWEEP or None)
-if note := unmeasured_note(runs):
-    print(note)
-for gpu in ok_runs(runs)["gpu"].dropna().unique():
+runs = load()
+measured = ok_runs(runs)
+print(f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
+for gpu in measured["gpu"].dropna().unique():
     table = claims.evaluate(spec, runs[runs["gpu"] == gpu], reference)
     print(f"{gpu}: " + ", ".join(f"{n} {v}" for v, n in table["verdict"].value_counts().items()))
     show(table[["id", "published", "this_gpu", "verdict", "reason"]])
-    table.to_csv(OUT / "claims.csv", index=False)
-    (OUT / "claims.md").write_text(tables.markdown(table))
+    folder = gpu_folder(OUT, gpu)
+    table.to_csv(folder / "claims.csv", index=False)
+    (folder / "claims.md").write_text(tables.markdown(table))
 
 # %% [markdown]
 # ## Speedup against the baseline, as the study plots it
 
 # %%
-fig, note = figures.speedup_vs_baseline(runs)
-print("speedup figure:", "drawn" if fig is not None else "not drawn, " + note)
-figures.save({"speedup_vs_baseline": (fig, note)}, OUT)
+for gpu in measured["gpu"].dropna().unique():
+    fig, note = figures.speedup_vs_baseline(runs[runs["gpu"] == gpu])
+    print(f"{gpu}: speedup figure", "drawn" if fig is not None else "not drawn, " + note)
+    figures.save({"speedup_vs_baseline": (fig, note)}, gpu_folder(OUT, gpu))
 if reference is not None:
-    ref_fig = figures.speedup_vs_baseline(reference)
-    figures.save({"study_speedup_vs_baseline": ref_fig}, OUT)
+    figures.save({"speedup_vs_baseline": figures.speedup_vs_baseline(reference)},
+                 gpu_folder(OUT, spec["reference"]["gpu"]))

@@ -25,35 +25,30 @@
 # (`dram__cycles_active.avg`) grows with the kernel's own duration, so its correlation with
 # throughput is close to circular: it is shown, and flagged.
 #
-# Run it headless with `python analysis/notebooks/predictors.py` (settings from the environment
-# below), or open it in Jupyter (`jupytext --to ipynb analysis/notebooks/predictors.py`).
+# Run it headless with `python -m analysis.notebooks --table results/h200/l4_claims/runs.csv --out DIR`
+# (both notebooks, executed copies and outputs in DIR, one folder per GPU), or open it in Jupyter.
 
 # %%
 import builtins
 import os
-from pathlib import Path
 
 from analysis import figures, tables
+from analysis.notebooks import gpu_folder, load, output_folder
 from analysis.predictors import PREDICTORS, predictor_study
-from analysis.runs import load_runs, ok_runs, unmeasured_note
+from analysis.runs import ok_runs
 
 show = getattr(builtins, "display", print)          # Jupyter's display, print when run as a script
-URI = os.environ.get("ANALYSIS_URI")                # default: the store run.py uses
-SWEEP = os.environ.get("ANALYSIS_SWEEP", "latest")  # a parent run id, "latest", or "" for every run
-EXPERIMENT = os.environ.get("ANALYSIS_EXPERIMENT", "tensor-core-ablations")
-OUT = Path(os.environ.get("ANALYSIS_OUT", "outputs/notebooks/predictors"))
+OUT = output_folder("predictors")
 N_BOOT = int(os.environ.get("ANALYSIS_N_BOOT", "2000"))
-OUT.mkdir(parents=True, exist_ok=True)
 
 # %% [markdown]
 # ## The runs
 # One row per (kernel, size, GPU). FAILED and skipped runs stay in the table but not in the statistics.
 
 # %%
-runs = load_runs(URI, EXPERIMENT, SWEEP or None)
+runs = load(default_sweep="latest")
 measured = ok_runs(runs)
-print(unmeasured_note(runs)
-      or f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
+print(f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
 show(runs[["kernel", "size", "status", "median_us", "throughput", *PREDICTORS]].head(12))
 
 # %% [markdown]
@@ -74,19 +69,22 @@ for gpu in measured["gpu"].dropna().unique():
         print(f"Holm correction over a family of {res.family_size} tests.")
         show(tables.correlation_table(res.tests, labels))
         show(tables.williams_table(res.tests))
-        res.tests.to_csv(OUT / "predictor_tests.csv", index=False)
+        res.tests.to_csv(gpu_folder(OUT, gpu) / "predictor_tests.csv", index=False)
     if res.regression is not None:
         show(tables.regression_table(res.regression, labels))
-        res.regression.to_csv(OUT / "regression.csv", index=False)
+        res.regression.to_csv(gpu_folder(OUT, gpu) / "regression.csv", index=False)
 
 # %% [markdown]
 # ## Each predictor against throughput
-# A linear fit of log10 throughput within each size; the count's panel is log10 and marked circular.
+# One row of panels per precision (one unit per axis), a linear fit of log10 throughput within each
+# size; a predictor that spans decades on a log axis, the count marked circular.
 
 # %%
-figs = {"predictors_vs_throughput": figures.predictors_vs_throughput(measured),
-        "throughput_vs_size": figures.throughput_vs_size(measured)}
-for name, (fig, note) in figs.items():
-    print(f"{name}: {'drawn' if fig is not None else 'not drawn, ' + note}")
-saved = figures.save(figs, OUT)
-print("wrote", ", ".join(str(p) for p in saved.values()))
+for gpu in measured["gpu"].dropna().unique():
+    one = measured[measured["gpu"] == gpu]
+    figs = {"predictors_vs_throughput": figures.predictors_vs_throughput(one),
+            "throughput_vs_size": figures.throughput_vs_size(one)}
+    for name, (fig, note) in figs.items():
+        print(f"{gpu}: {name}: {'drawn' if fig is not None else 'not drawn, ' + note}")
+    saved = figures.save(figs, gpu_folder(OUT, gpu))
+    print("wrote", ", ".join(str(p) for p in saved.values()))

@@ -13,8 +13,8 @@ What is real and what is constructed:
   * the ``study_kernel`` names given to four of the kernels (:data:`STUDY_NAMES`);
   * one FAILED run (wrong result at 16384), one older FAILED duplicate of a measured run, and one
     skipped run (FINISHED, tag outcome=skipped), with the messages the tool writes for such runs.
-- The study's own numbers are loaded by analysis.reference from reference/paper_l4 when that folder
-  is present (a copy of the shared folder beside the repository).
+- The study's own numbers are loaded by analysis.reference from the tables that ship with the package
+  (analysis/data/paper_l4).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 # real H200 timings of this tool (the headline and fp16/bf16 sweeps), kept here as the fixture's source
 MAIN_JOB = Path(__file__).resolve().parent / "main_job_h200.md"
-PAPER_L4 = REPO.parent / "shared" / "reference" / "paper_l4"
+PAPER_L4 = REPO / "analysis" / "data" / "paper_l4"      # the study's tables, packaged
 EXPERIMENT = "tensor-core-ablations"
 
 REGISTERS = {"bf16_bk32": 224, "fp16_bk32": 224, "int4_bk32": 196, "int4_bk64": 236,

@@ -1,0 +1,48 @@
+"""The analysis notebooks (jupytext percent files beside this module: claims.py, predictors.py) and
+what they share: where their runs come from and where they write.
+
+    python -m analysis.notebooks --table results/h200/l4_claims/runs.csv --out outputs/notebooks/h200
+
+executes every notebook headless (``python -m analysis.notebooks --help``). Their settings come from
+the environment: ``ANALYSIS_TABLE`` (tidy CSV tables, separated by os.pathsep) or the store
+(``ANALYSIS_URI``, ``ANALYSIS_EXPERIMENT``, ``ANALYSIS_SWEEP``), and ``ANALYSIS_OUT``, the folder
+everything goes to: one sub-folder per GPU, so that the outputs of two GPUs never overwrite each other.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = ["NAMES", "FOLDER", "output_folder", "gpu_folder", "load"]
+
+NAMES = ("claims", "predictors")
+FOLDER = Path(__file__).resolve().parent
+
+
+def output_folder(name: str) -> Path:
+    """``ANALYSIS_OUT`` (default outputs/notebooks/<name>), created."""
+    out = Path(os.environ.get("ANALYSIS_OUT") or Path("outputs") / "notebooks" / name)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def gpu_folder(out: Path, gpu: str) -> Path:
+    """out/<the GPU's name as a folder name>, created: 'NVIDIA H200' -> out/nvidia_h200."""
+    path = Path(out) / (re.sub(r"[^A-Za-z0-9]+", "_", str(gpu)).strip("_").lower() or "gpu")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load(default_sweep: str | None = None) -> pd.DataFrame:
+    """The runs the environment names: the tidy tables of ``ANALYSIS_TABLE``, else the store's
+    (``ANALYSIS_URI``, ``ANALYSIS_EXPERIMENT``, ``ANALYSIS_SWEEP``: a parent run id, "latest", or ""
+    for every run). Raises FileNotFoundError for a missing table, RunsError for a missing store."""
+    from analysis.runs import DEFAULT_EXPERIMENT, load_runs, read_table
+    if table := os.environ.get("ANALYSIS_TABLE"):
+        return read_table(table.split(os.pathsep))
+    sweep = os.environ.get("ANALYSIS_SWEEP", default_sweep or "")
+    experiment = os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT)
+    return load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)

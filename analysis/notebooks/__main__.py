@@ -1,0 +1,89 @@
+"""Execute the analysis notebooks headless and keep the executed copies with their outputs.
+
+    python -m analysis.notebooks --table results/h200/l4_claims/runs.csv --out outputs/notebooks/h200
+    python -m analysis.notebooks --uri sqlite:///outputs/mlflow.db --sweep latest --out outputs/nb/latest
+
+Each notebook (analysis/notebooks/<name>.py, a jupytext percent file) runs in a fresh Python kernel
+(nbclient + ipykernel: ``pip install -e '.[notebooks]'``) with its working folder and every output
+under --out: <name>.ipynb (executed, with its outputs) and one sub-folder per GPU with the figures and
+tables. Nothing is written beside the notebooks. Exit 1 when a cell fails (its error is printed).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import FOLDER, NAMES
+
+
+def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
+    """Run notebook ``name`` in a new kernel with ``env``, cwd ``out``; write out/<name>.ipynb and
+    return its path. Raises SystemExit naming the missing packages when nbclient/ipykernel are absent,
+    nbclient's CellExecutionError when a cell fails."""
+    try:
+        import jupytext
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError as exc:
+        raise SystemExit(f"executing the notebooks needs nbclient and ipykernel ({exc}): "
+                         "pip install -e '.[notebooks]'") from None
+    nb = jupytext.read(FOLDER / f"{name}.py")
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(out)}})
+    try:
+        client.execute(env=env)
+    finally:
+        nbformat.write(nb, out / f"{name}.ipynb")      # also a failed run: its traceback is in the cell
+    return out / f"{name}.ipynb"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--table", nargs="+", help="tidy table(s) (runs.csv of a report), e.g. the committed "
+                     "results/h200/l4_claims/runs.csv")
+    src.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
+    ap.add_argument("--experiment", default=None,
+                    help="experiment of the store (default tensor-core-ablations)")
+    ap.add_argument("--sweep", default=None, help="parent run id, 'latest', or '' for every run")
+    ap.add_argument("--out", required=True, help="output folder (one sub-folder per GPU inside)")
+    ap.add_argument("--only", nargs="+", choices=NAMES, default=list(NAMES), help="which notebooks")
+    ap.add_argument("--claims", default=None,
+                    help="claims YAML for the claims notebook (default: the L4 study's)")
+    ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (predictors notebook)")
+    args = ap.parse_args(argv)
+    for table in args.table or []:
+        if not Path(table).is_file():
+            raise SystemExit(f"--table {table}: no such file; give a runs.csv that analysis.report wrote")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    repo = str(FOLDER.parents[1])                 # this checkout's analysis package, also in the kernel
+    env = {**os.environ, "MPLBACKEND": "Agg",
+           "PYTHONPATH": os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    settings = {"ANALYSIS_TABLE": args.table and os.pathsep.join(str(Path(t).resolve()) for t in args.table),
+                "ANALYSIS_URI": args.uri, "ANALYSIS_EXPERIMENT": args.experiment,
+                "ANALYSIS_SWEEP": args.sweep,
+                "ANALYSIS_CLAIMS": args.claims and str(Path(args.claims).resolve()),
+                "ANALYSIS_N_BOOT": args.n_boot and str(args.n_boot)}
+    env.update({k: v for k, v in settings.items() if v is not None})
+    try:
+        from nbclient.exceptions import CellExecutionError
+    except ImportError as exc:
+        raise SystemExit(f"executing the notebooks needs nbclient and ipykernel ({exc}): "
+                         "pip install -e '.[notebooks]'") from None
+    for name in args.only:
+        try:
+            path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})
+        except CellExecutionError as exc:
+            print(f"notebook {name} failed (executed copy with the traceback: {out / (name + '.ipynb')}):"
+                  f"\n{exc}", file=sys.stderr)
+            return 1
+        print(f"executed {name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
