@@ -31,6 +31,7 @@ from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, gi
 from .metrics import rounded
 from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
+from .timing import key_items
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
 __all__ = ["run_job", "JobError", "git_commit", "warm_process"]
@@ -312,13 +313,13 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
     tags.update(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
                 compute_capability=dev["compute_capability"], driver=gpu["driver"],
                 cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
-    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing).items() if k != "timeout_s"}
+    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items() if k != "timeout_s"}
     counts = {"finished": 0, "failed": 0, "done_before": 0}
     for shape in kern.shapes:
         m, n, k = shape or (0, 0, 0)
         name = kern.name(shape)
         key = track.run_key("gpu", *kern.identity, m, n, k, dev["gpu"], dev["compute_capability"],
-                            gpu["driver"], sorted(timing.items()), cfg.verify.rtol)
+                            gpu["driver"], key_items(timing), cfg.verify.rtol)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
         size = {"problem.m": m, "problem.n": n, "problem.k": k} if shape else {}
         params = {**job.params, **size, "verify.seed_used": seed}
@@ -385,9 +386,12 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
         metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
     clocks = record.clock_reasons(None if None in reasons else reasons[0] | reasons[1])
     metrics.update(kern.static)
+    reps, series = record.replicate_metrics(t)
+    metrics.update(reps)
+    tags.update({k: t[v] for k, v in (("energy_source", "energy_source"), ("burst_idle", "idle")) if v in t})
     job.tr.log(rid, rounded(metrics), {"verified": "true", "timing_method": t["method"], **tags,
                               "l2_flush": t["l2_flush"], "throughput_unit": kern.unit,
-                              "clocks_throttled": clocks})
+                              "clocks_throttled": clocks}, series)
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
     line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
     job.end("verified", line if sized else kern.entry + line[line.index(":"):])
