@@ -507,11 +507,11 @@ def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: f
     GATE_TIMEOUT_S to enqueue one batch of MIN_GATED_LAUNCHES launches (a larger batch refused so is
     retried with a quarter of its launches, and ``launches_per_batch`` says how many were timed).
     """
-    import cupy
     regime = str(getattr(regime, "name", regime))
     if regime not in REGIMES or int(repeats) < 1:
         raise ValueError(f"timing.regime={regime}, timing.repeats={repeats}: the regime is one of "
                          f"{', '.join(REGIMES)} and repeats a whole number >= 1")
+    import cupy
     burst = regime == "burst"
     if burst:
         batches, min_batch_ms = burst_batches, burst_batch_ms
