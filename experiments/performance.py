@@ -4,6 +4,7 @@ Per precision and size, and tile=auto against the best tile preset (conf/experim
 
     python -m experiments.performance [--uri URI] [--experiment NAME] [--sweep latest|RUN_ID]
                                       [--goal 0.8] [--out results/h200/performance.md]
+    python -m experiments.performance --generations | --methodology [--sweep ...] [--out FILE.md]
 
 Reads the verified runs of the sweep (experiments.track.sweep_runs) and writes a markdown table per
 precision and size: ours (the best run of the default family), cuBLAS (the best cublas run), the peak (the
@@ -20,6 +21,9 @@ and the three largest warp stall reasons. Then it prints the shares and checks:
   at least as fast as the best run of a tile preset within the largest ``spread`` of the two runs and
   the distance between the two timings of tile=auto's kernel (as tile=auto and as its preset, when
   the sweep timed both; the faster of them counts).
+
+``--generations`` writes the two-generations table instead (:func:`generations`), ``--methodology`` the
+tables of timing regime, operand data, clocks and energy (:func:`methodology`); both exit 0 once written.
 
 A sweep's runs include those it reused (measured by an earlier sweep, found in the store): the header
 says how many, the kernel column marks them "(reused)".
@@ -43,7 +47,8 @@ from .record import PEAK, reused_count, reused_in
 from .report import AT_MAX, CLOCK, CLOCK_HEAD, _fmt, static_command, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
-__all__ = ["Check", "NothingMeasured", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
+__all__ = ["Check", "NothingMeasured", "check", "generations", "methodology", "sweep_run", "main", "GOAL_SIZE",
+           "AUTO_SIZES"]
 
 GOAL_SIZE = 8192                   # N at which every precision must reach the goal share of peak
 AUTO_SIZES = (512, 1024, 2048)     # N at which tile=auto must match the best preset
@@ -312,6 +317,92 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     return "\n".join(out) + "\n"
 
 
+REGIME, DATA = "timing.regime", "data"         # params: the timing regime and the operand data of a run
+METHOD_KERNELS = {DEFAULT: "mma.sync", WGMMA: "wgmma", CUBLAS: "cuBLAS"}   # family -> its name in the table
+WINDOW, WATTS = "sm_clock_mhz_window", "power_w_avg"
+
+
+def _regime(run) -> str:
+    return run.data.params.get(REGIME, "sustained")
+
+
+def _data(run) -> str:
+    return run.data.params.get(DATA, "full")
+
+
+def _rel(a, b) -> str:
+    """a / b - 1 as a signed percentage, '-' where either is missing."""
+    return "-" if a is None or not b else f"{a / b - 1:+.1%}"
+
+
+def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest") -> str:
+    """The methodology tables of a sweep (conf/experiment/methodology.yaml) as markdown: per kernel
+    (the best run of the default family, of wgmma and of cuBLAS), precision, size, timing regime
+    (param ``timing.regime``, sustained where absent) and operand data (param ``data``, full where
+    absent): throughput, the SMs' own mean clock over the timed window (``sm_clock_mhz_window``; NVML's
+    mean sample, marked ~, where the run has no window clock), the mean power over the window
+    (``power_w_avg``, else the mean sample, ~), throughput per W, energy per launch and the batches'
+    spread; then burst beside sustained for cuBLAS bf16 at 8192; then how much the regime (burst /
+    sustained, data full) and the data (each value / full, sustained) move each kernel, as relative
+    changes.
+
+    Read-only. Raises StoreError when the store, experiment or sweep does not exist, NothingMeasured
+    when the sweep holds no verified run of those kernels."""
+    tr = Tracker(uri, experiment, create=False)
+    parent = sweep_run(tr, sweep)
+    runs = [r for r in tr.sweep_runs(parent, VERIFIED) if "throughput" in r.data.metrics
+            and "problem.m" in r.data.params and family_of(r) in METHOD_KERNELS]
+    if not runs:
+        raise NothingMeasured(f"no verified mma.sync, wgmma or cuBLAS run in {_holdings(tr, parent)}. "
+                              "--methodology reads a sweep of `python run.py -m experiment=methodology` "
+                              "measured on a GPU.")
+    best: dict = {}
+    for r in runs:
+        key = (family_of(r), r.data.params.get("precision", "?"), int(r.data.params["problem.m"]), _regime(r),
+               _data(r))
+        best[key] = _best([x for x in (best.get(key), r) if x is not None])
+    order = list(METHOD_KERNELS)
+    data_values = list(dict.fromkeys(["full", *sorted({k[4] for k in best} - {"full"})]))
+    head = ["throughput", label(WINDOW, "SM clock (window)"), label(WATTS, "power"), "throughput per W",
+            label("energy_j_per_launch", "energy per launch"), "spread"]
+    out = [f"Methodology: sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
+           "Per kernel, timing regime and operand data (~: NVML's mean sample where the run has no window "
+           "clock or energy):", "",
+           "| kernel | precision | N | regime | data | " + " | ".join(head) + " |",
+           "| --- | --- | ---: | --- | --- |" + " ---: |" * len(head)]
+    sort = lambda k: (order.index(k[0]), k[1], k[2], k[3] != "sustained", data_values.index(k[4]))  # noqa: E731
+    for key in sorted(best, key=sort):
+        fam, prec, n, regime, data = key
+        m = best[key].data.metrics
+        clock = _fmt(m.get(WINDOW), ".0f") if WINDOW in m else "~" + _fmt(m.get(CLOCK), ".0f")
+        watts = _fmt(m.get(WATTS), ".0f") if WATTS in m else "~" + _fmt(m.get("power_w_mean"), ".0f")
+        out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {regime} | {data} | {_thr(best[key])} | {clock} | "
+                   f"{watts} | {_fmt(m.get('throughput_per_w'), '.3f')} | "
+                   f"{_fmt(m.get('energy_j_per_launch'), '.4f')} | {_fmt(m.get('spread'), '.2%')} |")
+    thr = {k: r.data.metrics["throughput"] for k, r in best.items()}
+    out += ["", "cuBLAS bf16 at 8192, burst beside sustained (operands full):", ""]
+    pair = [best.get((CUBLAS, "bf16", GOAL_SIZE, reg, "full")) for reg in ("burst", "sustained")]
+    if all(pair):
+        b, s_ = (r.data.metrics for r in pair)
+        out.append(f"- burst {_thr(pair[0])} at {_fmt(b.get(WINDOW, b.get(CLOCK)), '.0f')} MHz, "
+                   f"{_fmt(b.get(WATTS, b.get('power_w_mean')), '.0f')} W; sustained {_thr(pair[1])} at "
+                   f"{_fmt(s_.get(WINDOW, s_.get(CLOCK)), '.0f')} MHz, "
+                   f"{_fmt(s_.get(WATTS, s_.get('power_w_mean')), '.0f')} W: burst / sustained "
+                   f"{_rel(b['throughput'], s_['throughput'])}")
+    else:
+        out.append("- not measured in both regimes in this sweep")
+    others = [d for d in data_values if d != "full"]
+    out += ["", "How much the regime and the data move each kernel (relative change of throughput):", "",
+            "| kernel | precision | N | burst vs sustained (full) | "
+            + "".join(f"{d} vs full (sustained) | " for d in others),
+            "| --- | --- | ---: | ---: |" + " ---: |" * len(others)]
+    for fam, prec, n in sorted({k[:3] for k in best}, key=lambda k: (order.index(k[0]), k[1], k[2])):
+        at = lambda reg, d: thr.get((fam, prec, n, reg, d))  # noqa: E731
+        out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {_rel(at('burst', 'full'), at('sustained', 'full'))} | "
+                   + "".join(f"{_rel(at('sustained', d), at('sustained', 'full'))} | " for d in others))
+    return "\n".join(out) + "\n"
+
+
 def _safely(test, path: str) -> bool:
     """``test`` (Path.is_dir, Path.exists) of ``path``; False where the file system refuses the name
     (e.g. too long: the write then says so)."""
@@ -333,9 +424,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also write the report to this markdown file (.md)")
     ap.add_argument("--generations", action="store_true",
                     help="the mma.sync / wgmma table (experiment=generations) instead of the check")
+    ap.add_argument("--methodology", action="store_true",
+                    help="the regime / data / energy tables (experiment=methodology) instead of the check")
     args = ap.parse_args(argv)
-    if args.generations and args.goal is not None:
-        ap.error("--goal is the check's; --generations writes the table only")
+    if args.generations and args.methodology:
+        ap.error("--generations and --methodology are two reports: give one")
+    table = generations if args.generations else methodology if args.methodology else None
+    if table is not None and args.goal is not None:
+        ap.error(f"--goal is the check's; --{table.__name__} writes the table only")
     args.goal = 0.8 if args.goal is None else args.goal
     if not 0 < args.goal <= 1:
         ap.error(f"--goal {args.goal} is a share of the peak: a number in (0, 1], e.g. 0.8")
@@ -343,7 +439,7 @@ def main(argv=None) -> int:
         ap.error(f"--out {args.out!r} must name a markdown file (.md), e.g. results/h200/performance.md")
     try:
         uri = resolve_uri(args.uri, create=False)
-        res = (Check(generations(uri, args.experiment, args.sweep)) if args.generations
+        res = (Check(table(uri, args.experiment, args.sweep)) if table is not None
                else check(uri, args.experiment, args.sweep, args.goal))
     except StoreError as exc:
         print(f"Store error: {exc}", file=sys.stderr)
@@ -362,7 +458,7 @@ def main(argv=None) -> int:
                    else exc.strerror or str(exc))
             print(f"Could not write --out {args.out}: {why}", file=sys.stderr)
             return 2
-    if args.generations:
+    if table is not None:
         return 0
     print("Performance check: " + ("passed" if res.ok else "FAILED: " + "; ".join(res.failures)))
     return 0 if res.ok else 1
