@@ -12,7 +12,8 @@ peak family's run that ``pct_of_peak`` divides by: experiments.compare.peak_of, 
 measured one), ours' share of that peak, the ceiling of ours' main loop where the sweep
 measured it (family=peak feed=ldmatrix: mma.sync fed by ldmatrix at the GEMM's 64 x 64 warp tile) and
 ours' share of it, the mean SM clock while ours was timed and its throughput at the GPU's highest
-clock. Where ours carries Nsight Compute counters (``python -m experiments.profile``), a second table
+clock; below it the mean power, throughput per W and energy per launch of ours and cuBLAS (NVML's
+energy counter over the timed batches where the driver has it). Where ours carries Nsight Compute counters (``python -m experiments.profile``), a second table
 shows the ones that explain the gap: tensor-pipe, shared-memory-pipe and L2 activity, issue activity
 and the three largest warp stall reasons. Then it prints the shares and checks:
 
@@ -135,10 +136,11 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
            "| precision | M x N x K | ours | kernel | cuBLAS | peak | share of peak | ldmatrix-fed ceiling | "
            f"share of it | {CLOCK_HEAD} | at max clock |",
            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    res, best = Check(""), {}
+    res, best, power = Check(""), {}, []
     for (prec, size), rs in sorted(groups.items()):
         ours = best[(prec, size)] = _best([r for r in rs if family_of(r) == DEFAULT])
         cublas = _best([r for r in rs if family_of(r) == CUBLAS])
+        power.append((prec, size[0] if len(set(size)) == 1 else "x".join(map(str, size)), [ours, cublas]))
         peak = peak_of(tr, ours, sweep=parent) if ours is not None else None
         thr = ours.data.metrics["throughput"] if ours is not None else None
         share = _share(thr, peak.data.metrics["throughput"] if peak else None)
@@ -152,7 +154,8 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
                    f"{_fmt(_share(thr, ceiling.data.metrics['throughput'] if ceiling else None), '.1%')} | "
                    f"{_fmt(m.get(CLOCK), '.0f')} | {_fmt(m.get(AT_MAX), '.1f')} |")
     lines = _goal_lines(groups, res, goal) + _auto_lines(groups, res)
-    res.markdown = "\n".join(out + [""] + _counter_lines(best, parent) + lines) + "\n"
+    power = _power_lines(power, ("ours", "cuBLAS"))
+    res.markdown = "\n".join(out + [""] + power + [""] + _counter_lines(best, parent) + lines) + "\n"
     return res
 
 
@@ -246,6 +249,31 @@ def _auto_lines(groups: dict, res: Check) -> list[str]:
 
 
 
+def _watts(run):
+    """A run's mean power over its timed window (W): from its energy (power_w_avg) where measured, else
+    the mean of NVML's samples; None without either."""
+    m = run.data.metrics if run is not None else {}
+    return m.get("power_w_avg", m.get("power_w_mean"))
+
+
+def _power_lines(groups: list, names: tuple) -> list[str]:
+    """The power and energy table of the best runs: ``groups`` is [(precision, size text, [run or
+    None per name]), ...]; per run its mean power (W), throughput per W and energy per launch (J).
+    One line instead when no run has a power reading (NVML)."""
+    if not any(_watts(r) is not None for _, _, runs in groups for r in runs):
+        return ["No power readings on these runs (NVML reads them where the driver permits)."]
+    cols = [f"{name} {what}" for name in names for what in ("W", "per W", "J per launch")]
+    out = ["Power and energy of the runs above (W: mean over the timed batches, from NVML's energy counter "
+           "where measured; per W: throughput per W):", "",
+           "| precision | N | " + " | ".join(cols) + " |", "| --- | ---: |" + " ---: |" * len(cols)]
+    for prec, size, runs in groups:
+        cells = [c for r in runs for c in (_fmt(_watts(r), ".0f"),
+                 _fmt(r.data.metrics.get("throughput_per_w") if r else None, ".3f"),
+                 _fmt(r.data.metrics.get("energy_j_per_launch") if r else None, ".4f"))]
+        out.append(f"| {prec} | {size} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _share(value, peak):
     return value / peak if value is not None and peak else None
 
@@ -256,7 +284,8 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     mma.sync peak and the wgmma peak (:func:`experiments.compare.peak_of`: the sweep's own, else the latest of
     the GPU, driver and precision), each generation's share of its own peak (mma.sync share = best
     default-family run / mma.sync peak, wgmma share = best wgmma / wgmma peak, as pct_of_peak) and wgmma over
-    cuBLAS; then the main effect of each wgmma axis: per precision and size, each value's best
+    cuBLAS; then the mean power, throughput per W and energy per launch of the best runs; then the main
+    effect of each wgmma axis: per precision and size, each value's best
     throughput divided by that of the same point with the axis at its default, over the runs that
     differ from the default in that axis alone, or in it and axes that the compared run shares (e.g.
     a value that needs fewer stages against the default at those stages).
@@ -279,8 +308,10 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     out = [f"Two generations on one GPU: sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
            "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | wgmma peak | "
            "mma.sync share | wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 8]
+    power = []
     for (prec, n), rs in sorted(groups.items()):
         best = {f: _best([r for r in rs if family_of(r) == f]) for f in (DEFAULT, WGMMA, CUBLAS)}
+        power.append((prec, n, [best[DEFAULT], best[WGMMA], best[CUBLAS]]))
         # any run of the group names its GPU, driver and precision; a run of the generation itself also
         # its shape (spec.mma)
         anchor = {i: best[i] or best[DEFAULT] or best[WGMMA] or best[CUBLAS] for i in (DEFAULT, WGMMA)}
@@ -292,6 +323,7 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
                    f"{_thr(peak[DEFAULT])} | {_thr(peak[WGMMA])} | "
                    f"{_fmt(_share(thr[DEFAULT], pk[DEFAULT]), '.1%')} | "
                    f"{_fmt(_share(thr[WGMMA], pk[WGMMA]), '.1%')} | {_fmt(ratio, '.2f')} |")
+    out += [""] + _power_lines(power, ("mma.sync", "wgmma", "cuBLAS"))
     fam = get(WGMMA)
     axes = [a for a in fam.axes if a != "precision"]
     default = {a: str(fam.defaults.get(a, fam.axes[a][0])).lower() for a in axes}

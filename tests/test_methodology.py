@@ -110,3 +110,25 @@ def test_methodology_preset_takes_the_data_axis():
     for value in ("full", "uniform", "normal"):
         assert str(_compose("experiment=methodology", "variant=meth_cublas", f"data={value}").data) in (
             value, f"Data.{value}")
+
+
+def test_performance_and_generations_reports_show_power_and_energy(tmp_path):
+    """The check's and the generations' reports add the mean power, throughput per W and energy per
+    launch of the runs they compare (the sustained runs above); without power readings, one line says so."""
+    from experiments.performance import check, generations
+    tr = _store(tmp_path, [r for r in ROWS if r[3] == "sustained" and r[4] in ("full", None)])
+    gen = generations(tr.uri, "e").splitlines()
+    assert ("| precision | N | mma.sync W | mma.sync per W | mma.sync J per launch | wgmma W | wgmma per W | "
+            "wgmma J per launch | cuBLAS W | cuBLAS per W | cuBLAS J per launch |") in gen
+    assert "| bf16 | 8192 | 690 | 0.645 | 0.0017 | 699 | 0.945 | 0.0012 | 700 | 0.954 | 0.0012 |" in gen
+    perf = check(tr.uri, "e").markdown.splitlines()
+    assert "| bf16 | 8192 | 690 | 0.645 | 0.0017 | 700 | 0.954 | 0.0012 |" in perf
+    bare = Tracker(f"sqlite:///{tmp_path}/b.db", "e")
+    parent = bare.start("sweep", {}, {"kind": "sweep", "sweep_key": "b"})
+    rid = bare.start("8192 mma_sync", {"family": "mma_sync", "precision": "bf16",
+                                       **{f"problem.{d}": 8192 for d in "mnk"}}, dict(GPU), parent)
+    bare.log(rid, {"throughput": 445.3})
+    bare.end(rid)
+    bare.end(parent)
+    assert "No power readings on these runs (NVML reads them where the driver permits)." in \
+        check(bare.uri, "e").markdown.splitlines()
