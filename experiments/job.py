@@ -31,7 +31,7 @@ from .kernel import (Kernel, SourceRejected, auto_tile_plans, check_settings, gi
 from .metrics import rounded
 from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
-from .timing import key_items
+from .timing import key_items, key_params
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
 __all__ = ["run_job", "JobError", "git_commit", "warm_process"]
@@ -110,7 +110,7 @@ def run_job(cfg) -> dict:
     except SpecError as exc:
         if not job.multirun:
             raise
-        key = track.run_key("skipped", sorted(job.params.items()))     # the combination, once per store
+        key = track.run_key("skipped", sorted(key_params(job.params).items()))  # the combination, once per store
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
             console.print(f"{job.label} skipped {job.overrides}: already recorded "

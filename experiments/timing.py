@@ -66,7 +66,7 @@ import threading
 import time
 
 __all__ = ["time_launches", "gpu_state", "tflops", "ClockSampler", "clock_summary", "window_clock",
-           "wait_idle", "energy_summary", "key_items", "REGIMES", "IDLE_POWER_SHARE"]
+           "wait_idle", "energy_summary", "key_items", "key_params", "REGIMES", "IDLE_POWER_SHARE"]
 
 REGIMES = ("sustained", "burst")     # timing.regime (experiments.config.Regime)
 # the GPU counts as idle (burst regime) while its power draw stays below this share of its enforced limit
@@ -121,6 +121,16 @@ def key_items(settings: dict) -> list:
             "idle_s": burst, "repeats": many, "repeat_pause_s": many}
     return sorted((k, str(v) if k == "regime" else v) for k, v in settings.items()
                   if k not in LATER_FIELDS or keep.get(k, False))
+
+
+def key_params(params: dict) -> dict:
+    """A run's params (``timing.<setting>`` among them) as a run key holds them: the
+    :data:`LATER_FIELDS` settings only where :func:`key_items` keeps them (a skipped combination keeps
+    the key it had before those settings existed)."""
+    settings = {k.partition(".")[2]: v for k, v in params.items() if k.startswith("timing.")}
+    kept = {k for k, _ in key_items(settings)}
+    return {k: v for k, v in params.items() if not k.startswith("timing.")
+            or k.partition(".")[2] not in LATER_FIELDS or k.partition(".")[2] in kept}
 
 
 def energy_summary(counter_mj: tuple | None, power: list, window_s: float, launches: int) -> dict:

@@ -12,8 +12,8 @@ from test_family_runner import EXPERIMENT, _compose, _stub_gpu
 from experiments import record
 from experiments.config import TimingConf
 from experiments.kernel import setting_problem
-from experiments.timing import (ClockSampler, energy_summary, key_items, time_launches, wait_idle,
-                                window_clock)
+from experiments.timing import (ClockSampler, energy_summary, key_items, key_params, time_launches,
+                                wait_idle, window_clock)
 from experiments.track import Tracker
 
 # the settings every run key held before regime and repeats existed (TimingConf less timeout_s)
@@ -57,6 +57,11 @@ def test_run_key_holds_new_settings_only_away_from_their_defaults():
         "regime", "burst_batches", "burst_batch_ms", "idle_wait_s", "idle_s"}
     assert set(dict(key_items({**defaults, "repeats": 3}))) == set(OLD) | {"repeats", "repeat_pause_s"}
     assert key_items({**defaults, "burst_batch_ms": 9.0}) == sorted(OLD.items())   # unused when sustained
+    # a skipped combination's key is made of its params: the new settings at their defaults are left out
+    params = {"precision": "fp8_e4m3", **{f"timing.{k}": str(v) for k, v in defaults.items()}}
+    assert key_params(params) == {"precision": "fp8_e4m3", **{f"timing.{k}": str(v) for k, v in OLD.items()}}
+    burst = key_params({**params, "timing.regime": "burst", "timing.repeats": "2"})
+    assert burst["timing.regime"] == "burst" and burst["timing.repeats"] == "2" and "timing.idle_s" in burst
 
 
 def test_new_settings_are_checked():
