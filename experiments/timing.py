@@ -239,12 +239,12 @@ class ClockSampler:
 
     def __exit__(self, *exc) -> None:
         if self._thread is not None:
+            e1 = self._energy()             # first: the wait for the thread below is not in the window
+            self._sample()
+            self.window_s += time.perf_counter() - self._t0
             self._stop.set()
             self._thread.join()
-            self._sample()
             self._thread = None
-            e1 = self._energy()
-            self.window_s += time.perf_counter() - self._t0
             if self.energy_mj is not None and self._e0 is not None and e1 is not None and e1 > self._e0:
                 self.energy_mj += e1 - self._e0
             else:
@@ -569,14 +569,15 @@ def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: f
                 stream.synchronize()
             if burst and not r and (mhz := _sm_clock_now(pci_bus_id)):
                 idle["sm_clock_mhz_start"] = float(mhz)
-            if probe is not None:
-                probe.record(stream, 0)
-            with clock:
+            with clock:             # the probes right before the first batch and right after the last
+                if probe is not None:
+                    probe.record(stream, 0)
                 replicates.append(_batches(stream, launch, state, batches, flush, cuda_graph,
                                            gate if cuda_graph else None, start, end))
+                if probe is not None:
+                    probe.record(stream, 1)
+                    stream.synchronize()
             if probe is not None:
-                probe.record(stream, 1)
-                stream.synchronize()
                 pairs.append(probe.pair())
     n = state["n"]
     per_launch = [x for rep in replicates for x in rep]
