@@ -70,7 +70,7 @@ class TimingConf:
     repeat_pause_s: float = 1.0  # idle GPU before each replicate after the first (sustained)
     burst_batches: int = 5      # burst: timed batches ...
     burst_batch_ms: float = 4.0  # ... of at least this long each (tens of ms in all)
-    idle_wait_s: float = 30.0   # burst: the longest wait for the GPU to idle back
+    idle_wait_s: float = 10.0   # burst: the longest wait for the GPU to idle back (then it times anyway)
     idle_s: float = 1.0         # burst: how long its power must stay near idle first
 
 

@@ -491,7 +491,7 @@ def time_launches(launch, *, warmup: int = 3, batches: int = 10, min_batch_ms: f
                   max_launches: int = 2000, cuda_graph: bool = True, l2_flush: bool = False,
                   pci_bus_id: str | None = None, clock_interval_s: float = 0.005,
                   regime: str = "sustained", repeats: int = 1, repeat_pause_s: float = 1.0,
-                  burst_batches: int = 5, burst_batch_ms: float = 4.0, idle_wait_s: float = 30.0,
+                  burst_batches: int = 5, burst_batch_ms: float = 4.0, idle_wait_s: float = 10.0,
                   idle_s: float = 1.0) -> dict:
     """Time ``launch()`` (enqueues one kernel on the current CuPy stream; it must be capturable in a
     CUDA graph unless ``cuda_graph`` is False).
