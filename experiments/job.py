@@ -110,7 +110,8 @@ def run_job(cfg) -> dict:
     except SpecError as exc:
         if not job.multirun:
             raise
-        key = track.run_key("skipped", sorted(key_params(job.params).items()))  # the combination, once per store
+        # the combination, once per store
+        key = track.run_key("skipped", sorted(key_params(job.params).items()))
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
             console.print(f"{job.label} skipped {job.overrides}: already recorded "
@@ -313,7 +314,8 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
     tags.update(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
                 compute_capability=dev["compute_capability"], driver=gpu["driver"],
                 cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
-    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items() if k != "timeout_s"}
+    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items()
+              if k != "timeout_s"}
     counts = {"finished": 0, "failed": 0, "done_before": 0}
     for shape in kern.shapes:
         m, n, k = shape or (0, 0, 0)

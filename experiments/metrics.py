@@ -25,7 +25,7 @@ CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm
                 "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w",
                 "sm_clock_mhz_window", "window_cycles", "window_sms", "energy_j", "energy_j_per_launch",
                 "power_w_avg", "idle_wait_s", "sm_clock_mhz_start", "power_w_start")
-# the replicates of a run's timed measurement (timing.repeats); replicate_median_us is logged with steps 0..R-1
+# the replicates of a run's timed measurement (timing.repeats); replicate_median_us: MLflow steps 0..R-1
 REPLICATE_FIELDS = ("replicate_median_us", "replicates", "replicate_spread")
 # fields of experiments.families.peak.kernel_clock (a kernel's own cycle record) logged under the same names
 KERNEL_CLOCK_FIELDS = ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles")

@@ -13,7 +13,8 @@ measured one), ours' share of that peak, the ceiling of ours' main loop where th
 measured it (family=peak feed=ldmatrix: mma.sync fed by ldmatrix at the GEMM's 64 x 64 warp tile) and
 ours' share of it, the mean SM clock while ours was timed and its throughput at the GPU's highest
 clock; below it the mean power, throughput per W and energy per launch of ours and cuBLAS (NVML's
-energy counter over the timed batches where the driver has it). Where ours carries Nsight Compute counters (``python -m experiments.profile``), a second table
+energy counter over the timed batches where the driver has it). Where ours carries Nsight Compute
+counters (``python -m experiments.profile``), a second table
 shows the ones that explain the gap: tensor-pipe, shared-memory-pipe and L2 activity, issue activity
 and the three largest warp stall reasons. Then it prints the shares and checks:
 
@@ -48,8 +49,8 @@ from .record import PEAK, reused_count, reused_in
 from .report import AT_MAX, CLOCK, CLOCK_HEAD, _fmt, static_command, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
-__all__ = ["Check", "NothingMeasured", "check", "generations", "methodology", "sweep_run", "main", "GOAL_SIZE",
-           "AUTO_SIZES"]
+__all__ = ["Check", "NothingMeasured", "check", "generations", "methodology", "sweep_run", "main",
+           "GOAL_SIZE", "AUTO_SIZES"]
 
 GOAL_SIZE = 8192                   # N at which every precision must reach the goal share of peak
 AUTO_SIZES = (512, 1024, 2048)     # N at which tile=auto must match the best preset
@@ -408,8 +409,8 @@ def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
         m = best[key].data.metrics
         clock = _fmt(m.get(WINDOW), ".0f") if WINDOW in m else "~" + _fmt(m.get(CLOCK), ".0f")
         watts = _fmt(m.get(WATTS), ".0f") if WATTS in m else "~" + _fmt(m.get("power_w_mean"), ".0f")
-        out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {regime} | {data} | {_thr(best[key])} | {clock} | "
-                   f"{watts} | {_fmt(m.get('throughput_per_w'), '.3f')} | "
+        out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {regime} | {data} | {_thr(best[key])} | "
+                   f"{clock} | {watts} | {_fmt(m.get('throughput_per_w'), '.3f')} | "
                    f"{_fmt(m.get('energy_j_per_launch'), '.4f')} | {_fmt(m.get('spread'), '.2%')} |")
     thr = {k: r.data.metrics["throughput"] for k, r in best.items()}
     out += ["", "cuBLAS bf16 at 8192, burst beside sustained (operands full):", ""]
@@ -428,10 +429,11 @@ def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
             "| kernel | precision | N | burst vs sustained (full) | "
             + "".join(f"{d} vs full (sustained) | " for d in others),
             "| --- | --- | ---: | ---: |" + " ---: |" * len(others)]
-    for fam, prec, n in sorted({k[:3] for k in best}, key=lambda k: (order.index(k[0]), k[1], k[2])):
-        at = lambda reg, d: thr.get((fam, prec, n, reg, d))  # noqa: E731
-        out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {_rel(at('burst', 'full'), at('sustained', 'full'))} | "
-                   + "".join(f"{_rel(at('sustained', d), at('sustained', 'full'))} | " for d in others))
+    for point in sorted({k[:3] for k in best}, key=lambda k: (order.index(k[0]), k[1], k[2])):
+        full = thr.get((*point, "sustained", "full"))
+        out.append(f"| {METHOD_KERNELS[point[0]]} | {point[1]} | {point[2]} | "
+                   f"{_rel(thr.get((*point, 'burst', 'full')), full)} | "
+                   + "".join(f"{_rel(thr.get((*point, 'sustained', d)), full)} | " for d in others))
     return "\n".join(out) + "\n"
 
 

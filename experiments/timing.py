@@ -149,7 +149,8 @@ def energy_summary(counter_mj: tuple | None, power: list, window_s: float, launc
         if not spans:
             return {}
         for w in spans:
-            joules += sum((t1 - t0) * (p0 + p1) / 2.0 for (t0, p0), (t1, p1) in zip(w, w[1:])) / 1000.0
+            pairs = zip(w, w[1:], strict=False)
+            joules += sum((t1 - t0) * (p0 + p1) / 2.0 for (t0, p0), (t1, p1) in pairs) / 1000.0
     if joules <= 0 or window_s <= 0:
         return {}
     return {"energy_j": joules, "energy_j_per_launch": joules / max(1, launches),
