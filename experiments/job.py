@@ -379,7 +379,8 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     # results first: the run page lists metrics in logging order; rounded within the timing's noise
     # (the decimals of experiments.metrics)
     clock = record.clock_metrics(thr, t)
-    first = ("throughput_per_ghz", "sm_clock_mhz_mean", "throughput_at_max_clock")
+    first = ("throughput_per_ghz", "sm_clock_mhz_window", "sm_clock_mhz_mean", "throughput_at_max_clock",
+             "throughput_per_w")
     metrics = {"throughput": thr, **{f: clock[f] for f in first if f in clock},
                **{f: t[f] for f in ("median_us", "spread", "min_us", "max_us")}, **ver,
                "launches_per_batch": t["launches_per_batch"], "batches": t["batches"], **clock}
@@ -397,7 +398,9 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
     line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
     job.end("verified", line if sized else kern.entry + line[line.index(":"):])
-    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock.get("sm_clock_mhz_mean") else ""
+    mhz = clock.get("sm_clock_mhz_window") or clock.get("sm_clock_mhz_mean")
+    sm = f"  SM {mhz:.0f} MHz" if mhz else ""
+    sm += f"  {clock['power_w_avg']:.0f} W" if clock.get("power_w_avg") else ""
     console.print(f"{job.label} {label}: {t['median_us']:10.1f} us  {thr:8.1f} {kern.unit}  "
                   f"spread {t['spread']:.1%}{sm}  [green]verified[/]")
     return True
