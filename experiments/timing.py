@@ -422,7 +422,7 @@ extern "C" __global__ void timing_clock_probe(unsigned long long* out) {
     out[3 * blockIdx.x + 2] = t;
 }
 """
-PROBE_BLOCKS_PER_SM = 4      # blocks of the probe per SM of the GPU, so that every SM gets one (a free GPU spreads them)
+PROBE_BLOCKS_PER_SM = 4      # probe blocks per SM of the GPU: a free GPU spreads them, every SM gets one
 
 
 class _Probe:
