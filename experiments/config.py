@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from .dtypes import DType
 
-__all__ = ["Precision", "Backend", "Config", "register", "family_schema"]
+__all__ = ["Precision", "Backend", "Regime", "Config", "register", "family_schema"]
 
 
 def _precisions() -> dict:
@@ -49,6 +49,11 @@ class TargetConf:
     ptx_version: str = "auto"   # auto = the lowest the instructions and target need
 
 
+class Regime(Enum):
+    sustained = "sustained"   # long batches: a large GEMM reaches the GPU's power cap (today's figures)
+    burst = "burst"           # a short window on a GPU that has idled back
+
+
 @dataclass
 class TimingConf:
     warmup: int = 3             # launches before timing (the first pays the JIT)
@@ -58,6 +63,15 @@ class TimingConf:
     cuda_graph: bool = True     # replay the batch as one CUDA graph (no Python launch overhead)
     l2_flush: bool = False      # overwrite a buffer of twice the L2 size before each batch
     timeout_s: float = 600.0    # per problem size, verification + timing; then the run fails
+    # sustained: the batches above (a long GEMM runs at the power-capped clock); burst: wait for the GPU
+    # to idle back, then a short window (experiments.timing); in the run key only when burst
+    regime: Regime = Regime.sustained
+    repeats: int = 1            # replicates of the whole timed measurement, apart in time (run key: when > 1)
+    repeat_pause_s: float = 1.0  # idle GPU before each replicate after the first (sustained)
+    burst_batches: int = 5      # burst: timed batches ...
+    burst_batch_ms: float = 4.0  # ... of at least this long each (tens of ms in all)
+    idle_wait_s: float = 10.0   # burst: the longest wait for the GPU to idle back (then it times anyway)
+    idle_s: float = 1.0         # burst: how long its power must stay near idle first
 
 
 @dataclass

@@ -31,6 +31,7 @@ from .kernel import (Kernel, SourceRejected, auto_tile_plans, git_commit, make_k
 from .metrics import rounded
 from .spec import SpecError, sm_count, value
 from .sweep import current_sweep
+from .timing import key_items, key_params
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
 __all__ = ["run_job", "JobError", "git_commit", "warm_process"]
@@ -109,7 +110,8 @@ def run_job(cfg) -> dict:
     except SpecError as exc:
         if not job.multirun:
             raise
-        key = track.run_key("skipped", sorted(job.params.items()))     # the combination, once per store
+        # the combination, once per store
+        key = track.run_key("skipped", sorted(key_params(job.params).items()))
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
             console.print(f"{job.label} skipped {job.overrides}: already recorded "
@@ -311,13 +313,14 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
     tags.update(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
                 compute_capability=dev["compute_capability"], driver=gpu["driver"],
                 cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
-    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing).items() if k != "timeout_s"}
+    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items()
+              if k != "timeout_s"}
     counts = {"finished": 0, "failed": 0, "done_before": 0}
     for shape in kern.shapes:
         m, n, k = shape or (0, 0, 0)
         name = kern.name(shape)
         key = track.run_key("gpu", *kern.identity, m, n, k, dev["gpu"], dev["compute_capability"],
-                            gpu["driver"], sorted(timing.items()), cfg.verify.rtol)
+                            gpu["driver"], key_items(timing), cfg.verify.rtol)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
         size = {"problem.m": m, "problem.n": n, "problem.k": k} if shape else {}
         params = {**job.params, **size, "verify.seed_used": seed}
@@ -375,7 +378,8 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     # results first: the run page lists metrics in logging order; rounded within the timing's noise
     # (the decimals of experiments.metrics)
     clock = record.clock_metrics(thr, t)
-    first = ("throughput_per_ghz", "sm_clock_mhz_mean", "throughput_at_max_clock")
+    first = ("throughput_per_ghz", "sm_clock_mhz_window", "sm_clock_mhz_mean", "throughput_at_max_clock",
+             "throughput_per_w")
     metrics = {"throughput": thr, **{f: clock[f] for f in first if f in clock},
                **{f: t[f] for f in ("median_us", "spread", "min_us", "max_us")}, **ver,
                "launches_per_batch": t["launches_per_batch"], "batches": t["batches"], **clock}
@@ -384,13 +388,18 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
         metrics.update({f"{field}_{when}": v for field, v in res[f"state_{when}"].items()})
     clocks = record.clock_reasons(None if None in reasons else reasons[0] | reasons[1])
     metrics.update(kern.static)
+    reps, series = record.replicate_metrics(t)
+    metrics.update(reps)
+    tags.update({k: t[v] for k, v in (("energy_source", "energy_source"), ("burst_idle", "idle")) if v in t})
     job.tr.log(rid, rounded(metrics), {"verified": "true", "timing_method": t["method"], **tags,
                               "l2_flush": t["l2_flush"], "throughput_unit": kern.unit,
-                              "clocks_throttled": clocks})
+                              "clocks_throttled": clocks}, series)
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
     line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
     job.end("verified", line if sized else kern.entry + line[line.index(":"):])
-    sm = f"  SM {clock['sm_clock_mhz_mean']:.0f} MHz" if clock.get("sm_clock_mhz_mean") else ""
+    mhz = clock.get("sm_clock_mhz_window") or clock.get("sm_clock_mhz_mean")
+    sm = f"  SM {mhz:.0f} MHz" if mhz else ""
+    sm += f"  {clock['power_w_avg']:.0f} W" if clock.get("power_w_avg") else ""
     console.print(f"{job.label} {label}: {t['median_us']:10.1f} us  {thr:8.1f} {kern.unit}  "
                   f"spread {t['spread']:.1%}{sm}  [green]verified[/]")
     return True

@@ -15,13 +15,18 @@ from dataclasses import dataclass
 from .ncu import PREFIX, load_table
 
 __all__ = ["Metric", "DECLARED", "SPEEDUP", "PCT_OF_PEAK", "CLOCK_FIELDS", "KERNEL_CLOCK_FIELDS", "GPU_STATE",
+           "REPLICATE_FIELDS",
            "table", "lookup", "rounded", "label", "describe", "undeclared", "units_line"]
 
 SPEEDUP = "speedup_vs_{}"        # this run's throughput / the best baseline run's (experiments.compare)
 PCT_OF_PEAK = "pct_of_peak"      # 100 * this run's throughput / the peak run's (experiments.compare)
 # timing fields of experiments.timing.time_launches logged under the same names (NVML samples)
 CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
-                "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w")
+                "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w",
+                "sm_clock_mhz_window", "window_cycles", "window_sms", "energy_j", "energy_j_per_launch",
+                "power_w_avg", "idle_wait_s", "sm_clock_mhz_start", "power_w_start")
+# the replicates of a run's timed measurement (timing.repeats); replicate_median_us: MLflow steps 0..R-1
+REPLICATE_FIELDS = ("replicate_median_us", "replicates", "replicate_spread")
 # fields of experiments.families.peak.kernel_clock (a kernel's own cycle record) logged under the same names
 KERNEL_CLOCK_FIELDS = ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles")
 # experiments.timing.gpu_state's readings, logged as <field>_before and <field>_after the timing
@@ -58,12 +63,18 @@ DECLARED: tuple[Metric, ...] = (
     # -- timing and result (experiments.job)
     _M("throughput", "TFLOP/s, TOP/s or GB/s (tag throughput_unit)",
        "the family's work (2MNK for a GEMM) / median_us", _TIMED, 2),
-    _M("median_us", "us", "median time per launch over the batches", _TIMED, 3),
+    _M("median_us", "us", "median time per launch over the batches (all batches of all replicates, "
+       "timing.repeats)", _TIMED, 3),
     _M("min_us", "us", "fastest batch, time per launch", _TIMED, 3),
     _M("max_us", "us", "slowest batch, time per launch", _TIMED, 3),
     _M("spread", "(max - min) / median", "spread of the batches' times per launch", _TIMED, 4),
     _M("launches_per_batch", "launches", "kernel launches in one timed batch", _TIMED),
-    _M("batches", "batches", "timed batches", _TIMED),
+    _M("batches", "batches", "timed batches, all replicates", _TIMED),
+    _M("replicate_median_us", "us", "median time per launch of one replicate of the timed measurement "
+       "(MLflow step = replicate 0..R-1)", _TIMED, 3),
+    _M("replicates", "replicates", "replicates of the timed measurement, apart in time (timing.repeats)",
+       _TIMED),
+    _M("replicate_spread", "(max - min) / median", "spread of the replicates' medians (R >= 2)", _TIMED, 4),
     # -- verification and the JIT (experiments.worker)
     _M("verify_max_error", "|C - C_ref|", "largest error against the float64 reference",
        "experiments.verify against a float64 reference"),
@@ -83,13 +94,29 @@ DECLARED: tuple[Metric, ...] = (
        "NVML nvmlDeviceGetPowerUsage samples", 1),
     _M("power_w_max", "W", "highest power sample", "NVML nvmlDeviceGetPowerUsage samples", 1),
     _M("power_limit_w", "W", "the enforced power limit", "NVML nvmlDeviceGetEnforcedPowerLimit", 1),
-    _M("throughput_per_ghz", f"{_THR} per GHz", "throughput / (sm_clock_mhz_mean / 1000)",
+    _M("sm_clock_mhz_window", "MHz", "mean SM clock over the timed windows, counted by the SMs: their "
+       "cycles / their ns between a probe before the first batch and one after the last",
+       "probe kernel's %clock64 and %globaltimer per %smid (experiments.timing.window_clock)", 1),
+    _M("window_cycles", "cycles", "an SM's cycles over the timed windows (mean over SMs)",
+       "probe kernel's %clock64 (experiments.timing.window_clock)"),
+    _M("window_sms", "SMs", "SMs the window probes recorded before and after",
+       "probe kernel's %smid (experiments.timing.window_clock)"),
+    _M("throughput_per_ghz", f"{_THR} per GHz", "throughput / (SM clock / 1000): sm_clock_mhz_window where "
+       "measured, else sm_clock_mhz_mean", "derived (experiments.record.clock_metrics)", 2),
+    _M("throughput_at_max_clock", _THR, "throughput x sm_clock_mhz_max_possible / SM clock (as in "
+       "throughput_per_ghz): what the run would reach at the full clock if it scaled with it",
        "derived (experiments.record.clock_metrics)", 2),
-    _M("throughput_at_max_clock", _THR, "throughput x sm_clock_mhz_max_possible / sm_clock_mhz_mean: what "
-       "the run would reach at the full clock if it scaled with it",
-       "derived (experiments.record.clock_metrics)", 2),
-    _M("throughput_per_w", f"{_THR} per W", "throughput / power_w_mean (TFLOP/J for TFLOP/s)",
-       "derived (experiments.record.clock_metrics)", 3),
+    _M("energy_j", "J", "energy the board drew over the timed batches (all replicates; tag energy_source)",
+       "NVML nvmlDeviceGetTotalEnergyConsumption, else power samples integrated (experiments.timing)", 3),
+    _M("energy_j_per_launch", "J", "energy_j / launches timed", "derived (experiments.timing)", 6),
+    _M("power_w_avg", "W", "energy_j / the timed windows' seconds", "derived (experiments.timing)", 1),
+    _M("throughput_per_w", f"{_THR} per W", "throughput / power_w_avg (else power_w_mean): TFLOP/J for "
+       "TFLOP/s", "derived (experiments.record.clock_metrics)", 3),
+    # -- the burst regime (timing.regime=burst): the GPU idled back before the window
+    _M("idle_wait_s", "s", "time waited for the GPU to idle back before the timed window(s)",
+       "NVML power samples (experiments.timing.wait_idle)", 3),
+    _M("sm_clock_mhz_start", "MHz", "SM clock as the timed window started", "NVML nvmlDeviceGetClockInfo"),
+    _M("power_w_start", "W", "power draw when the wait for idle ended", "NVML power samples", 1),
     # -- the kernel's own cycle record of its last timed launch (the peak family's MMA loops)
     _M("mma_per_sm_cycle", "MMA/(SM cycle)", "MMA instructions per SM per cycle of the SM's own clock",
        "the kernel's clock64 and MMA counts (experiments.families.peak.kernel_clock)", 5),

@@ -4,6 +4,7 @@ Per precision and size, and tile=auto against the best tile preset (conf/experim
 
     python -m experiments.performance [--uri URI] [--experiment NAME] [--sweep latest|RUN_ID]
                                       [--goal 0.8] [--out results/h200/performance.md]
+    python -m experiments.performance --generations | --methodology [--sweep ...] [--out FILE.md]
 
 Reads the verified runs of the sweep (experiments.track.sweep_runs) and writes a markdown table per
 precision and size: ours (the best run of the default family), cuBLAS (the best cublas run), the peak (the
@@ -11,7 +12,9 @@ peak family's run that ``pct_of_peak`` divides by: experiments.compare.peak_of, 
 measured one), ours' share of that peak, the ceiling of ours' main loop where the sweep
 measured it (family=peak feed=ldmatrix: mma.sync fed by ldmatrix at the GEMM's 64 x 64 warp tile) and
 ours' share of it, the mean SM clock while ours was timed and its throughput at the GPU's highest
-clock. Where ours carries Nsight Compute counters (``python -m experiments.profile``), a second table
+clock; below it the mean power, throughput per W and energy per launch of ours and cuBLAS (NVML's
+energy counter over the timed batches where the driver has it). Where ours carries Nsight Compute
+counters (``python -m experiments.profile``), a second table
 shows the ones that explain the gap: tensor-pipe, shared-memory-pipe and L2 activity, issue activity
 and the three largest warp stall reasons. Then it prints the shares and checks:
 
@@ -20,6 +23,9 @@ and the three largest warp stall reasons. Then it prints the shares and checks:
   at least as fast as the best run of a tile preset within the largest ``spread`` of the two runs and
   the distance between the two timings of tile=auto's kernel (as tile=auto and as its preset, when
   the sweep timed both; the faster of them counts).
+
+``--generations`` writes the two-generations table instead (:func:`generations`), ``--methodology`` the
+tables of timing regime, operand data, clocks and energy (:func:`methodology`); both exit 0 once written.
 
 A sweep's runs include those it reused (measured by an earlier sweep, found in the store): the header
 says how many, the kernel column marks them "(reused)".
@@ -43,7 +49,8 @@ from .record import PEAK, reused_count, reused_in
 from .report import AT_MAX, CLOCK, CLOCK_HEAD, _fmt, static_command, sweep_run
 from .track import StoreError, Tracker, resolve_uri
 
-__all__ = ["Check", "NothingMeasured", "check", "generations", "sweep_run", "main", "GOAL_SIZE", "AUTO_SIZES"]
+__all__ = ["Check", "NothingMeasured", "check", "generations", "methodology", "sweep_run", "main",
+           "GOAL_SIZE", "AUTO_SIZES"]
 
 GOAL_SIZE = 8192                   # N at which every precision must reach the goal share of peak
 AUTO_SIZES = (512, 1024, 2048)     # N at which tile=auto must match the best preset
@@ -130,10 +137,11 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
            "| precision | M x N x K | ours | kernel | cuBLAS | peak | share of peak | ldmatrix-fed ceiling | "
            f"share of it | {CLOCK_HEAD} | at max clock |",
            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    res, best = Check(""), {}
+    res, best, power = Check(""), {}, []
     for (prec, size), rs in sorted(groups.items()):
         ours = best[(prec, size)] = _best([r for r in rs if family_of(r) == DEFAULT])
         cublas = _best([r for r in rs if family_of(r) == CUBLAS])
+        power.append((prec, size[0] if len(set(size)) == 1 else "x".join(map(str, size)), [ours, cublas]))
         peak = peak_of(tr, ours, sweep=parent) if ours is not None else None
         thr = ours.data.metrics["throughput"] if ours is not None else None
         share = _share(thr, peak.data.metrics["throughput"] if peak else None)
@@ -147,7 +155,8 @@ def check(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "lat
                    f"{_fmt(_share(thr, ceiling.data.metrics['throughput'] if ceiling else None), '.1%')} | "
                    f"{_fmt(m.get(CLOCK), '.0f')} | {_fmt(m.get(AT_MAX), '.1f')} |")
     lines = _goal_lines(groups, res, goal) + _auto_lines(groups, res)
-    res.markdown = "\n".join(out + [""] + _counter_lines(best, parent) + lines) + "\n"
+    power = _power_lines(power, ("ours", "cuBLAS"))
+    res.markdown = "\n".join(out + [""] + power + [""] + _counter_lines(best, parent) + lines) + "\n"
     return res
 
 
@@ -241,6 +250,31 @@ def _auto_lines(groups: dict, res: Check) -> list[str]:
 
 
 
+def _watts(run):
+    """A run's mean power over its timed window (W): from its energy (power_w_avg) where measured, else
+    the mean of NVML's samples; None without either."""
+    m = run.data.metrics if run is not None else {}
+    return m.get("power_w_avg", m.get("power_w_mean"))
+
+
+def _power_lines(groups: list, names: tuple) -> list[str]:
+    """The power and energy table of the best runs: ``groups`` is [(precision, size text, [run or
+    None per name]), ...]; per run its mean power (W), throughput per W and energy per launch (J).
+    One line instead when no run has a power reading (NVML)."""
+    if not any(_watts(r) is not None for _, _, runs in groups for r in runs):
+        return ["No power readings on these runs (NVML reads them where the driver permits)."]
+    cols = [f"{name} {what}" for name in names for what in ("W", "per W", "J per launch")]
+    out = ["Power and energy of the runs above (W: mean over the timed batches, from NVML's energy counter "
+           "where measured; per W: throughput per W):", "",
+           "| precision | N | " + " | ".join(cols) + " |", "| --- | ---: |" + " ---: |" * len(cols)]
+    for prec, size, runs in groups:
+        cells = [c for r in runs for c in (_fmt(_watts(r), ".0f"),
+                 _fmt(r.data.metrics.get("throughput_per_w") if r else None, ".3f"),
+                 _fmt(r.data.metrics.get("energy_j_per_launch") if r else None, ".4f"))]
+        out.append(f"| {prec} | {size} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _share(value, peak):
     return value / peak if value is not None and peak else None
 
@@ -251,7 +285,8 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     mma.sync peak and the wgmma peak (:func:`experiments.compare.peak_of`: the sweep's own, else the latest of
     the GPU, driver and precision), each generation's share of its own peak (mma.sync share = best
     default-family run / mma.sync peak, wgmma share = best wgmma / wgmma peak, as pct_of_peak) and wgmma over
-    cuBLAS; then the main effect of each wgmma axis: per precision and size, each value's best
+    cuBLAS; then the mean power, throughput per W and energy per launch of the best runs; then the main
+    effect of each wgmma axis: per precision and size, each value's best
     throughput divided by that of the same point with the axis at its default, over the runs that
     differ from the default in that axis alone, or in it and axes that the compared run shares (e.g.
     a value that needs fewer stages against the default at those stages).
@@ -274,8 +309,10 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     out = [f"Two generations on one GPU: sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
            "| precision | N | mma.sync (best) | wgmma (best) | cuBLAS | mma.sync peak | wgmma peak | "
            "mma.sync share | wgmma share | wgmma / cuBLAS |", "|" + " --- |" * 2 + " ---: |" * 8]
+    power = []
     for (prec, n), rs in sorted(groups.items()):
         best = {f: _best([r for r in rs if family_of(r) == f]) for f in (DEFAULT, WGMMA, CUBLAS)}
+        power.append((prec, n, [best[DEFAULT], best[WGMMA], best[CUBLAS]]))
         # any run of the group names its GPU, driver and precision; a run of the generation itself also
         # its shape (spec.mma)
         anchor = {i: best[i] or best[DEFAULT] or best[WGMMA] or best[CUBLAS] for i in (DEFAULT, WGMMA)}
@@ -287,6 +324,7 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
                    f"{_thr(peak[DEFAULT])} | {_thr(peak[WGMMA])} | "
                    f"{_fmt(_share(thr[DEFAULT], pk[DEFAULT]), '.1%')} | "
                    f"{_fmt(_share(thr[WGMMA], pk[WGMMA]), '.1%')} | {_fmt(ratio, '.2f')} |")
+    out += [""] + _power_lines(power, ("mma.sync", "wgmma", "cuBLAS"))
     fam = get(WGMMA)
     axes = [a for a in fam.axes if a != "precision"]
     default = {a: str(fam.defaults.get(a, fam.axes[a][0])).lower() for a in axes}
@@ -312,6 +350,93 @@ def generations(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     return "\n".join(out) + "\n"
 
 
+REGIME, DATA = "timing.regime", "data"         # params: the timing regime and the operand data of a run
+METHOD_KERNELS = {DEFAULT: "mma.sync", WGMMA: "wgmma", CUBLAS: "cuBLAS"}   # family -> its name in the table
+WINDOW, WATTS = "sm_clock_mhz_window", "power_w_avg"
+
+
+def _regime(run) -> str:
+    return run.data.params.get(REGIME, "sustained")
+
+
+def _data(run) -> str:
+    return run.data.params.get(DATA, "full")
+
+
+def _rel(a, b) -> str:
+    """a / b - 1 as a signed percentage, '-' where either is missing."""
+    return "-" if a is None or not b else f"{a / b - 1:+.1%}"
+
+
+def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest") -> str:
+    """The methodology tables of a sweep (conf/experiment/methodology.yaml) as markdown: per kernel
+    (the best run of the default family, of wgmma and of cuBLAS), precision, size, timing regime
+    (param ``timing.regime``, sustained where absent) and operand data (param ``data``, full where
+    absent): throughput, the SMs' own mean clock over the timed window (``sm_clock_mhz_window``; NVML's
+    mean sample, marked ~, where the run has no window clock), the mean power over the window
+    (``power_w_avg``, else the mean sample, ~), throughput per W, energy per launch and the batches'
+    spread; then burst beside sustained for cuBLAS bf16 at 8192; then how much the regime (burst /
+    sustained, data full) and the data (each value / full, sustained) move each kernel, as relative
+    changes.
+
+    Read-only. Raises StoreError when the store, experiment or sweep does not exist, NothingMeasured
+    when the sweep holds no verified run of those kernels."""
+    tr = Tracker(uri, experiment, create=False)
+    parent = sweep_run(tr, sweep)
+    runs = [r for r in tr.sweep_runs(parent, VERIFIED) if "throughput" in r.data.metrics
+            and "problem.m" in r.data.params and family_of(r) in METHOD_KERNELS]
+    if not runs:
+        raise NothingMeasured(f"no verified mma.sync, wgmma or cuBLAS run in {_holdings(tr, parent)}. "
+                              "--methodology reads a sweep of `python run.py -m experiment=methodology` "
+                              "measured on a GPU.")
+    best: dict = {}
+    for r in runs:
+        key = (family_of(r), r.data.params.get("precision", "?"), int(r.data.params["problem.m"]), _regime(r),
+               _data(r))
+        best[key] = _best([x for x in (best.get(key), r) if x is not None])
+    order = list(METHOD_KERNELS)
+    data_values = list(dict.fromkeys(["full", *sorted({k[4] for k in best} - {"full"})]))
+    head = ["throughput", label(WINDOW, "SM clock (window)"), label(WATTS, "power"), "throughput per W",
+            label("energy_j_per_launch", "energy per launch"), "spread"]
+    out = [f"Methodology: sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
+           "Per kernel, timing regime and operand data (~: NVML's mean sample where the run has no window "
+           "clock or energy):", "",
+           "| kernel | precision | N | regime | data | " + " | ".join(head) + " |",
+           "| --- | --- | ---: | --- | --- |" + " ---: |" * len(head)]
+    sort = lambda k: (order.index(k[0]), k[1], k[2], k[3] != "sustained", data_values.index(k[4]))  # noqa: E731
+    for key in sorted(best, key=sort):
+        fam, prec, n, regime, data = key
+        m = best[key].data.metrics
+        clock = _fmt(m.get(WINDOW), ".0f") if WINDOW in m else "~" + _fmt(m.get(CLOCK), ".0f")
+        watts = _fmt(m.get(WATTS), ".0f") if WATTS in m else "~" + _fmt(m.get("power_w_mean"), ".0f")
+        out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {regime} | {data} | {_thr(best[key])} | "
+                   f"{clock} | {watts} | {_fmt(m.get('throughput_per_w'), '.3f')} | "
+                   f"{_fmt(m.get('energy_j_per_launch'), '.4f')} | {_fmt(m.get('spread'), '.2%')} |")
+    thr = {k: r.data.metrics["throughput"] for k, r in best.items()}
+    out += ["", "cuBLAS bf16 at 8192, burst beside sustained (operands full):", ""]
+    pair = [best.get((CUBLAS, "bf16", GOAL_SIZE, reg, "full")) for reg in ("burst", "sustained")]
+    if all(pair):
+        b, s_ = (r.data.metrics for r in pair)
+        out.append(f"- burst {_thr(pair[0])} at {_fmt(b.get(WINDOW, b.get(CLOCK)), '.0f')} MHz, "
+                   f"{_fmt(b.get(WATTS, b.get('power_w_mean')), '.0f')} W; sustained {_thr(pair[1])} at "
+                   f"{_fmt(s_.get(WINDOW, s_.get(CLOCK)), '.0f')} MHz, "
+                   f"{_fmt(s_.get(WATTS, s_.get('power_w_mean')), '.0f')} W: burst / sustained "
+                   f"{_rel(b['throughput'], s_['throughput'])}")
+    else:
+        out.append("- not measured in both regimes in this sweep")
+    others = [d for d in data_values if d != "full"]
+    out += ["", "How much the regime and the data move each kernel (relative change of throughput):", "",
+            "| kernel | precision | N | burst vs sustained (full) | "
+            + "".join(f"{d} vs full (sustained) | " for d in others),
+            "| --- | --- | ---: | ---: |" + " ---: |" * len(others)]
+    for point in sorted({k[:3] for k in best}, key=lambda k: (order.index(k[0]), k[1], k[2])):
+        full = thr.get((*point, "sustained", "full"))
+        out.append(f"| {METHOD_KERNELS[point[0]]} | {point[1]} | {point[2]} | "
+                   f"{_rel(thr.get((*point, 'burst', 'full')), full)} | "
+                   + "".join(f"{_rel(thr.get((*point, 'sustained', d)), full)} | " for d in others))
+    return "\n".join(out) + "\n"
+
+
 def _safely(test, path: str) -> bool:
     """``test`` (Path.is_dir, Path.exists) of ``path``; False where the file system refuses the name
     (e.g. too long: the write then says so)."""
@@ -333,9 +458,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also write the report to this markdown file (.md)")
     ap.add_argument("--generations", action="store_true",
                     help="the mma.sync / wgmma table (experiment=generations) instead of the check")
+    ap.add_argument("--methodology", action="store_true",
+                    help="the regime / data / energy tables (experiment=methodology) instead of the check")
     args = ap.parse_args(argv)
-    if args.generations and args.goal is not None:
-        ap.error("--goal is the check's; --generations writes the table only")
+    if args.generations and args.methodology:
+        ap.error("--generations and --methodology are two reports: give one")
+    table = generations if args.generations else methodology if args.methodology else None
+    if table is not None and args.goal is not None:
+        ap.error(f"--goal is the check's; --{table.__name__} writes the table only")
     args.goal = 0.8 if args.goal is None else args.goal
     if not 0 < args.goal <= 1:
         ap.error(f"--goal {args.goal} is a share of the peak: a number in (0, 1], e.g. 0.8")
@@ -343,7 +473,7 @@ def main(argv=None) -> int:
         ap.error(f"--out {args.out!r} must name a markdown file (.md), e.g. results/h200/performance.md")
     try:
         uri = resolve_uri(args.uri, create=False)
-        res = (Check(generations(uri, args.experiment, args.sweep)) if args.generations
+        res = (Check(table(uri, args.experiment, args.sweep)) if table is not None
                else check(uri, args.experiment, args.sweep, args.goal))
     except StoreError as exc:
         print(f"Store error: {exc}", file=sys.stderr)
@@ -362,7 +492,7 @@ def main(argv=None) -> int:
                    else exc.strerror or str(exc))
             print(f"Could not write --out {args.out}: {why}", file=sys.stderr)
             return 2
-    if args.generations:
+    if table is not None:
         return 0
     print("Performance check: " + ("passed" if res.ok else "FAILED: " + "; ".join(res.failures)))
     return 0 if res.ok else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
+           "replicate_metrics",
            "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
            "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS",
@@ -43,6 +44,9 @@ TAGS = {
     "peak_run": "the run id of the peak measurement pct_of_peak divides by",
     "clocks_throttled": "NVML clock-event reasons during timing, decoded (none = full clocks)",
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
+    "energy_source": "nvml_energy_counter | power_samples: where energy_j came from",
+    "burst_idle": "reached | timed out | waited: whether the GPU idled back before a burst window "
+                  "(waited: no power reading, timing.idle_s waited)",
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
     "failed_stage": "assemble | verify | gpu | job", "error": "why the run FAILED",
     "sweep_values": "a sweep's values as they ran, where Hydra expanded one otherwise than it is written",
@@ -105,26 +109,40 @@ def run_name(family, spec, size: tuple[int, int, int] | None = None) -> str:
 
 
 def clock_metrics(throughput: float, timing: dict) -> dict:
-    """The SM clock metrics of a verified run from the timing dict of ``time_launches``: the
-    :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / mean clock in GHz) and
-    ``throughput_at_max_clock`` (throughput x max possible / mean clock), both in throughput's unit,
-    rounded like throughput; with power samples ``throughput_per_w`` (throughput / mean W) and the
-    power fields rounded to 0.1 W; the :data:`KERNEL_CLOCK_FIELDS` it holds (a kernel's own cycle
-    record), with or without NVML. Returns {} when no clock was read: never invented. Rounded to the
+    """The SM clock and energy metrics of a verified run from the timing dict of ``time_launches``:
+    the :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / clock in GHz) and
+    ``throughput_at_max_clock`` (throughput x max possible / clock), both in throughput's unit, where
+    the clock is the SMs' own count over the timed window (``sm_clock_mhz_window``) when measured, else
+    NVML's mean sample; ``throughput_per_w`` (throughput / ``power_w_avg``, the energy over the window,
+    else / the mean power sample); the :data:`KERNEL_CLOCK_FIELDS` it holds (a kernel's own cycle
+    record), with or without NVML. Returns {} when nothing was read: never invented. Rounded to the
     decimals of experiments.metrics."""
-    kernel = {f: timing[f] for f in KERNEL_CLOCK_FIELDS if timing.get(f) is not None}
-    out = {f: timing[f] for f in CLOCK_FIELDS if timing.get(f) is not None}
-    mean = out.get("sm_clock_mhz_mean")
-    if not mean:
-        return rounded(kernel)
-    out.update(kernel)
-    out["throughput_per_ghz"] = throughput / (mean / 1000.0)
-    if out.get("sm_clock_mhz_max_possible"):
-        out["throughput_at_max_clock"] = throughput * out["sm_clock_mhz_max_possible"] / mean
+    out = {f: timing[f] for f in (*CLOCK_FIELDS, *KERNEL_CLOCK_FIELDS) if timing.get(f) is not None}
+    clock = out.get("sm_clock_mhz_window") or out.get("sm_clock_mhz_mean")
+    if clock:
+        out["throughput_per_ghz"] = throughput / (clock / 1000.0)
+        if out.get("sm_clock_mhz_max_possible"):
+            out["throughput_at_max_clock"] = throughput * out["sm_clock_mhz_max_possible"] / clock
     out = rounded(out)
-    if out.get("power_w_mean"):         # per W of the power as logged
-        out.update(rounded({"throughput_per_w": throughput / out["power_w_mean"]}))
+    if watts := out.get("power_w_avg") or out.get("power_w_mean"):         # per W of the power as logged
+        out.update(rounded({"throughput_per_w": throughput / watts}))
     return out
+
+
+def replicate_metrics(timing: dict) -> tuple[dict, dict]:
+    """(metrics, series) of the replicates in a timing dict of ``time_launches``: ``replicates`` (R)
+    and, for R >= 2, ``replicate_spread`` ((max - min) / median of the replicates' medians); the series
+    ``replicate_median_us`` (one value per replicate, logged as MLflow steps 0..R-1). Empty without
+    replicate medians."""
+    reps = list(timing.get("replicate_median_us") or ())
+    if not reps:
+        return {}, {}
+    import statistics
+    out = {"replicates": len(reps)}
+    if len(reps) >= 2:
+        out["replicate_spread"] = (max(reps) - min(reps)) / statistics.median(reps)
+    return rounded(out), {"replicate_median_us": [rounded({"replicate_median_us": v})["replicate_median_us"]
+                                                  for v in reps]}
 
 
 def result_line(size, median_us: float, throughput: float, unit: str, spread: float, clocks: str,
@@ -134,12 +152,22 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
     W; a kernel's own MMA instructions per SM per cycle and clock), left out when empty."""
     m, n, k = size
     sm = ""
-    if clock and clock.get("sm_clock_mhz_mean"):
+    clock = clock or {}
+    mhz = clock.get("sm_clock_mhz_window") or clock.get("sm_clock_mhz_mean")
+    if mhz:
         top = clock.get("sm_clock_mhz_max_possible")
-        sm = f"; SM clock {clock['sm_clock_mhz_mean']:.0f} MHz" + (f" of {top:.0f}" if top else "")
-        if clock.get("power_w_mean"):
+        sm = f"; SM clock {mhz:.0f} MHz" + (f" of {top:.0f}" if top else "")
+        sm += " (counted by the SMs)" if clock.get("sm_clock_mhz_window") else ""
+        if watts := clock.get("power_w_avg") or clock.get("power_w_mean"):
             cap = clock.get("power_limit_w")
-            sm += f", {clock['power_w_mean']:.0f} W" + (f" of {cap:.0f}" if cap else "")
+            sm += f", {watts:.0f} W" + (f" of {cap:.0f}" if cap else "")
+    if clock.get("energy_j"):
+        sm += (f"; {clock['energy_j']:.2f} J, {1000 * clock['energy_j_per_launch']:.3f} mJ per launch"
+               + (f", {clock['throughput_per_w']:.3f} {unit}/W" if clock.get("throughput_per_w") else ""))
+    if clock.get("idle_wait_s") is not None:
+        start = clock.get("sm_clock_mhz_start")
+        sm += (f"; burst after {clock['idle_wait_s']:.1f} s idle"
+               + (f", clock at start {start:.0f} MHz" if start else ""))
     if clock and clock.get("mma_per_sm_cycle") and clock.get("sm_clock_mhz_kernel"):
         sm += (f"; {clock['mma_per_sm_cycle']:.4f} MMA per SM and cycle at "
                f"{clock['sm_clock_mhz_kernel']:.0f} MHz (the kernel's own count)")

@@ -694,12 +694,16 @@ class Tracker:
                   "that the sweep's runs stay under a live parent; delete it once the sweep has ended.",
                   flush=True)
 
-    def log(self, rid: str, metrics: dict | None = None, tags: dict | None = None) -> None:
-        """Log finite numeric metrics (inf/NaN are dropped, never logged) and string tags."""
+    def log(self, rid: str, metrics: dict | None = None, tags: dict | None = None,
+            series: dict | None = None) -> None:
+        """Log finite numeric metrics (inf/NaN are dropped, never logged) and string tags; ``series``:
+        metric name -> list of values, logged as MLflow steps 0, 1, ..."""
         from mlflow.entities import Metric, RunTag
         from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
         now = int(time.time() * 1000)
-        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()
+        steps = [(k, v, 0) for k, v in (metrics or {}).items()]
+        steps += [(k, v, i) for k, values in (series or {}).items() for i, v in enumerate(values)]
+        ms = [Metric(k, float(v), now, step) for k, v, step in steps
               if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
         tags, whole = _fit(tags or {}, MAX_TAG_VAL_LENGTH)
         ts = [RunTag(k, v) for k, v in tags.items()]

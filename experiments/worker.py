@@ -75,8 +75,9 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     :class:`~experiments.families.base.Build` (kind, source, entry, options), as the job made them.
     The family's ``prepare`` makes the operands (C poisoned) and compiles the source (NVRTC for CUDA
     C++, the driver's JIT for PTX); one launch, a synchronize, then ``verify()``; only a verified
-    kernel is timed with :func:`experiments.timing.time_launches` (with the SM clock sampled on the GPU
-    ``pci_bus_id`` during the timed batches, where NVML reads it). ``rtol`` reaches families whose
+    kernel is timed with :func:`experiments.timing.time_launches` with the ``timing`` settings (regime,
+    replicates; the SM clock, power and energy read on the GPU ``pci_bus_id`` during the timed batches,
+    where NVML reads them, and the SMs' own clock over the timed window). ``rtol`` reaches families whose
     ``prepare`` takes it (float results). Returns verified (bool), verify_* fields (verify_rtol: the
     tolerance used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
     ``Prepared.info`` (fields the family reports itself: the default family's JIT seconds and
