@@ -64,7 +64,8 @@ def test_the_study_presets_keep_their_named_kernels():
     files = {p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")}
     assert all(f.startswith(("fp16_", "int8_", "int4_")) for f in files) and len(files) == 23
     assert {n: p.name for n, (p, _) in listed().items()} == {
-        **{f"gen_{p}": "generations.yaml" for p in GENERATIONS}, **{f"h200_perf_{p}": "h200_performance.yaml" for p in H200}}
+        **{f"gen_{p}": "generations.yaml" for p in GENERATIONS}, **{f"h200_perf_{p}": "h200_performance.yaml" for p in H200},
+        **{f"meth_{p}": "methodology.yaml" for p in ("mma_sync", "wgmma_best", "cublas")}}
 
 
 # variants as a preset lists them, beside the file of conf/variant/ each stood for
