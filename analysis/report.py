@@ -4,6 +4,7 @@ tables beside it, logged to the sweep's parent run (artifact folder ``report/``)
     python -m analysis.report --sweep latest                     # the newest sweep in the default store
     python -m analysis.report --sweep <parent run id> --study l4 # with the L4 study's claims table
     python -m analysis.report --experiment tensor-core-ablations --out outputs/reports/all
+    python -m analysis.report --runs-csv results/h200/predictors/runs.csv --out results/h200/predictors.md --study none
 
 The report says what the runs can and cannot answer: FAILED and skipped runs are listed with their
 reasons and left out of the statistics; a question the runs cannot answer (no ncu metrics, one
@@ -22,9 +23,10 @@ import pandas as pd
 
 from . import claims as claims_mod
 from . import figures, tables
-from .predictors import PREDICTORS, predictor_study
+from .predictors import load_replicates, predictor_study
+from .predictors import tables as predictor_tables
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order, unmeasured_note
+from .runs import COLUMNS, DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order, unmeasured_note
 
 __all__ = ["STUDIES", "Report", "write_report", "main"]
 
@@ -96,26 +98,7 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
             lines.append(f"- {_CAPTIONS[name]}: not drawn, {note}.")
             notes.append(f"{gpu}: {_CAPTIONS[name].lower()}: {note}.")
     lines += ["", "### Does occupancy or DRAM activity predict throughput?", ""]
-    res = predictor_study(d, n_boot=n_boot)
-    labels = {c: v[0] for c, v in PREDICTORS.items()}
-    lines += [f"**Verdict.** {res.verdict}", ""]
-    if res.circularity:
-        lines += [f"> **Circularity flag.** {res.circularity}", ""]
-    notes += [f"{gpu}: {n}" for n in res.notes]
-    if not res.tests.empty:
-        lines += [f"One Holm correction covers the whole family of **{res.family_size} tests** below "
-                  "(correlations, Williams' tests and regression coefficients). Spearman is on throughput; "
-                  "Pearson and the regression on log10 throughput (and log10 of the count).", "",
-                  tables.markdown(tables.correlation_table(res.tests, labels)), "",
-                  "Williams' T2 for two dependent correlations sharing throughput (Steiger 1980, df = n - 3, "
-                  "less the size indicators when partial):", "",
-                  tables.markdown(tables.williams_table(res.tests))]
-        res.tests.to_csv(out / f"predictor_tests{suffix}.csv", index=False)
-        files.append(out / f"predictor_tests{suffix}.csv")
-    if res.regression is not None:
-        lines += ["", "Regression of standardised log10 throughput on both predictors (size indicators as "
-                  f"controls), R^2 = {res.r2:.3f}:", "",
-                  tables.markdown(tables.regression_table(res.regression, labels))]
+    lines += _predictor_lines(d, suffix, out, n_boot, files, notes, gpu)
     lines.append("")
     side = tables.beside_study(ok_runs(d), reference)
     if not side.empty:
@@ -140,6 +123,50 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
         show = t.rename(columns={"this_gpu": "this GPU", "study_recomputed": "study recomputed",
                                  "published_flag": "flag on the published value"})
         lines += [tables.markdown(show.drop(columns=["sizes"])), ""]
+    return lines
+
+
+def _replicates(d: pd.DataFrame) -> dict:
+    """Replicate medians of the runs that logged them (metric history), where the store is known."""
+    uri = None if d.attrs.get("csv") else d.attrs.get("uri")
+    col = "replicate_median_us" if "replicate_median_us" in d else None
+    if not uri or col is None or d[col].isna().all():
+        return {}
+    return load_replicates(uri, d.loc[d[col].notna(), "run_id"])
+
+
+def _predictor_lines(d: pd.DataFrame, suffix: str, out: Path, n_boot: int, files: list, notes: list[str],
+                     gpu: str) -> list[str]:
+    """The predictor section: the one-paragraph answer, then the tables its numbers come from."""
+    res = predictor_study(d, n_boot=n_boot, replicates=_replicates(d))
+    print(f"{gpu}: {res.verdict}")
+    lines = [f"**Answer.** {res.verdict}", ""]
+    if res.circularity:
+        lines += [f"> **Circularity flag (DRAM bandwidth utilisation).** {res.circularity}", ""]
+    if "diagnostics" in (shown := predictor_tables(res)):
+        lines += [tables.markdown(shown["diagnostics"]), ""]
+    notes += [f"{gpu}: {n}" for n in res.notes]
+    if "interventional" in shown:
+        lines += ["Interventional: runs of one kernel (the run's params less the lever's, with its size and GPU) "
+                  "at several settings of a lever; the effect is the within-kernel slope of ln throughput. "
+                  "Intervals: from each run's replicates (or, said so, its timed batches' min..max) and from a "
+                  "bootstrap over kernels; p: t-test of the per-kernel slopes (df = kernels - 1).", "",
+                  tables.markdown(shown["interventional"]), ""]
+    if "slopes" in shown:
+        lines += [f"Observational, {res.n_kernels} kernels and {res.n} runs: OLS of ln throughput on each measure "
+                  "(ln for DRAM measures, points for occupancy) with one indicator per stratum; standard errors "
+                  "cluster-robust over kernels (a kernel's runs at five sizes are not independent), t on "
+                  "kernels - 1 df. One Holm correction covers the whole family of "
+                  f"**{res.family_size} tests** (every p in the tables of this section).", "",
+                  tables.markdown(shown["slopes"]), "",
+                  "Partial Spearman rho within strata, 95 % intervals from resampling whole kernels and, "
+                  "beside them, from resampling runs (which treats a kernel's runs as independent):", "",
+                  tables.markdown(shown["ranks"]), ""]
+        res.tests.to_csv(out / f"predictor_tests{suffix}.csv", index=False)
+        files.append(out / f"predictor_tests{suffix}.csv")
+    if not res.interventional.empty:
+        res.interventional.to_csv(out / f"predictor_interventions{suffix}.csv", index=False)
+        files.append(out / f"predictor_interventions{suffix}.csv")
     return lines
 
 
@@ -172,12 +199,34 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     lines += ["## What these runs cannot tell", ""]
     lines += [f"- {n}" for n in notes] or ["- Nothing left open."]
     lines.append("")
-    df.to_csv(out / "runs.csv", index=False)
-    files.append(out / "runs.csv")
+    csv = out / "runs.csv"
+    if df.attrs.get("csv") is None or Path(df.attrs["csv"]).resolve() != csv.resolve():
+        df.to_csv(csv, index=False)                 # a report of a runs.csv leaves its input as it is
+    files.append(csv)
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     files.append(out / "report.md")
     return Report(text, out, files, notes)
+
+
+def read_runs_csv(path: str | Path, experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFrame:
+    """The tidy table a report saved as runs.csv, read back for a report of it (``size`` as text).
+    Raises RunsError when the file is missing or lacks the table's columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunsError(f"no file {path}: pass the runs.csv a report wrote beside its report.md")
+    df = pd.read_csv(path, low_memory=False, dtype={c.name: str for c in COLUMNS if c.dtype == "str"})
+    missing = [c for c in ("kernel", "size", "gpu", "status", "median_us", "throughput") if c not in df]
+    if missing:
+        raise RunsError(f"{path} lacks column(s) {', '.join(missing)}: it is not a runs.csv of analysis.report")
+    from .schema import schema_types
+    ints = [c.name for c in COLUMNS if c.dtype == "int" and c.source != "info"]
+    ints += [k for k, t in schema_types().items() if t is int]
+    for c in [c for c in dict.fromkeys(ints) if c in df]:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")    # as load_runs types them
+    df["size"] = df["size"].map(lambda v: None if pd.isna(v) else str(v))
+    df.attrs.update(uri=str(path), experiments=[experiment], sweep=None, filter=None, csv=str(path))
+    return df
 
 
 def main(argv=None) -> Report:
@@ -198,15 +247,24 @@ def main(argv=None) -> Report:
                          "(the figures and tables then go to the folder of its name beside it)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
+    ap.add_argument("--runs-csv", default=None,
+                    help="read the tidy table a report wrote (its runs.csv) instead of the store; nothing is "
+                         "logged, e.g. --runs-csv results/h200/predictors/runs.csv --out results/h200/predictors.md")
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")                    # files only: no display needed
     from experiments.track import StoreError
     try:
-        df = load_runs(args.uri, args.experiment, args.sweep, args.filter)
+        df = (read_runs_csv(args.runs_csv, args.experiment) if args.runs_csv else
+              load_runs(args.uri, args.experiment, args.sweep, args.filter))
     except (RunsError, StoreError) as exc:
         raise SystemExit(f"Cannot read the runs: {exc}") from None
-    if note := unmeasured_note(df):
+    if args.runs_csv:
+        args.no_log = True
+        if ok_runs(df).empty:
+            print(f"Nothing to report: {args.runs_csv} holds no measured run.", file=sys.stderr)
+            raise SystemExit(2)
+    elif note := unmeasured_note(df):
         where = f" (filter {args.filter})" if args.filter else ""
         print(f"Nothing to report{where}: {note}. Run the sweep on a GPU, then report.", file=sys.stderr)
         raise SystemExit(2)
@@ -218,6 +276,8 @@ def main(argv=None) -> Report:
         spec = claims_mod.load_claims(STUDIES.get(study, study))
     if spec is not None and "reference" in spec:
         try:
+            if args.runs_csv:
+                raise RunsError("a runs.csv has no store to read the study's runs from")
             reference = load_runs(df.attrs["uri"], spec["reference"]["experiment"])
         except RunsError:
             reference = read_study(args.reference_dir, load_spec(STUDIES.get(study, study))) \
