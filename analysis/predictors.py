@@ -54,11 +54,11 @@ CIRCULARITY = ("DRAM bandwidth utilisation (ncu.dram_active_pct, DRAM active cyc
                "its association with throughput is an accounting identity, not evidence that DRAM "
                "limits the kernel, and it is never called a predictor here.")
 OCCUPANCY_LEVERS = ("launch.blocks_per_sm",)
-TRAFFIC_LEVERS = ("tile.group_m", "tile.order", "cache.l2_hint_a", "cache.l2_hint_b")
+TRAFFIC_LEVERS = ("tile.group_m", "tile.order", "cache.l2_hint_a", "cache.l2_hint_b", "cache.l2_prefetch")
 LEVER_DEFAULTS = {"launch.blocks_per_sm": 0}          # a run logged before the lever existed ran with it
 # params of a run that are not in its run key (experiments/job.py) and so do not tell kernels apart
 NOT_IDENTITY = ("verify.seed", "verify.seed_used", "problem.sizes", "problem.shapes", "timing.timeout_s",
-                "study_kernel")
+                "study_kernel", "variant")
 DRAM_BOUND_PCT, CIRCULAR_EXPLAINED, MIN_N, ALPHA = 60.0, 0.9, 4, 0.05
 SCOPES = {"size x precision": ("size", "precision"), "size only (the study's control)": ("size",)}
 PRIMARY = "size x precision"
@@ -260,7 +260,7 @@ def _lever_runs(d: pd.DataFrame, levers) -> pd.DataFrame:
         return d.iloc[:0]
     d = d.copy()
     for c in present:
-        d[c] = d[c].fillna(LEVER_DEFAULTS.get(c, "-"))
+        d[c] = d[c].astype(object).where(d[c].notna(), LEVER_DEFAULTS.get(c, "-"))
     ident = kernel_identity(d, levers)
     d["_group"] = _join(d, ident, "|") if ident else "all"
     d["_setting"] = _join(d, present, "|")
@@ -325,6 +325,12 @@ def interventional(df: pd.DataFrame, replicates: dict | None = None, n_boot: int
                     x = np.log(pd.to_numeric(g[DRAM_BYTES], errors="coerce").to_numpy(float))
                 measure, scale = "DRAM bytes", "log"
             keep = np.isfinite(x)
+            if not keep.any():
+                rows.append({"lever": lever, "levers": ", ".join(c for c in levers if c in g), "measure": measure,
+                             "precision": prec, "size": size, "kernels": g["_group"].nunique(), "runs": len(g),
+                             "slope": math.nan, "effect": math.nan, "unit": UNITS[scale], "p": math.nan,
+                             "ci_source": "-", "x_range": "-", "note": f"no run has {measure} (profile the runs)"})
+                continue
             g, x = g[keep], x[keep]
             y, draws, kinds = _run_y(g, replicates)
             grp = g["_group"].to_numpy()
@@ -410,6 +416,12 @@ def _interventional_text(res: PredictorResult, alpha: float) -> str:
                 "occupancy or DRAM traffic does to throughput is not measured by these runs.")
     parts = []
     for lever, g in t.groupby("lever", sort=False):
+        if g["effect"].isna().all():
+            parts.append(f"{len(g)} stratum(s) hold runs of one kernel at several settings of "
+                         f"{g['levers'].iloc[0]}, but {g['note'].dropna().iloc[0] if 'note' in g else 'no measure'}: "
+                         f"the effect of {lever} is not measured.")
+            continue
+        g = g[g["effect"].notna()]
         sig = g[g["p_adj"] < alpha]
         excl = g[(g["kern_low"] > 0) | (g["kern_high"] < 0) |
                  ((g["kernels"] < 2) & ((g["rep_low"] > 0) | (g["rep_high"] < 0)))]

@@ -4,7 +4,8 @@ tables beside it, logged to the sweep's parent run (artifact folder ``report/``)
     python -m analysis.report --sweep latest                     # the newest sweep in the default store
     python -m analysis.report --sweep <parent run id> --study l4 # with the L4 study's claims table
     python -m analysis.report --experiment tensor-core-ablations --out outputs/reports/all
-    python -m analysis.report --runs-csv results/h200/predictors/runs.csv --out results/h200/predictors.md --study none
+    python -m analysis.report --table results/h200/l4_claims/runs.csv --study l4 --no-log \
+        --out results/h200/l4_claims.md                        # from a committed tidy table, no store
 
 The report says what the runs can and cannot answer: FAILED and skipped runs are listed with their
 reasons and left out of the statistics; a question the runs cannot answer (no ncu metrics, one
@@ -26,7 +27,7 @@ from . import figures, tables
 from .predictors import load_replicates, predictor_study
 from .predictors import tables as predictor_tables
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from .runs import COLUMNS, DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, size_order, unmeasured_note
+from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, size_order, unmeasured_note
 
 __all__ = ["STUDIES", "Report", "write_report", "main"]
 
@@ -128,7 +129,7 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
 
 def _replicates(d: pd.DataFrame) -> dict:
     """Replicate medians of the runs that logged them (metric history), where the store is known."""
-    uri = None if d.attrs.get("csv") else d.attrs.get("uri")
+    uri = d.attrs.get("uri")
     col = "replicate_median_us" if "replicate_median_us" in d else None
     if not uri or col is None or d[col].isna().all():
         return {}
@@ -184,7 +185,8 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     files: list[Path] = []
     src = df.attrs
     lines = [f"# {title}", "",
-             f"Store `{src.get('uri', '-')}`, experiment(s) {', '.join(src.get('experiments') or ['-'])}, "
+             (f"Tidy table `{src['table']}`" if src.get("table") else f"Store `{src.get('uri', '-')}`")
+             + f", experiment(s) {', '.join(src.get('experiments') or ['-'])}, "
              f"sweep {src.get('sweep') or 'all'}, filter {src.get('filter') or 'none'}; written "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m analysis.report`.", ""]
     lines += _overview(df, notes)
@@ -199,34 +201,12 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     lines += ["## What these runs cannot tell", ""]
     lines += [f"- {n}" for n in notes] or ["- Nothing left open."]
     lines.append("")
-    csv = out / "runs.csv"
-    if df.attrs.get("csv") is None or Path(df.attrs["csv"]).resolve() != csv.resolve():
-        df.to_csv(csv, index=False)                 # a report of a runs.csv leaves its input as it is
-    files.append(csv)
+    df.to_csv(out / "runs.csv", index=False)
+    files.append(out / "runs.csv")
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     files.append(out / "report.md")
     return Report(text, out, files, notes)
-
-
-def read_runs_csv(path: str | Path, experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFrame:
-    """The tidy table a report saved as runs.csv, read back for a report of it (``size`` as text).
-    Raises RunsError when the file is missing or lacks the table's columns."""
-    path = Path(path)
-    if not path.is_file():
-        raise RunsError(f"no file {path}: pass the runs.csv a report wrote beside its report.md")
-    df = pd.read_csv(path, low_memory=False, dtype={c.name: str for c in COLUMNS if c.dtype == "str"})
-    missing = [c for c in ("kernel", "size", "gpu", "status", "median_us", "throughput") if c not in df]
-    if missing:
-        raise RunsError(f"{path} lacks column(s) {', '.join(missing)}: it is not a runs.csv of analysis.report")
-    from .schema import schema_types
-    ints = [c.name for c in COLUMNS if c.dtype == "int" and c.source != "info"]
-    ints += [k for k, t in schema_types().items() if t is int]
-    for c in [c for c in dict.fromkeys(ints) if c in df]:
-        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")    # as load_runs types them
-    df["size"] = df["size"].map(lambda v: None if pd.isna(v) else str(v))
-    df.attrs.update(uri=str(path), experiments=[experiment], sweep=None, filter=None, csv=str(path))
-    return df
 
 
 def main(argv=None) -> Report:
@@ -234,6 +214,8 @@ def main(argv=None) -> Report:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
     ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    ap.add_argument("--table", nargs="+", default=None,
+                    help="tidy table(s) (runs.csv of an earlier report) instead of the store")
     ap.add_argument("--sweep", default=None,
                     help="parent run id of a sweep, or 'latest' (default: every run)")
     ap.add_argument("--filter", default=None, help="MLflow filter, e.g. \"params.precision = 'int8'\"")
@@ -247,24 +229,19 @@ def main(argv=None) -> Report:
                          "(the figures and tables then go to the folder of its name beside it)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
-    ap.add_argument("--runs-csv", default=None,
-                    help="read the tidy table a report wrote (its runs.csv) instead of the store; nothing is "
-                         "logged, e.g. --runs-csv results/h200/predictors/runs.csv --out results/h200/predictors.md")
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")                    # files only: no display needed
     from experiments.track import StoreError
     try:
-        df = (read_runs_csv(args.runs_csv, args.experiment) if args.runs_csv else
-              load_runs(args.uri, args.experiment, args.sweep, args.filter))
-    except (RunsError, StoreError) as exc:
+        df = read_table(args.table) if args.table else load_runs(args.uri, args.experiment, args.sweep,
+                                                                 args.filter)
+    except (RunsError, StoreError, FileNotFoundError) as exc:
         raise SystemExit(f"Cannot read the runs: {exc}") from None
-    if args.runs_csv:
-        args.no_log = True
-        if ok_runs(df).empty:
-            print(f"Nothing to report: {args.runs_csv} holds no measured run.", file=sys.stderr)
-            raise SystemExit(2)
-    elif note := unmeasured_note(df):
+    if args.table and ok_runs(df).empty:
+        print(f"Nothing to report: {', '.join(args.table)} holds no measured run.", file=sys.stderr)
+        raise SystemExit(2)
+    if note := not args.table and unmeasured_note(df):
         where = f" (filter {args.filter})" if args.filter else ""
         print(f"Nothing to report{where}: {note}. Run the sweep on a GPU, then report.", file=sys.stderr)
         raise SystemExit(2)
@@ -276,8 +253,8 @@ def main(argv=None) -> Report:
         spec = claims_mod.load_claims(STUDIES.get(study, study))
     if spec is not None and "reference" in spec:
         try:
-            if args.runs_csv:
-                raise RunsError("a runs.csv has no store to read the study's runs from")
+            if args.table:
+                raise RunsError("a tidy table has no reference experiment")
             reference = load_runs(df.attrs["uri"], spec["reference"]["experiment"])
         except RunsError:
             reference = read_study(args.reference_dir, load_spec(STUDIES.get(study, study))) \
@@ -296,7 +273,7 @@ def main(argv=None) -> Report:
     print(f"Report written: {out if single else out / 'report.md'}")
     # the sweep asked for (its runs may come from several parents: those it reused); else the runs' one
     parents = [df.attrs["sweep"]] if df.attrs["sweep"] else df["parent_run_id"].dropna().unique()
-    if args.no_log:
+    if args.no_log or args.table:
         pass
     elif len(parents) == 1:
         import mlflow

@@ -27,7 +27,7 @@ from experiments.families import DEFAULT
 from .schema import cast, infer, schema_types
 
 __all__ = ["Column", "COLUMNS", "NCU_STALL_PREFIX", "THROUGHPUT", "MEDIAN_US", "NCU_DURATION", "OCCUPANCY",
-           "DRAM_SHARE", "DRAM_COUNT", "SPREAD", "DEFAULT_EXPERIMENT", "RunsError", "load_runs",
+           "DRAM_SHARE", "DRAM_COUNT", "SPREAD", "DEFAULT_EXPERIMENT", "RunsError", "load_runs", "read_table",
            "tidy_from_runs", "ok_runs", "unmeasured_note", "config_axes", "size_order", "short_labels"]
 
 DEFAULT_EXPERIMENT = "tensor-core-ablations"
@@ -238,6 +238,37 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     df = df.assign(reused=df["run_id"].isin({r.info.run_id for r in runs if reused_in(r, sweep)}))
     df = _dedupe(df.reset_index(drop=True))
     df.attrs.update(uri=uri, experiments=names, sweep=sweep, filter=filter_string)
+    return df
+
+
+def read_table(paths: str | Path | typing.Sequence[str | Path]) -> pd.DataFrame:
+    """A tidy table saved as CSV (the ``runs.csv`` analysis.report writes, e.g. the committed
+    results/h200/*/runs.csv), read back with the types :func:`load_runs` gives: str columns as str
+    (``size`` '512'), params cast to their schema types (``tile.block`` (256, 128)), numbers numeric.
+    Several paths are concatenated. ``attrs`` name the files. Raises FileNotFoundError naming a
+    missing file."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    for p in paths:
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"no tidy table at {p}: give a runs.csv that analysis.report wrote")
+    df = pd.concat([pd.read_csv(p, dtype=str) for p in paths], ignore_index=True)
+    df = df.astype(object).where(df.notna(), None)
+    types = schema_types()
+    for col in df.columns:
+        c = next((c for c in COLUMNS if c.name == col), None)
+        if c is not None and c.dtype == "str" or col in ("size", "experiment"):
+            continue
+        if c is not None and c.dtype == "bool":
+            df[col] = df[col].map(lambda v: None if v is None else str(v).lower() == "true")
+        elif c is not None and c.dtype == "int" and c.source != "info":
+            df[col] = pd.to_numeric(df[col]).astype("Int64")
+        elif col in types and types[col] is not int:
+            df[col] = df[col].map(lambda v, tp=types[col]: cast(v, tp))
+        else:
+            df[col] = infer(df[col])
+    df = df.copy()                                      # one block per column, not fragmented
+    df.attrs.update(uri=None, table=", ".join(map(str, paths)), experiments=sorted(df["experiment"].dropna().unique()),
+                    sweep=None, filter=None)
     return df
 
 

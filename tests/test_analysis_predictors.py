@@ -144,6 +144,22 @@ def test_same_kernel_is_the_run_key_identity_without_the_lever():
     d.loc[d["launch.blocks_per_sm"] == 2, "pipeline.stages"] = 3
     t = interventional(d, None, n_boot=50)
     assert (t["runs"] == 12).all()                       # blocks_per_sm 1, 3, 4 of each kernel only
+    # a traffic lever read back as a nullable integer with missing values (runs logged before it existed)
+    d["tile.group_m"] = pd.array([pd.NA if b == 1 else 8 for b in d["launch.blocks_per_sm"]], dtype="Int64")
+    assert set(interventional(d, None, n_boot=20)["lever"]) == {"occupancy"}
+
+
+def test_lever_runs_without_the_counter_say_what_is_missing():
+    d, reps = _levers()
+    d["launch.blocks_per_sm"] = 0
+    d["cache.l2_prefetch"] = ["256B" if b % 2 else "none" for b in range(len(d))]
+    d["dram_bytes"] = float("nan")
+    t = interventional(d, reps, n_boot=20)
+    assert list(t["lever"].unique()) == ["DRAM traffic"] and t["effect"].isna().all()
+    res = predictor_study(d, n_boot=20, replicates=reps)
+    assert res.verdict.startswith("2 stratum(s) hold runs of one kernel at several settings of cache.l2_prefetch, "
+                                  "but no run has DRAM bytes (profile the runs): the effect of DRAM traffic is not "
+                                  "measured.")
 
 
 def test_without_lever_runs_the_answer_says_so_first():

@@ -174,19 +174,13 @@ def test_study_kernels_beside_ours_relative_to_wmma():
     assert beside_study(ours.drop(columns="study_kernel"), ref).empty
 
 
-def test_report_of_a_saved_runs_csv_prints_the_answer_and_leaves_its_input(store, ncu_runs, tmp_path, capsys):
-    """--runs-csv results/h200/predictors/runs.csv --out results/h200/predictors.md: the committed table."""
-    folder = tmp_path / "predictors"
-    folder.mkdir()
-    ncu_runs.to_csv(folder / "runs.csv", index=False)
-    before = (folder / "runs.csv").read_bytes()
-    rep = report.main(["--runs-csv", str(folder / "runs.csv"), "--out", str(tmp_path / "predictors.md"),
+def test_report_of_a_saved_table_prints_the_predictor_answer(store, ncu_runs, tmp_path, capsys):
+    """--table results/h200/predictors/runs.csv --out results/h200/predictors.md: the committed table."""
+    ncu_runs.to_csv(tmp_path / "runs.csv", index=False)
+    rep = report.main(["--table", str(tmp_path / "runs.csv"), "--out", str(tmp_path / "predictors.md"),
                        "--study", "none", "--n-boot", "50"])
     out = capsys.readouterr().out
     direct = predictor_study(ncu_runs, n_boot=50)
     assert f"NVIDIA H200: {direct.verdict}" in out and f"**Answer.** {direct.verdict}" in rep.text
-    assert "Not logged" not in out and "Logged to" not in out              # a CSV has no parent run to log to
-    assert (folder / "runs.csv").read_bytes() == before                    # its input is left as it is
+    assert "Not logged" not in out and "Logged to" not in out              # a table has no parent run to log to
     assert "| int8_bk64_m16n8k32 | 27.3 | 137 | 573 | 654 | 696 |" in (tmp_path / "predictors.md").read_text()
-    with pytest.raises(SystemExit, match="Cannot read the runs: no file .*missing.csv: pass the runs.csv"):
-        report.main(["--runs-csv", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x")])
