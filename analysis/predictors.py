@@ -32,7 +32,7 @@ from scipy import stats as sps
 
 from . import stats
 from .runs import (DRAM_COUNT, DRAM_SHARE, MEDIAN_US, NCU_DURATION, OCCUPANCY, THROUGHPUT, ok_runs,
-                   size_order)
+                   size_order, value_text)
 
 __all__ = ["PREDICTORS", "MEASURES", "CIRCULARITY", "OCCUPANCY_LEVERS", "TRAFFIC_LEVERS", "PredictorResult",
            "predictor_study", "observational", "interventional", "share_identity", "kernel_identity",
@@ -110,7 +110,7 @@ UNITS = {"linear": "% throughput per +10 points", "log": "% throughput per doubl
 
 def _join(d: pd.DataFrame, cols, sep: str = " / ") -> pd.Series:
     """One label per row: the values of ``cols`` as text ('-' for missing), joined by ``sep``."""
-    return d[list(cols)].apply(lambda c: c.map(lambda v: "-" if pd.isna(v) else str(v))).agg(sep.join, axis=1)
+    return d[list(cols)].apply(lambda c: c.map(value_text)).agg(sep.join, axis=1)
 
 
 def _strata(d: pd.DataFrame, cols) -> np.ndarray:

@@ -175,3 +175,22 @@ def test_partial_rank_correlation_equals_the_residualised_one():
     got = predictors._rho(x, y, np.unique(strata, return_inverse=True)[1])
     assert got == pytest.approx(stats.correlation(x, y, "spearman", stats.design_matrix(strata), n_boot=10).r,
                                 abs=1e-12)
+
+
+def test_runs_of_one_kernel_at_several_block_caps_are_not_duplicates(tmp_path):
+    """launch.blocks_per_sm leaves the PTX (and the kernel tag) as it is: load_runs keeps one row per cap,
+    and a run logged before the cap existed is the uncapped one (0)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent / "data" / "analysis"))
+    import fixture_store
+    from analysis.runs import load_runs
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    st = fixture_store._Store(uri, "e")
+    tags = {"kernel": "gemm_x", "gpu": "G", "backend": "gpu", "verified": "true"}
+    size = {"problem.m": 512, "problem.n": 512, "problem.k": 512, "precision": "int8"}
+    for i, cap in enumerate((None, "0", "1", "2", "2")):                     # oldest first
+        params = size if cap is None else {**size, "launch.blocks_per_sm": cap}
+        st.run(f"r{i}", params, tags, {"median_us": 10.0 + i, "throughput": 1.0}, start=1000 + i)
+    d = load_runs(uri, "e")
+    assert sorted(d["median_us"]) == [11.0, 12.0, 14.0] and d.attrs["duplicates_dropped"] == 2
