@@ -177,20 +177,58 @@ def test_partial_rank_correlation_equals_the_residualised_one():
                                 abs=1e-12)
 
 
-def test_runs_of_one_kernel_at_several_block_caps_are_not_duplicates(tmp_path):
-    """launch.blocks_per_sm leaves the PTX (and the kernel tag) as it is: load_runs keeps one row per cap,
-    and a run logged before the cap existed is the uncapped one (0)."""
+@pytest.fixture(scope="module")
+def lever_store(tmp_path_factory):
+    """One store (built once, its first migration is the slow part): experiment "caps" = one kernel at
+    several block caps, oldest first, one logged before the cap existed; experiment "levers" = three
+    kernels at caps 1, 2, 4 with achieved occupancy and four replicates each (metric history), throughput
+    falling 1 % (ln) per occupancy point."""
     import sys
     from pathlib import Path
+
+    from mlflow.entities import Metric
     sys.path.insert(0, str(Path(__file__).parent / "data" / "analysis"))
     import fixture_store
+    uri = f"sqlite:///{tmp_path_factory.mktemp('levers') / 'mlflow.db'}"
+    with fixture_store._no_fsync():
+        st = fixture_store._Store(uri, "caps")
+        tags = {"kernel": "gemm_x", "gpu": "G", "backend": "gpu", "verified": "true"}
+        size = {"problem.m": 512, "problem.n": 512, "problem.k": 512, "precision": "int8"}
+        for i, cap in enumerate((None, "0", "1", "2", "2")):
+            params = size if cap is None else {**size, "launch.blocks_per_sm": cap}
+            st.run(f"r{i}", params, tags, {"median_us": 10.0 + i, "throughput": 1.0}, start=1000 + i)
+        st = fixture_store._Store(uri, "levers")
+        rng = np.random.default_rng(4)
+        for j in range(3):
+            for cap in (1, 2, 4):
+                occ = 12.5 * cap
+                us = 100.0 * math.exp(0.01 * occ + 0.2 * j)
+                reps = us * np.exp(rng.normal(0, 0.01, 4))
+                params = {**size, "problem.m": 1024, "problem.n": 1024, "problem.k": 1024,
+                          "launch.blocks_per_sm": cap, "tile.warps": f"[{j}, 4]"}
+                rid = st.run(f"k{j} b{cap}", params, {**tags, "kernel": f"k{j}"},
+                             {"median_us": float(np.median(reps)), "throughput": 2 * 1024 ** 3 / np.median(reps) / 1e6,
+                              "ncu.achieved_occupancy_pct": occ})
+                st.c.log_batch(rid, metrics=[Metric("replicate_median_us", float(v), 0, i) for i, v in enumerate(reps)])
+    return uri
+
+
+def test_runs_of_one_kernel_at_several_block_caps_are_not_duplicates(lever_store):
+    """launch.blocks_per_sm leaves the PTX (and the kernel tag) as it is: load_runs keeps one row per cap,
+    and a run logged before the cap existed is the uncapped one (0)."""
     from analysis.runs import load_runs
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    st = fixture_store._Store(uri, "e")
-    tags = {"kernel": "gemm_x", "gpu": "G", "backend": "gpu", "verified": "true"}
-    size = {"problem.m": 512, "problem.n": 512, "problem.k": 512, "precision": "int8"}
-    for i, cap in enumerate((None, "0", "1", "2", "2")):                     # oldest first
-        params = size if cap is None else {**size, "launch.blocks_per_sm": cap}
-        st.run(f"r{i}", params, tags, {"median_us": 10.0 + i, "throughput": 1.0}, start=1000 + i)
-    d = load_runs(uri, "e")
+    d = load_runs(lever_store, "caps")
     assert sorted(d["median_us"]) == [11.0, 12.0, 14.0] and d.attrs["duplicates_dropped"] == 2
+
+
+def test_report_of_a_store_with_lever_runs_takes_the_replicates_from_the_metric_history(lever_store, tmp_path):
+    from analysis import report
+    from analysis.runs import load_runs
+    d = load_runs(lever_store, "levers")
+    got = predictors.load_replicates(lever_store, d["run_id"])
+    assert len(got) == 9 and all(len(v) == 4 for v in got.values())
+    rep = report.write_report(d, tmp_path, "levers", n_boot=50)
+    row = pd.read_csv(tmp_path / "predictor_interventions.csv").iloc[0]
+    assert (row["lever"], row["kernels"], row["runs"], row["ci_source"]) == ("occupancy", 3, 9, "replicates")
+    assert row["rep_low"] <= 100 * (math.exp(-0.1) - 1) <= row["rep_high"]                 # -9.5 % per +10 points
+    assert "Changing occupancy through launch.blocks_per_sm with the kernel held fixed (3 kernel(s)" in rep.text
