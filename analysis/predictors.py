@@ -56,9 +56,10 @@ CIRCULARITY = ("DRAM bandwidth utilisation (ncu.dram_active_pct, DRAM active cyc
 OCCUPANCY_LEVERS = ("launch.blocks_per_sm",)
 TRAFFIC_LEVERS = ("tile.group_m", "tile.order", "cache.l2_hint_a", "cache.l2_hint_b", "cache.l2_prefetch")
 LEVER_DEFAULTS = {"launch.blocks_per_sm": 0}          # a run logged before the lever existed ran with it
-# params of a run that are not in its run key (experiments/job.py) and so do not tell kernels apart
+# params of a run that are not in its run key (experiments/job.py) and so do not tell kernels apart, and
+# the entry name some families log (spec.entry: it spells every setting, the lever's too)
 NOT_IDENTITY = ("verify.seed", "verify.seed_used", "problem.sizes", "problem.shapes", "timing.timeout_s",
-                "study_kernel", "variant")
+                "study_kernel", "variant", "spec.entry")
 DRAM_BOUND_PCT, CIRCULAR_EXPLAINED, MIN_N, ALPHA = 60.0, 0.9, 4, 0.05
 SCOPES = {"size x precision": ("size", "precision"), "size only (the study's control)": ("size",)}
 PRIMARY = "size x precision"

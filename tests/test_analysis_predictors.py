@@ -137,8 +137,9 @@ def test_without_replicates_the_interval_comes_from_the_batch_spread_and_says_so
 
 def test_same_kernel_is_the_run_key_identity_without_the_lever():
     d, _ = _levers()
+    d["spec.entry"] = d["kernel"] + "_b" + d["launch.blocks_per_sm"].astype(str)     # spells the lever too
     cols = kernel_identity(d, predictors.OCCUPANCY_LEVERS)
-    assert "launch.blocks_per_sm" not in cols and "verify.seed_used" not in cols
+    assert "launch.blocks_per_sm" not in cols and "verify.seed_used" not in cols and "spec.entry" not in cols
     assert {"pipeline.stages", "tile.warps", "m", "n", "k", "gpu"} <= set(cols)
     # kernels that differ in a non-lever param are never compared with each other
     d.loc[d["launch.blocks_per_sm"] == 2, "pipeline.stages"] = 3
