@@ -49,9 +49,9 @@ PREDICTORS = {
 MEASURES = {OCCUPANCY: PREDICTORS[OCCUPANCY],
             BYTES_PER_FLOP: ("DRAM traffic per operation (bytes/FLOP)", "log"),
             DRAM_SHARE: PREDICTORS[DRAM_SHARE], DRAM_COUNT: PREDICTORS[DRAM_COUNT]}
-CIRCULARITY = ("DRAM bandwidth utilisation (ncu.dram_active_pct, DRAM active cycles as a share of the elapsed "
-               "ones) is DRAM bytes / (duration x peak bandwidth) = throughput x bytes per FLOP / peak: "
-               "its association with throughput is an accounting identity, not evidence that DRAM "
+CIRCULARITY = ("DRAM bandwidth utilisation (ncu.dram_active_pct, DRAM active cycles as a share of the "
+               "elapsed ones) is DRAM bytes / (duration x peak bandwidth) = throughput x bytes per FLOP / "
+               "peak: its association with throughput is an accounting identity, not evidence that DRAM "
                "limits the kernel, and it is never called a predictor here.")
 OCCUPANCY_LEVERS = ("launch.blocks_per_sm",)
 TRAFFIC_LEVERS = ("tile.group_m", "tile.order", "cache.l2_hint_a", "cache.l2_hint_b", "cache.l2_prefetch")
@@ -140,7 +140,7 @@ def observational(d: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Data
     n_kernels, p, note."""
     rows = []
     y = np.log(d[THROUGHPUT].to_numpy(float))
-    for col, (label, scale) in MEASURES.items():
+    for col, (_, scale) in MEASURES.items():
         if col not in d or d[col].notna().sum() < MIN_N:
             continue
         x = _x(d, col)
@@ -217,10 +217,12 @@ def _circularity_text(ident: dict) -> str:
         text += (f"; the share implies a peak of {ident['peak_tbps']:.2f} TB/s." if
                  math.isfinite(ident.get("peak_tbps", math.nan)) else ".")
     else:
-        text += " The runs have no ncu.dram_bytes: the identity is not checked here, the flag stands by definition."
+        text += (" The runs have no ncu.dram_bytes: the identity is not checked here, the flag stands by "
+                 "definition.")
     if "count_r2" in ident:
-        text += (f" The study's count of DRAM active cycles tracks DRAM traffic: ln(count) on ln(DRAM bytes) "
-                 f"has R^2 = {ident['count_r2']:.5f}, slope {ident['count_slope']:.3f} ({ident['count_n']} runs).")
+        text += (" The study's count of DRAM active cycles tracks DRAM traffic: ln(count) on ln(DRAM bytes) "
+                 f"has R^2 = {ident['count_r2']:.5f}, slope {ident['count_slope']:.3f} "
+                 f"({ident['count_n']} runs).")
     return text
 
 
@@ -313,49 +315,57 @@ def interventional(df: pd.DataFrame, replicates: dict | None = None, n_boot: int
     for lever, levers in (("occupancy", OCCUPANCY_LEVERS), ("DRAM traffic", TRAFFIC_LEVERS)):
         runs = _lever_runs(d, levers)
         for (prec, size), g in runs.groupby(["precision", "size"], sort=False):
-            if lever == "occupancy":
-                ach = pd.to_numeric(g[OCCUPANCY], errors="coerce")
-                theo = 100 * pd.to_numeric(g.get(THEORETICAL, pd.Series(np.nan, g.index)), errors="coerce")
-                has = ach.notna().groupby(g["_group"]).transform("all")
-                x = ach.where(has, theo).to_numpy(float)
-                measure = "achieved occupancy" if has.all() else (
-                    "theoretical occupancy" if not has.any() else "achieved (theoretical where missing) occupancy")
-                scale = "linear"
-            else:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    x = np.log(pd.to_numeric(g[DRAM_BYTES], errors="coerce").to_numpy(float))
-                measure, scale = "DRAM bytes", "log"
-            keep = np.isfinite(x)
-            if not keep.any():
-                rows.append({"lever": lever, "levers": ", ".join(c for c in levers if c in g), "measure": measure,
-                             "precision": prec, "size": size, "kernels": g["_group"].nunique(), "runs": len(g),
-                             "slope": math.nan, "effect": math.nan, "unit": UNITS[scale], "p": math.nan,
-                             "ci_source": "-", "x_range": "-", "note": f"no run has {measure} (profile the runs)"})
-                continue
-            g, x = g[keep], x[keep]
-            y, draws, kinds = _run_y(g, replicates)
-            grp = g["_group"].to_numpy()
-            b = stats.within_slope(y, x, grp)
-            slopes = [stats.within_slope(y[grp == k], x[grp == k], grp[grp == k]) for k in dict.fromkeys(grp)]
-            slopes = [s for s in slopes if math.isfinite(s)]
-            rng = np.random.default_rng(seed)
-            rep = [stats.within_slope([dr(rng) for dr in draws], x, grp) for _ in range(n_boot)]
-            rlo, rhi = np.quantile(rep, [0.025, 0.975]) if math.isfinite(b) else (math.nan, math.nan)
-            klo = khi = p = math.nan
-            if len(slopes) >= 2:
-                klo, khi, _ = stats.cluster_bootstrap(lambda i: stats.within_slope(y[i], x[i], grp[i]), grp,
-                                                      n_boot, seed=seed)
-                p = float(sps.ttest_1samp(slopes, 0.0).pvalue)
-            src = sorted(set(kinds))
-            eff = lambda v: _effect(v, scale) if math.isfinite(v) else math.nan  # noqa: E731
-            rows.append({"lever": lever, "levers": ", ".join(c for c in levers if c in g), "measure": measure,
-                         "precision": prec, "size": size, "kernels": len(slopes), "runs": len(g),
-                         "slope": b, "effect": eff(b), "unit": UNITS[scale], "rep_low": eff(rlo),
-                         "rep_high": eff(rhi), "ci_source": " and ".join(src), "kern_low": eff(klo),
-                         "kern_high": eff(khi), "p": p,
-                         "x_range": f"{np.nanmin(x):.3g}..{np.nanmax(x):.3g}" if scale == "linear" else
-                         f"{np.exp(np.nanmin(x)):.3g}..{np.exp(np.nanmax(x)):.3g} B"})
+            row = {"lever": lever, "levers": ", ".join(c for c in levers if c in g), "precision": prec,
+                   "size": size}
+            rows.append({**row, **_stratum_effect(g, lever, replicates, n_boot, seed)})
     return pd.DataFrame(rows)
+
+
+def _lever_measure(g: pd.DataFrame, lever: str) -> tuple[np.ndarray, str, str]:
+    """The lever's measure per run (x), its name and its scale ('linear' points or 'log')."""
+    if lever != "occupancy":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(pd.to_numeric(g[DRAM_BYTES], errors="coerce").to_numpy(float)), "DRAM bytes", "log"
+    ach = pd.to_numeric(g[OCCUPANCY], errors="coerce")
+    theo = 100 * pd.to_numeric(g.get(THEORETICAL, pd.Series(np.nan, g.index)), errors="coerce")
+    has = ach.notna().groupby(g["_group"]).transform("all")      # a kernel's runs all have the counter
+    name = ("achieved occupancy" if has.all() else "theoretical occupancy" if not has.any()
+            else "achieved (theoretical where missing) occupancy")
+    return ach.where(has, theo).to_numpy(float), name, "linear"
+
+
+def _stratum_effect(g: pd.DataFrame, lever: str, replicates: dict, n_boot: int, seed: int) -> dict:
+    """The within-kernel effect of one precision x size stratum of lever runs, with its intervals."""
+    x, measure, scale = _lever_measure(g, lever)
+    keep = np.isfinite(x)
+    if not keep.any():
+        return {"measure": measure, "kernels": g["_group"].nunique(), "runs": len(g), "slope": math.nan,
+                "effect": math.nan, "unit": UNITS[scale], "p": math.nan, "ci_source": "-", "x_range": "-",
+                "note": f"no run has {measure} (profile the runs)"}
+    g, x = g[keep], x[keep]
+    y, draws, kinds = _run_y(g, replicates)
+    grp = g["_group"].to_numpy()
+    b = stats.within_slope(y, x, grp)
+    slopes = [stats.within_slope(y[grp == k], x[grp == k], grp[grp == k]) for k in dict.fromkeys(grp)]
+    slopes = [v for v in slopes if math.isfinite(v)]
+    rng = np.random.default_rng(seed)
+    rep = [stats.within_slope([draw(rng) for draw in draws], x, grp) for _ in range(n_boot)]
+    rlo, rhi = np.quantile(rep, [0.025, 0.975]) if math.isfinite(b) else (math.nan, math.nan)
+    klo = khi = p = math.nan
+    if len(slopes) >= 2:
+        klo, khi, _ = stats.cluster_bootstrap(lambda i: stats.within_slope(y[i], x[i], grp[i]), grp,
+                                              n_boot, seed=seed)
+        p = float(sps.ttest_1samp(slopes, 0.0).pvalue)
+
+    def eff(v):
+        return _effect(v, scale) if math.isfinite(v) else math.nan
+    lo, hi = np.nanmin(x), np.nanmax(x)
+    lo, hi = (lo, hi) if scale == "linear" else (math.exp(lo), math.exp(hi))
+    return {"measure": measure, "kernels": len(slopes), "runs": len(g), "slope": b, "effect": eff(b),
+            "unit": UNITS[scale], "rep_low": eff(rlo), "rep_high": eff(rhi),
+            "ci_source": " and ".join(sorted(set(kinds))),
+            "kern_low": eff(klo), "kern_high": eff(khi), "p": p,
+            "x_range": f"{lo:.3g}..{hi:.3g}" + ("" if scale == "linear" else " B")}
 
 
 def predictor_study(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, alpha: float = ALPHA,
@@ -418,17 +428,20 @@ def _interventional_text(res: PredictorResult, alpha: float) -> str:
     parts = []
     for lever, g in t.groupby("lever", sort=False):
         if g["effect"].isna().all():
+            missing = g["note"].dropna().iloc[0] if "note" in g else "no measure"
             parts.append(f"{len(g)} stratum(s) hold runs of one kernel at several settings of "
-                         f"{g['levers'].iloc[0]}, but {g['note'].dropna().iloc[0] if 'note' in g else 'no measure'}: "
+                         f"{g['levers'].iloc[0]}, but {missing}: "
                          f"the effect of {lever} is not measured.")
             continue
         g = g[g["effect"].notna()]
         sig = g[g["p_adj"] < alpha]
         excl = g[(g["kern_low"] > 0) | (g["kern_high"] < 0) |
                  ((g["kernels"] < 2) & ((g["rep_low"] > 0) | (g["rep_high"] < 0)))]
+        sources = ", ".join(sorted(set(g["ci_source"])))
         parts.append(f"Changing {lever} through {g['levers'].iloc[0]} with the kernel held fixed "
-                     f"({int(g['kernels'].max())} kernel(s) per stratum at most, {int(g['runs'].sum())} runs, "
-                     f"{len(g)} precision x size strata, intervals from {', '.join(sorted(set(g['ci_source'])))}) "
+                     f"({int(g['kernels'].max())} kernel(s) per stratum at most, "
+                     f"{int(g['runs'].sum())} runs, "
+                     f"{len(g)} precision x size strata, intervals from {sources}) "
                      f"moves throughput by {g['effect'].min():+.3g} to {g['effect'].max():+.3g} "
                      f"{g['unit'].iloc[0]} of {g['measure'].iloc[0]}; the 95 % interval excludes 0 in "
                      f"{len(excl)} of {len(g)} strata and {len(sig)} have Holm-adjusted p < {alpha}.")
@@ -452,10 +465,13 @@ def _observational_text(res: PredictorResult, alpha: float) -> str:
         r = _obs_row(t, col, PRIMARY)
         if r is None:
             continue
+        sig = "significant" if r["p_adj"] < alpha else "not significant"
         said.append(f"{r['effect']:+.3g} {r['unit'].replace('% throughput ', '% ')} of "
-                    f"{MEASURES[col][0].split(' (')[0]} (95 % CI {_ci(r['effect_low'], r['effect_high'], 1)}, "
-                    f"Holm p = {r['p_adj']:.3g}{', significant' if r['p_adj'] < alpha else ', not significant'})")
-    why = "; ".join(dict.fromkeys(n for n in t.loc[t["scope"] == PRIMARY, "note"] if n and "bootstrap" not in n))
+                    f"{MEASURES[col][0].split(' (')[0]} "
+                    f"(95 % CI {_ci(r['effect_low'], r['effect_high'], 1)}, "
+                    f"Holm p = {r['p_adj']:.3g}, {sig})")
+    notes = t.loc[t["scope"] == PRIMARY, "note"]
+    why = "; ".join(dict.fromkeys(n for n in notes if n and "bootstrap" not in n))
     text = head + (", throughput changes by " + " and by ".join(said) + "." if said else
                    f": no estimate for occupancy or DRAM traffic per operation ({why or 'not measured'}).")
     flips = []
@@ -474,12 +490,13 @@ def _answer(res: PredictorResult, alpha: float) -> str:
     text = _interventional_text(res, alpha) + " " + _observational_text(res, alpha)
     ident = res.identity
     if res.circularity:
+        share = (f" (that identity explains {100 * ident['explained']:.1f} % of its log variance)"
+                 if "explained" in ident else "")
         text += (" DRAM bandwidth utilisation is not evidence either way: it is throughput x bytes/FLOP / "
-                 "peak" + (f" (that identity explains {100 * ident['explained']:.1f} % of its log variance)"
-                           if "explained" in ident else "") + ", so its correlation with throughput is circular.")
+                 f"peak{share}, so its correlation with throughput is circular.")
     if "count_r2" in ident:
-        text += (f" The study's count of DRAM active cycles measures DRAM traffic (R^2 = {ident['count_r2']:.4f} "
-                 "against DRAM bytes, log scales), not time.")
+        text += (" The study's count of DRAM active cycles measures DRAM traffic "
+                 f"(R^2 = {ident['count_r2']:.4f} against DRAM bytes, log scales), not time.")
     if "share_max" in ident and ident["bound_kernels"] < MIN_N:
         text += (f" Whether DRAM bandwidth limits throughput cannot be answered on this GPU: "
                  f"{ident['bound']} of {ident['share_n']} runs ({ident['bound_kernels']} kernel(s)) use "
@@ -496,12 +513,14 @@ def tables(res: PredictorResult) -> dict[str, pd.DataFrame]:
     """Display tables of a result: 'interventional', 'slopes', 'ranks', 'diagnostics' (those it has)."""
     out = {}
     names = {"n": "runs in the identity check", "explained": "share of var ln(share) the identity explains",
-             "resid_sd": "SD of the identity's residual (ln)", "peak_tbps": "peak DRAM bandwidth the share implies (TB/s)",
+             "resid_sd": "SD of the identity's residual (ln)",
+             "peak_tbps": "peak DRAM bandwidth the share implies (TB/s)",
              "count_n": "runs in the count check", "count_r2": "R^2 of ln(count) on ln(DRAM bytes)",
              "count_slope": "slope of ln(count) on ln(DRAM bytes)", "share_n": "runs with the share",
              "share_max": "highest DRAM bandwidth utilisation (%)",
              "bound": f"runs at >= {DRAM_BOUND_PCT:.0f} % of DRAM bandwidth",
-             "bound_kernels": f"kernels with a run at >= {DRAM_BOUND_PCT:.0f} %", "under10": "runs under 10 %"}
+             "bound_kernels": f"kernels with a run at >= {DRAM_BOUND_PCT:.0f} %",
+             "under10": "runs under 10 %"}
     if res.identity:
         out["diagnostics"] = pd.DataFrame({"DRAM diagnostic": [names[k] for k in res.identity],
                                            "value": [f"{v:.5g}" for v in res.identity.values()]})
@@ -526,8 +545,10 @@ def tables(res: PredictorResult) -> dict[str, pd.DataFrame]:
             "kernels": s["n_kernels"], "note": s["note"]})
         r = t[t["test"] == "partial rank correlation"]
         out["ranks"] = pd.DataFrame({
-            "measure": r["predictor"].map(lambda c: MEASURES[c][0]), "strata": r["scope"], "rho": r["estimate"],
-            "95% CI, kernels resampled": [_ci(a, b, 2) for a, b in zip(r["ci_low"], r["ci_high"], strict=True)],
+            "measure": r["predictor"].map(lambda c: MEASURES[c][0]), "strata": r["scope"],
+            "rho": r["estimate"],
+            "95% CI, kernels resampled": [_ci(a, b, 2) for a, b in zip(r["ci_low"], r["ci_high"],
+                                                                         strict=True)],
             "95% CI, runs resampled": [_ci(a, b, 2) for a, b in zip(r["row_ci_low"], r["row_ci_high"],
                                                                       strict=True)],
             "runs": r["n"], "kernels": r["n_kernels"]})

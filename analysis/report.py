@@ -148,16 +148,17 @@ def _predictor_lines(d: pd.DataFrame, suffix: str, out: Path, n_boot: int, files
         lines += [tables.markdown(shown["diagnostics"]), ""]
     notes += [f"{gpu}: {n}" for n in res.notes]
     if "interventional" in shown:
-        lines += ["Interventional: runs of one kernel (the run's params less the lever's, with its size and GPU) "
-                  "at several settings of a lever; the effect is the within-kernel slope of ln throughput. "
-                  "Intervals: from each run's replicates (or, said so, its timed batches' min..max) and from a "
-                  "bootstrap over kernels; p: t-test of the per-kernel slopes (df = kernels - 1).", "",
+        lines += ["Interventional: runs of one kernel (the run's params less the lever's, with its size and "
+                  "GPU) at several settings of a lever; the effect is the within-kernel slope of ln "
+                  "throughput. Intervals: from each run's replicates (or, said so, its timed batches' "
+                  "min..max) and from a bootstrap over kernels; p: t-test of the per-kernel slopes "
+                  "(df = kernels - 1).", "",
                   tables.markdown(shown["interventional"]), ""]
     if "slopes" in shown:
-        lines += [f"Observational, {res.n_kernels} kernels and {res.n} runs: OLS of ln throughput on each measure "
-                  "(ln for DRAM measures, points for occupancy) with one indicator per stratum; standard errors "
-                  "cluster-robust over kernels (a kernel's runs at five sizes are not independent), t on "
-                  "kernels - 1 df. One Holm correction covers the whole family of "
+        lines += [f"Observational, {res.n_kernels} kernels and {res.n} runs: OLS of ln throughput on each "
+                  "measure (ln for DRAM measures, points for occupancy) with one indicator per stratum; "
+                  "standard errors cluster-robust over kernels (a kernel's runs at five sizes are not "
+                  "independent), t on kernels - 1 df. One Holm correction covers the whole family of "
                   f"**{res.family_size} tests** (every p in the tables of this section).", "",
                   tables.markdown(shown["slopes"]), "",
                   "Partial Spearman rho within strata, 95 % intervals from resampling whole kernels and, "

@@ -164,7 +164,8 @@ def value_text(v) -> str:
     read back as 2, 2.0 or '2' is the same setting), else str()."""
     if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
         return "-"
-    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and float(v).is_integer():
+    number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    if number and float(v).is_integer():
         return str(int(v))
     return str(v)
 
