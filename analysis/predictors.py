@@ -1,12 +1,25 @@
 """The predictor question: does achieved occupancy or DRAM activity predict throughput?
 
-One GPU's measured runs (rows of the tidy table, :mod:`analysis.runs`) go in; a table of every test
-(pooled, within each problem size, partial for size; rank and linear), Williams' tests of the
-differences, a regression with both predictors, one Holm correction over the whole family and a
-verdict sentence with its numbers come out. DRAM activity is used both as a share of elapsed cycles
-(``dram__cycles_active.avg.pct_of_peak_sustained_elapsed``, the lead) and as the study's count
-(``dram__cycles_active.avg``), which grows with the kernel's own duration: whenever the count is used
-the result carries :data:`CIRCULARITY` and a measured diagnostic of it.
+One GPU's measured runs (rows of the tidy table, :mod:`analysis.runs`) go in; two analyses and a
+one-paragraph answer built from their numbers come out.
+
+- **Interventional** (:func:`interventional`): runs of one kernel that differ only in a lever, either
+  ``launch.blocks_per_sm`` (occupancy) or a DRAM-traffic setting (:data:`TRAFFIC_LEVERS`). "The same
+  kernel" is the run key's identity without the lever: every config param of the run (the kernel
+  spec, ``data``, the timing and verification settings), the problem size and the GPU, less the
+  lever's params (and their ``spec.``/``family.`` mirrors) and bookkeeping that is not in the run key
+  (seeds, tracking, the sweep's size list, ``timing.timeout_s``). Per precision and size, the effect
+  is the within-kernel slope of log throughput on achieved occupancy (theoretical where no counters)
+  or on log DRAM bytes, with one interval from the replicates (``replicate_median_us`` steps
+  0..R-1; else the timed batches' min..max, said so) and one from a bootstrap over kernels.
+- **Observational** (:func:`observational`): across kernels as they are, strata of size x precision
+  (indicators), the kernel as the unit (cluster-robust OLS with t on kernels - 1 df, cluster
+  bootstrap over kernels), rates on log scales. Measures are named for what they are: DRAM traffic
+  (bytes per FLOP), DRAM bandwidth utilisation (the share, flagged circular with a measured check of
+  the identity share = throughput x bytes/FLOP / peak), and the study's count of DRAM active cycles
+  (reported as the study used it; it measures traffic).
+
+One Holm correction covers every p-value of both tables.
 """
 from __future__ import annotations
 
@@ -15,222 +28,528 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from . import stats
-from .runs import (COLUMNS, DRAM_COUNT, DRAM_SHARE, MEDIAN_US, NCU_DURATION, OCCUPANCY, THROUGHPUT, ok_runs,
-                   size_order)
+from .runs import (DRAM_COUNT, DRAM_SHARE, MEDIAN_US, NCU_DURATION, OCCUPANCY, THROUGHPUT, ok_runs,
+                   size_order, value_text)
 
-__all__ = ["PREDICTORS", "CIRCULARITY", "PredictorResult", "predictor_study"]
+__all__ = ["PREDICTORS", "MEASURES", "CIRCULARITY", "OCCUPANCY_LEVERS", "TRAFFIC_LEVERS", "PredictorResult",
+           "predictor_study", "observational", "interventional", "share_identity", "kernel_identity",
+           "load_replicates", "DRAM_BOUND_PCT"]
 
-# column -> (label, scale for the linear statistics); the first is the lead
+DRAM_BYTES, BYTES_PER_FLOP, THEORETICAL = "dram_bytes", "dram_bytes_per_flop", "theoretical_occupancy"
+# the ncu columns the figures draw: column -> (label, scale of the statistics)
 PREDICTORS = {
-    DRAM_SHARE: ("DRAM active, share of elapsed cycles (%)", "linear"),
     OCCUPANCY: ("achieved occupancy (%)", "linear"),
-    DRAM_COUNT: ("DRAM active cycles (count, the study's measure)", "log10"),
+    DRAM_SHARE: ("DRAM bandwidth utilisation (% of peak; circular with throughput)", "log"),
+    DRAM_COUNT: ("DRAM active cycles (the study's count; it measures DRAM traffic)", "log"),
 }
-COMPARISONS = ((DRAM_SHARE, OCCUPANCY), (DRAM_COUNT, OCCUPANCY))
-CIRCULARITY = ("dram__cycles_active.avg is a count of cycles that grows with the kernel's own duration: "
-               "its correlation with throughput (work / duration) is close to circular. The share of "
-               "elapsed cycles (dram__cycles_active.avg.pct_of_peak_sustained_elapsed) measures the "
-               "same activity without that dependence and leads this analysis.")
-MIN_N = 4
+# every measure the observational table tests, in the order shown
+MEASURES = {OCCUPANCY: PREDICTORS[OCCUPANCY],
+            BYTES_PER_FLOP: ("DRAM traffic per operation (bytes/FLOP)", "log"),
+            DRAM_SHARE: PREDICTORS[DRAM_SHARE], DRAM_COUNT: PREDICTORS[DRAM_COUNT]}
+CIRCULARITY = ("DRAM bandwidth utilisation (ncu.dram_active_pct, DRAM active cycles as a share of the "
+               "elapsed ones) is DRAM bytes / (duration x peak bandwidth) = throughput x bytes per FLOP / "
+               "peak: its association with throughput is an accounting identity, not evidence that DRAM "
+               "limits the kernel, and it is never called a predictor here.")
+OCCUPANCY_LEVERS = ("launch.blocks_per_sm",)
+TRAFFIC_LEVERS = ("tile.group_m", "tile.order", "cache.l2_hint_a", "cache.l2_hint_b", "cache.l2_prefetch")
+LEVER_DEFAULTS = {"launch.blocks_per_sm": 0}          # a run logged before the lever existed ran with it
+# params of a run that are not in its run key (experiments/job.py) and so do not tell kernels apart, and
+# the entry name some families log (spec.entry: it spells every setting, the lever's too)
+NOT_IDENTITY = ("verify.seed", "verify.seed_used", "problem.sizes", "problem.shapes", "timing.timeout_s",
+                "study_kernel", "variant", "spec.entry")
+DRAM_BOUND_PCT, CIRCULAR_EXPLAINED, MIN_N, ALPHA = 60.0, 0.9, 4, 0.05
+SCOPES = {"size x precision": ("size", "precision"), "size only (the study's control)": ("size",)}
+PRIMARY = "size x precision"
 
 
 @dataclass
 class PredictorResult:
     """Everything :func:`predictor_study` found; tables are pandas DataFrames."""
-    tests: pd.DataFrame                      # one row per test, with p and Holm-adjusted p_adj
-    regression: pd.DataFrame | None          # standardised coefficients (or None)
+    tests: pd.DataFrame                      # observational rows, with p and Holm-adjusted p_adj
+    regression: pd.DataFrame | None = None   # kept for callers of older versions: always None
     r2: float = math.nan
     family_size: int = 0
-    verdict: str = ""
+    verdict: str = ""                        # the one-paragraph answer
     notes: list[str] = field(default_factory=list)
-    circularity: str | None = None           # set when the count was used, with its diagnostic
+    circularity: str | None = None           # the flag on the share, with its measured diagnostic
     n: int = 0
     sizes: list[str] = field(default_factory=list)
+    n_kernels: int = 0
+    identity: dict = field(default_factory=dict)           # share_identity() and the count's check
+    interventional: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def _lin(df: pd.DataFrame, col: str) -> np.ndarray:
-    v = df[col].to_numpy(float)
-    scale = "log10" if col == THROUGHPUT else PREDICTORS[col][1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log10(np.where(v > 0, v, np.nan)) if scale == "log10" else v
+def _prepare(df: pd.DataFrame) -> pd.DataFrame:
+    d = ok_runs(df)
+    d = d[d[THROUGHPUT].notna() & (d[THROUGHPUT] > 0)].copy()
+    d[BYTES_PER_FLOP] = d[DRAM_BYTES] / d["flop"] if DRAM_BYTES in d else np.nan
+    if "precision" not in d:
+        d["precision"] = "-"
+    d["precision"] = d["precision"].fillna("-").astype(str)
+    d["size"] = d["size"].astype(str)
+    return d
 
 
-def _row(test, predictor, scope, c: stats.Corr) -> dict:
-    return {"test": test, "predictor": predictor, "scope": scope, "method": c.method, "estimate": c.r,
-            "ci_low": c.lo, "ci_high": c.hi, "stat": math.nan, "df": c.df, "n": c.n, "p": c.p, "note": c.note}
+def _x(d: pd.DataFrame, col: str) -> np.ndarray:
+    v = pd.to_numeric(d[col], errors="coerce").to_numpy(float)
+    if MEASURES[col][1] == "log":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(np.where(v > 0, v, np.nan))
+    return v
 
 
-def _usable(df: pd.DataFrame, notes: list[str]) -> list[str]:
-    out = []
-    keys = {c.name: c.key for c in COLUMNS}
-    if df.empty or all(df[c].isna().all() for c in PREDICTORS):
-        notes.append(f"No run has the Nsight Compute metrics ({', '.join(keys[c] for c in PREDICTORS)}): "
-                     "profile the runs first; nothing is said about occupancy or DRAM activity.")
-        return out
-    for col, (label, _) in PREDICTORS.items():
-        vals = df[col].dropna()
-        if len(vals) < MIN_N:
-            notes.append(f"{label}: {len(vals)} of {len(df)} measured runs have {keys[col]}; it is left out.")
-        elif vals.nunique() < 2:
-            notes.append(f"{label}: the same value in every run; it cannot predict anything.")
-        else:
-            out.append(col)
+def _effect(b: float, scale: str) -> float:
+    """% change of throughput per +10 points (linear measure) or per doubling (log measure)."""
+    return 100 * (math.exp(10 * b) - 1) if scale == "linear" else 100 * (2.0 ** b - 1)
+
+
+UNITS = {"linear": "% throughput per +10 points", "log": "% throughput per doubling"}
+
+
+def _join(d: pd.DataFrame, cols, sep: str = " / ") -> pd.Series:
+    """One label per row: the values of ``cols`` as text ('-' for missing), joined by ``sep``."""
+    return d[list(cols)].apply(lambda c: c.map(value_text)).agg(sep.join, axis=1)
+
+
+def _strata(d: pd.DataFrame, cols) -> np.ndarray:
+    return _join(d, cols).to_numpy()
+
+
+def _rho(x, y, codes) -> float:
+    """Partial Spearman rho of x and y given stratum indicators (integer ``codes``): the ranks centred
+    within each stratum (the residuals of regressing them on the indicators), then Pearson r."""
+    rx, ry = sps.rankdata(x), sps.rankdata(y)
+    _, inv, cnt = np.unique(codes, return_inverse=True, return_counts=True)
+    rx = rx - (np.bincount(inv, rx) / cnt)[inv]
+    ry = ry - (np.bincount(inv, ry) / cnt)[inv]
+    return float(stats._r(rx, ry))
+
+
+def observational(d: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Observational table: for each measure of :data:`MEASURES` the runs have, and each stratification
+    of :data:`SCOPES`, (1) the cluster-robust OLS slope of ln throughput on the measure (ln for rates,
+    points for occupancy) with stratum indicators, kernels as clusters (t on kernels - 1 df), as an
+    effect in % throughput per +10 points or per doubling with its 95 % interval; (2) the partial
+    Spearman rho with stratum indicators, its 95 % interval from a bootstrap over whole kernels
+    (``n_boot``, ``seed``) beside the row bootstrap's (which treats runs as independent).
+    ``d``: prepared measured runs (one GPU). Columns: test, predictor, scope, method, estimate,
+    ci_low, ci_high, effect, effect_low, effect_high, unit, row_ci_low, row_ci_high, stat, df, n,
+    n_kernels, p, note."""
+    rows = []
+    y = np.log(d[THROUGHPUT].to_numpy(float))
+    for col, (_, scale) in MEASURES.items():
+        if col not in d or d[col].notna().sum() < MIN_N:
+            continue
+        x = _x(d, col)
+        keep = np.isfinite(x)
+        for scope, cols in SCOPES.items():
+            s = _strata(d, cols)[keep]
+            k = d["kernel"].astype(str).to_numpy()[keep]
+            f = stats.cluster_ols(y[keep], x[keep], s, k)
+            base = {"predictor": col, "scope": scope, "n": int(keep.sum()), "n_kernels": len(set(k))}
+            eff = [_effect(v, scale) if math.isfinite(v) else math.nan for v in (f.b, f.lo, f.hi)]
+            rows.append({**base, "test": "slope (cluster-robust OLS)", "method": "ols, ln throughput",
+                         "estimate": f.b, "ci_low": f.lo, "ci_high": f.hi, "effect": eff[0],
+                         "effect_low": eff[1], "effect_high": eff[2], "unit": UNITS[scale], "stat": f.t,
+                         "df": f.df, "p": f.p, "note": f.note})
+            xs, ys, codes = x[keep], y[keep], np.unique(s, return_inverse=True)[1]
+            r = _rho(xs, ys, codes) if len(xs) > codes.max() + 2 else math.nan
+
+            def boot(i, xs=xs, ys=ys, codes=codes):
+                return _rho(xs[i], ys[i], codes[i])
+            lo, hi, _ = stats.cluster_bootstrap(boot, k, n_boot, seed=seed)
+            rlo, rhi, _ = stats.cluster_bootstrap(boot, np.arange(len(xs)), n_boot, seed=seed)
+            rows.append({**base, "test": "partial rank correlation", "method": "spearman", "estimate": r,
+                         "ci_low": lo, "ci_high": hi, "effect": math.nan, "effect_low": math.nan,
+                         "effect_high": math.nan, "unit": "rho", "row_ci_low": rlo, "row_ci_high": rhi,
+                         "stat": math.nan, "df": math.nan, "p": math.nan,
+                         "note": "interval: bootstrap over kernels; row bootstrap beside it"})
+    return pd.DataFrame(rows)
+
+
+def share_identity(d: pd.DataFrame) -> dict:
+    """How much of ln(share) the identity share = throughput x bytes/FLOP / peak explains.
+
+    With coefficients fixed at 1 (no fit), the residual e = ln(share) - ln(throughput) - ln(bytes/FLOP)
+    is -ln(peak) plus what the identity misses (the profiled duration is not the timed one);
+    ``explained`` = 1 - var(e) / var(ln share): close to 1 only when the share is the identity, and
+    below 0 for a share unrelated to throughput. ``peak_tbps``: DRAM bandwidth the share implies,
+    bytes / (profiled duration x share) (median over runs). Also the count's check: R^2 and slope of
+    ln(count) on ln(DRAM bytes). Keys absent where the runs lack the columns; ``n`` rows used."""
+    out: dict = {}
+    need = [DRAM_SHARE, DRAM_BYTES, THROUGHPUT, "flop"]
+    if all(c in d for c in need):
+        t = d[need + [NCU_DURATION]].apply(pd.to_numeric, errors="coerce")
+        t = t[(t[need] > 0).all(axis=1)]
+        if len(t) >= MIN_N:
+            ls = np.log(t[DRAM_SHARE] / 100)
+            e = ls - np.log(t[THROUGHPUT] * 1e12) - np.log(t[DRAM_BYTES] / t["flop"])
+            out.update(n=len(t), explained=float(1 - e.var() / ls.var()) if ls.var() > 0 else math.nan,
+                       resid_sd=float(e.std()))
+            dur = t[NCU_DURATION].where(t[NCU_DURATION] > 0)
+            peak = t[DRAM_BYTES] / (dur * 1e-6 * t[DRAM_SHARE] / 100) / 1e12
+            out["peak_tbps"] = float(peak.median()) if peak.notna().any() else math.nan
+    if DRAM_COUNT in d and DRAM_BYTES in d:
+        c = d[[DRAM_COUNT, DRAM_BYTES]].apply(pd.to_numeric, errors="coerce")
+        c = c[(c > 0).all(axis=1)]
+        if len(c) >= MIN_N:
+            fit = sps.linregress(np.log(c[DRAM_BYTES]), np.log(c[DRAM_COUNT]))
+            out.update(count_n=len(c), count_r2=float(fit.rvalue ** 2), count_slope=float(fit.slope))
+    if DRAM_SHARE in d and d[DRAM_SHARE].notna().any():
+        s = d[DRAM_SHARE].dropna()
+        out.update(share_max=float(s.max()), share_n=len(s), bound=int((s >= DRAM_BOUND_PCT).sum()),
+                   bound_kernels=int(d.loc[d[DRAM_SHARE] >= DRAM_BOUND_PCT, "kernel"].nunique()),
+                   under10=int((s < 10).sum()))
     return out
 
 
-def _circularity(df: pd.DataFrame) -> str:
-    """CIRCULARITY plus how much of the count duration and share explain (R^2 of logs); the
-    duration is the profiled one (ncu.duration_us) where the runs have it, else the timed median."""
-    dur = df[NCU_DURATION].where(df[NCU_DURATION].notna(), df[MEDIAN_US])
-    d = pd.DataFrame({"count": df[DRAM_COUNT], "time": dur, "share": df[DRAM_SHARE]}).dropna()
-    d = d[(d > 0).all(axis=1)]
+def _circularity_text(ident: dict) -> str:
     text = CIRCULARITY
-    if len(d) >= MIN_N:
-        r = stats.correlation(d["count"], d["time"], "spearman", n_boot=200).r
-        text += f" Here the count and the kernel's duration have Spearman rho = {r:.2f} (n = {len(d)})."
-        logs = np.log(d.to_numpy(float))
-        x = np.column_stack([np.ones(len(d)), logs[:, 1], logs[:, 2]])
-        resid = logs[:, 0] - x @ np.linalg.lstsq(x, logs[:, 0], rcond=None)[0]
-        tot = ((logs[:, 0] - logs[:, 0].mean()) ** 2).sum()
-        if tot > 0:
-            text += (f" Duration and share together explain R^2 = {1 - (resid ** 2).sum() / tot:.3f} of "
-                     "log(count): the count adds little beyond them.")
+    if "explained" in ident:
+        verdict = ("it holds here" if ident["explained"] >= CIRCULAR_EXPLAINED else
+                   "it holds only loosely here; the flag stands by the metric's definition")
+        text += (f" Check (no fitted coefficients): ln(throughput) + ln(bytes/FLOP) explain "
+                 f"{100 * ident['explained']:.1f} % of the variance of ln(share) over {ident['n']} runs "
+                 f"(residual SD {ident['resid_sd']:.3f}), {verdict}")
+        text += (f"; the share implies a peak of {ident['peak_tbps']:.2f} TB/s." if
+                 math.isfinite(ident.get("peak_tbps", math.nan)) else ".")
+    else:
+        text += (" The runs have no ncu.dram_bytes: the identity is not checked here, the flag stands by "
+                 "definition.")
+    if "count_r2" in ident:
+        text += (" The study's count of DRAM active cycles tracks DRAM traffic: ln(count) on ln(DRAM bytes) "
+                 f"has R^2 = {ident['count_r2']:.5f}, slope {ident['count_slope']:.3f} "
+                 f"({ident['count_n']} runs).")
     return text
 
 
-def predictor_study(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0,
-                    alpha: float = 0.05) -> PredictorResult:
+def kernel_identity(d: pd.DataFrame, levers) -> list[str]:
+    """Columns that say "the same kernel" apart from ``levers``: the run's config params (schema keys
+    and every dotted param column, ``data`` and ``family``) less the levers, their ``spec.``/
+    ``family.`` mirrors and :data:`NOT_IDENTITY` (not in the run key), plus m, n, k and gpu."""
+    from .schema import schema_types
+    keys = set(schema_types())
+    tails = {lv.rsplit(".", 1)[-1] for lv in levers}
+    cols = []
+    for c in d.columns:
+        is_param = c in keys or c in ("data", "family") or ("." in c and not c.startswith("metrics."))
+        mirror = c.startswith(("spec.", "family.")) and c.rsplit(".", 1)[-1] in tails
+        if (is_param and c not in levers and not mirror and c not in NOT_IDENTITY
+                and not c.startswith("tracking.")):
+            cols.append(c)
+    return cols + [c for c in ("m", "n", "k", "gpu") if c in d and c not in cols]
+
+
+def load_replicates(uri: str, run_ids) -> dict:
+    """run id -> replicate medians (us, MLflow steps 0..R-1 of metric ``replicate_median_us``) of the
+    runs that logged them. Raises what MlflowClient raises for an unreachable store."""
+    import mlflow
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    out = {}
+    for rid in run_ids:
+        hist = sorted(client.get_metric_history(rid, "replicate_median_us"), key=lambda m: m.step)
+        if hist:
+            out[rid] = [m.value for m in hist]
+    return out
+
+
+def _lever_runs(d: pd.DataFrame, levers) -> pd.DataFrame:
+    """Rows of kernels measured at two or more settings of ``levers``, with column ``_group``."""
+    present = [c for c in levers if c in d and d[c].notna().any()]
+    if not present:
+        return d.iloc[:0]
+    d = d.copy()
+    for c in present:
+        d[c] = d[c].astype(object).where(d[c].notna(), LEVER_DEFAULTS.get(c, "-"))
+    ident = kernel_identity(d, levers)
+    d["_group"] = _join(d, ident, "|") if ident else "all"
+    d["_setting"] = _join(d, present, "|")
+    n_set = d.groupby("_group")["_setting"].transform("nunique")
+    return d[n_set >= 2]
+
+
+def _run_y(d: pd.DataFrame, replicates: dict):
+    """Per run: ln throughput (mean over replicates where logged) and a sampler of it for the
+    measurement bootstrap; the source named ('replicates', 'batch spread' or 'none')."""
+    ys, draws, kinds = [], [], []
+    for _, r in d.iterrows():
+        thr, med = float(r[THROUGHPUT]), float(r[MEDIAN_US])
+        rep = np.asarray(replicates.get(r.get("run_id"), []), float)
+        rep = rep[np.isfinite(rep) & (rep > 0)]
+        if len(rep) >= 2:
+            yr = np.log(thr * med / rep)
+            ys.append(float(yr.mean()))
+            draws.append(lambda rng, yr=yr: float(rng.choice(yr, len(yr)).mean()))
+            kinds.append("replicates")
+            continue
+        ys.append(math.log(thr))
+        lo_us, hi_us = (float(r.get(c, math.nan)) for c in ("min_us", "max_us"))
+        if math.isfinite(lo_us) and math.isfinite(hi_us) and 0 < lo_us <= hi_us:
+            a, b = math.log(thr * med / hi_us), math.log(thr * med / lo_us)
+            draws.append(lambda rng, a=a, b=b: float(rng.uniform(a, b)))
+            kinds.append("batch spread")
+        else:
+            draws.append(lambda rng, v=ys[-1]: v)
+            kinds.append("none")
+    return np.array(ys), draws, kinds
+
+
+def interventional(df: pd.DataFrame, replicates: dict | None = None, n_boot: int = 2000,
+                   seed: int = 0) -> pd.DataFrame:
+    """Interventional table: per lever (occupancy, DRAM traffic), precision and size, the effect on
+    throughput of the lever's measure holding the kernel fixed (:func:`kernel_identity`).
+
+    The effect is the within-kernel slope of ln throughput on achieved occupancy (points; theoretical
+    occupancy x 100 where a group lacks the counter) or on ln DRAM bytes, as % throughput per +10
+    points or per doubling. Intervals (95 %): ``rep_*`` from resampling each run's replicates
+    (``replicates``: run id -> replicate medians in us; else the timed batches' min..max, named in
+    ``ci_source``), ``kern_*`` from a bootstrap over kernels (needs 2+). ``p``: one-sample t-test of
+    the per-kernel slopes (df = kernels - 1; NaN for one kernel). Empty when no kernel was measured at
+    two settings of a lever."""
+    replicates = replicates or {}
+    d = _prepare(df) if "flop" in df and BYTES_PER_FLOP not in df else df
+    rows = []
+    for lever, levers in (("occupancy", OCCUPANCY_LEVERS), ("DRAM traffic", TRAFFIC_LEVERS)):
+        runs = _lever_runs(d, levers)
+        for (prec, size), g in runs.groupby(["precision", "size"], sort=False):
+            row = {"lever": lever, "levers": ", ".join(c for c in levers if c in g), "precision": prec,
+                   "size": size}
+            rows.append({**row, **_stratum_effect(g, lever, replicates, n_boot, seed)})
+    return pd.DataFrame(rows)
+
+
+def _lever_measure(g: pd.DataFrame, lever: str) -> tuple[np.ndarray, str, str]:
+    """The lever's measure per run (x), its name and its scale ('linear' points or 'log')."""
+    if lever != "occupancy":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(pd.to_numeric(g[DRAM_BYTES], errors="coerce").to_numpy(float)), "DRAM bytes", "log"
+    ach = pd.to_numeric(g[OCCUPANCY], errors="coerce")
+    theo = 100 * pd.to_numeric(g.get(THEORETICAL, pd.Series(np.nan, g.index)), errors="coerce")
+    has = ach.notna().groupby(g["_group"]).transform("all")      # a kernel's runs all have the counter
+    name = ("achieved occupancy" if has.all() else "theoretical occupancy" if not has.any()
+            else "achieved (theoretical where missing) occupancy")
+    return ach.where(has, theo).to_numpy(float), name, "linear"
+
+
+def _stratum_effect(g: pd.DataFrame, lever: str, replicates: dict, n_boot: int, seed: int) -> dict:
+    """The within-kernel effect of one precision x size stratum of lever runs, with its intervals."""
+    x, measure, scale = _lever_measure(g, lever)
+    keep = np.isfinite(x)
+    if not keep.any():
+        return {"measure": measure, "kernels": g["_group"].nunique(), "runs": len(g), "slope": math.nan,
+                "effect": math.nan, "unit": UNITS[scale], "p": math.nan, "ci_source": "-", "x_range": "-",
+                "note": f"no run has {measure} (profile the runs)"}
+    g, x = g[keep], x[keep]
+    y, draws, kinds = _run_y(g, replicates)
+    grp = g["_group"].to_numpy()
+    b = stats.within_slope(y, x, grp)
+    slopes = [stats.within_slope(y[grp == k], x[grp == k], grp[grp == k]) for k in dict.fromkeys(grp)]
+    slopes = [v for v in slopes if math.isfinite(v)]
+    rng = np.random.default_rng(seed)
+    rep = [stats.within_slope([draw(rng) for draw in draws], x, grp) for _ in range(n_boot)]
+    rlo, rhi = np.quantile(rep, [0.025, 0.975]) if math.isfinite(b) else (math.nan, math.nan)
+    klo = khi = p = math.nan
+    if len(slopes) >= 2:
+        klo, khi, _ = stats.cluster_bootstrap(lambda i: stats.within_slope(y[i], x[i], grp[i]), grp,
+                                              n_boot, seed=seed)
+        p = float(sps.ttest_1samp(slopes, 0.0).pvalue)
+
+    def eff(v):
+        return _effect(v, scale) if math.isfinite(v) else math.nan
+    lo, hi = np.nanmin(x), np.nanmax(x)
+    lo, hi = (lo, hi) if scale == "linear" else (math.exp(lo), math.exp(hi))
+    return {"measure": measure, "kernels": len(slopes), "runs": len(g), "slope": b, "effect": eff(b),
+            "unit": UNITS[scale], "rep_low": eff(rlo), "rep_high": eff(rhi),
+            "ci_source": " and ".join(sorted(set(kinds))),
+            "kern_low": eff(klo), "kern_high": eff(khi), "p": p,
+            "x_range": f"{lo:.3g}..{hi:.3g}" + ("" if scale == "linear" else " B")}
+
+
+def predictor_study(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, alpha: float = ALPHA,
+                    replicates: dict | None = None) -> PredictorResult:
     """Answer the predictor question for the measured runs of ONE GPU.
 
     df: tidy table (:func:`analysis.runs.load_runs`); only :func:`~analysis.runs.ok_runs` rows with a
-    throughput are used. Rank (Spearman, on throughput) and linear (Pearson, on log10 throughput and
-    log10 of the count) correlations with percentile bootstrap intervals (``n_boot``, ``seed``):
-    pooled, within each size (sizes with >= 4 runs), and partial controlling for size (indicators).
-    Williams' T2 compares each pair of :data:`COMPARISONS` (df = n - 3, minus the size indicators when
-    partial). The regression puts the share and occupancy together (standardised, size indicators as
-    controls). Every p-value goes into one Holm correction; ``family_size`` is its size.
-    Raises ValueError when df holds runs of several GPUs (analyse each GPU separately).
+    throughput are used. ``replicates``: run id -> replicate medians (us) for the interventional
+    intervals (:func:`load_replicates`). Returns the observational table (``tests``), the
+    interventional one, the share's identity check (``identity``, ``circularity``), one Holm
+    correction over every p-value of both tables (``family_size``) and ``verdict``, the one-paragraph
+    answer. Raises ValueError when df holds runs of several GPUs (analyse each GPU separately).
     """
     gpus = df["gpu"].dropna().unique()
     if len(gpus) > 1:
         raise ValueError(f"runs of {len(gpus)} GPUs ({', '.join(map(str, gpus))}): pass one GPU's runs")
-    d = ok_runs(df)
-    d = d[d[THROUGHPUT].notna()]
+    d = _prepare(df)
     notes: list[str] = []
-    res = PredictorResult(pd.DataFrame(), None, n=len(d), sizes=size_order(d), notes=notes)
-    preds = _usable(d, notes)
-    if len(d) < MIN_N or not preds:
-        why = (f"only {len(d)} measured run(s)" if len(d) < MIN_N else
-               "no run has the Nsight Compute metrics it needs (profile the runs first)")
-        res.verdict = f"The predictor question cannot be answered from these runs: {why}."
+    res = PredictorResult(pd.DataFrame(), n=len(d), sizes=size_order(d), notes=notes,
+                          n_kernels=int(d["kernel"].nunique()))
+    res.interventional = interventional(d, replicates, n_boot, seed)
+    have = [c for c in MEASURES if c in d and d[c].notna().sum() >= MIN_N]
+    if not [c for c in have if c != BYTES_PER_FLOP] and res.interventional.empty:
+        notes.append("No run has the Nsight Compute metrics (ncu.achieved_occupancy_pct, ncu.dram_bytes, "
+                     "ncu.dram_active_pct, ncu.dram_cycles_active): profile the runs first; nothing is said "
+                     "about occupancy or DRAM activity.")
+        res.verdict = ("The predictor question cannot be answered from these runs: no run has the Nsight "
+                       "Compute metrics it needs (profile the runs first), and no kernel was measured at two "
+                       "settings of an occupancy or DRAM-traffic lever.")
         return res
-    sizes = res.sizes
-    cov = stats.design_matrix(d["size"]) if len(sizes) > 1 else None
-    rows = []
-    for col in preds:
-        for method in stats.METHODS:
-            y = d[THROUGHPUT].to_numpy(float) if method == "spearman" else _lin(d, THROUGHPUT)
-            x = d[col].to_numpy(float) if method == "spearman" else _lin(d, col)
-            rows.append(_row("correlation", col, "pooled",
-                             stats.correlation(x, y, method, None, n_boot, seed=seed)))
-            if cov is not None:
-                rows.append(_row("partial correlation", col, "controlling for size",
-                                 stats.correlation(x, y, method, cov, n_boot, seed=seed)))
-            for s in sizes:
-                m = (d["size"] == s).to_numpy()
-                if m.sum() >= MIN_N:
-                    rows.append(_row("correlation", col, f"N={s}",
-                                     stats.correlation(x[m], y[m], method, None, n_boot, seed=seed)))
-    small = [s for s in sizes if (d["size"] == s).sum() < MIN_N]
-    if small:
-        counts = ", ".join(str((d["size"] == s).sum()) for s in small)
-        notes.append(f"Within-size correlations need >= {MIN_N} kernels per size; skipped for "
-                     f"N = {', '.join(small)} ({counts} run(s)).")
-    for a, b in COMPARISONS:
-        if a not in preds or b not in preds:
-            continue
-        for method in stats.METHODS:
-            y = d[THROUGHPUT].to_numpy(float) if method == "spearman" else _lin(d, THROUGHPUT)
-            xa = d[a].to_numpy(float) if method == "spearman" else _lin(d, a)
-            xb = d[b].to_numpy(float) if method == "spearman" else _lin(d, b)
-            for scope, c in (("pooled", None), ("controlling for size", cov)):
-                if scope != "pooled" and c is None:
-                    continue
-                t = stats.compare_dependent(y, xa, xb, method, c)
-                rows.append({"test": "Williams T2", "predictor": f"{a} vs {b}", "scope": scope,
-                             "method": method, "estimate": t.r1 - t.r2, "ci_low": math.nan,
-                             "ci_high": math.nan, "stat": t.t, "df": t.df, "n": t.n, "p": t.p,
-                             "note": t.note or f"abs(r): {t.r1:.3f} vs {t.r2:.3f}"})
-    reg_cols = [c for c in (DRAM_SHARE, OCCUPANCY) if c in preds]
-    if len(reg_cols) == 2:
-        try:
-            xs = {c: _lin(d, c) for c in reg_cols}
-            table, res.r2, n = stats.standardized_ols(_lin(d, THROUGHPUT), xs, cov)
-            table.insert(0, "test", "OLS (standardised)")
-            table["n"] = n
-            res.regression = table
-        except ValueError as exc:
-            notes.append(f"No regression: {exc}.")
-    else:
-        notes.append("No regression with both predictors: it needs the DRAM share and occupancy.")
-    tests = pd.DataFrame(rows)
-    pvals = list(tests["p"]) + ([] if res.regression is None else list(res.regression["p"]))
+    for c in MEASURES:
+        if c not in have:
+            notes.append(f"{MEASURES[c][0]}: fewer than {MIN_N} measured runs have it; left out.")
+    res.tests = observational(d, n_boot, seed) if len(d) >= MIN_N else pd.DataFrame()
+    pvals = list(res.tests.get("p", [])) + list(res.interventional.get("p", []))
     adj = stats.adjust_pvalues(pvals)
-    tests["p_adj"] = adj[:len(tests)]
-    if res.regression is not None:
-        res.regression["p_adj"] = adj[len(tests):]
-    res.tests, res.family_size = tests, int(np.isfinite(np.asarray(pvals, float)).sum())
-    if DRAM_COUNT in preds:
-        res.circularity = _circularity(d)
-    res.verdict = _verdict(res, preds, alpha)
+    if not res.tests.empty:
+        res.tests["p_adj"] = adj[:len(res.tests)]
+    if not res.interventional.empty:
+        res.interventional["p_adj"] = adj[len(res.tests):]
+    res.family_size = int(np.isfinite(np.asarray(pvals, float)).sum())
+    res.identity = share_identity(d)
+    if DRAM_SHARE in have:
+        res.circularity = _circularity_text(res.identity)
+    res.verdict = _answer(res, alpha)
     return res
 
 
-def _fmt(row) -> str:
-    ci = "" if not math.isfinite(row["ci_low"]) else f", 95% CI [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
-    return f"rho = {row['estimate']:.2f}{ci}"
+def _ci(lo, hi, digits=0) -> str:
+    return "-" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
-def _verdict(res: PredictorResult, preds: list[str], alpha: float) -> str:
+def _interventional_text(res: PredictorResult, alpha: float) -> str:
+    t = res.interventional
+    if t.empty:
+        return (f"No interventional runs are here: no kernel was measured at two settings of "
+                f"{', '.join(OCCUPANCY_LEVERS)} (occupancy) or of {', '.join(TRAFFIC_LEVERS)} (DRAM traffic) "
+                "with everything else equal (experiment=predictors makes such runs), so what changing "
+                "occupancy or DRAM traffic does to throughput is not measured by these runs.")
+    parts = []
+    for lever, g in t.groupby("lever", sort=False):
+        if g["effect"].isna().all():
+            missing = g["note"].dropna().iloc[0] if "note" in g else "no measure"
+            parts.append(f"{len(g)} stratum(s) hold runs of one kernel at several settings of "
+                         f"{g['levers'].iloc[0]}, but {missing}: "
+                         f"the effect of {lever} is not measured.")
+            continue
+        g = g[g["effect"].notna()]
+        sig = g[g["p_adj"] < alpha]
+        excl = g[(g["kern_low"] > 0) | (g["kern_high"] < 0) |
+                 ((g["kernels"] < 2) & ((g["rep_low"] > 0) | (g["rep_high"] < 0)))]
+        sources = ", ".join(sorted(set(g["ci_source"])))
+        parts.append(f"Changing {lever} through {g['levers'].iloc[0]} with the kernel held fixed "
+                     f"({int(g['kernels'].max())} kernel(s) per stratum at most, "
+                     f"{int(g['runs'].sum())} runs, "
+                     f"{len(g)} precision x size strata, intervals from {sources}) "
+                     f"moves throughput by {g['effect'].min():+.3g} to {g['effect'].max():+.3g} "
+                     f"{g['unit'].iloc[0]} of {g['measure'].iloc[0]}; the 95 % interval excludes 0 in "
+                     f"{len(excl)} of {len(g)} strata and {len(sig)} have Holm-adjusted p < {alpha}.")
+    return " ".join(parts)
+
+
+def _obs_row(t, col, scope):
+    r = t[(t["predictor"] == col) & (t["scope"] == scope) & (t["test"] == "slope (cluster-robust OLS)")]
+    return None if r.empty or not math.isfinite(r.iloc[0]["estimate"]) else r.iloc[0]
+
+
+def _observational_text(res: PredictorResult, alpha: float) -> str:
     t = res.tests
-    lead = [c for c in (DRAM_SHARE, DRAM_COUNT) if c in preds]
-    partial = len(res.sizes) > 1
-    scope = "controlling for size" if partial else "pooled"
-    where = (f"Controlling for problem size ({res.n} runs, {len(res.sizes)} sizes)" if partial
-             else f"Across {res.n} runs of one size (N = {res.sizes[0]})")
-    pick = t[(t["method"] == "spearman") & (t["scope"] == scope) & t["test"].str.contains("correlation")]
-    got = {r["predictor"]: r for _, r in pick.iterrows() if math.isfinite(r["estimate"])}
-    if not got:
-        why = "; ".join(dict.fromkeys(n for n in pick["note"] if n)) or "no estimable correlation"
-        return (f"{where}: no verdict, {why}."
-                + (" A correlation across sizes alone would measure the problem size, not the kernels."
-                   if partial else ""))
-    if OCCUPANCY not in got or not lead or lead[0] not in got:
-        have = ", ".join(f"{PREDICTORS[c][0]} {_fmt(r)}" for c, r in got.items())
-        gone = "achieved occupancy" if OCCUPANCY not in got else "DRAM activity"
-        return f"{where}: {have}. The two predictors cannot be compared: {gone} is not measured or constant."
-    dram = lead[0]
-    w = t[(t["test"] == "Williams T2") & (t["predictor"] == f"{dram} vs {OCCUPANCY}")
-          & (t["method"] == "spearman") & (t["scope"] == scope)]
-    a, b = got[dram], got[OCCUPANCY]
-    text = (f"{where}, throughput has partial Spearman " if partial else f"{where}, throughput has Spearman ")
-    text += (f"{_fmt(a)} with {PREDICTORS[dram][0]} (Holm-adjusted p = {a['p_adj']:.3g}) and {_fmt(b)} with "
-             f"achieved occupancy (adjusted p = {b['p_adj']:.3g}). ")
-    if w.empty or not math.isfinite(w.iloc[0]["stat"]):
-        return (text + "No test of the difference was possible"
-                + (f": {w.iloc[0]['note']}." if len(w) else "."))
-    w = w.iloc[0]
-    better = PREDICTORS[dram][0] if abs(a["estimate"]) > abs(b["estimate"]) else "achieved occupancy"
-    test = (f"Williams t({int(w['df'])}) = {w['stat']:.2f}, p = {w['p']:.3g}, "
-            f"Holm-adjusted p = {w['p_adj']:.3g}")
-    if w["p_adj"] < alpha:
-        text += (f"{better[0].upper() + better[1:]} is the better predictor ({test}; "
-                 f"family of {res.family_size} tests).")
-    else:
-        text += (f"The difference between the two is not significant ({test}; family of {res.family_size} "
-                 "tests): these runs do not show that one predicts throughput better than the other.")
-    if dram == DRAM_COUNT:
-        text += " DRAM activity here is the count, which is close to circular (see the flag)."
+    if t.empty:
+        return "Observationally nothing can be said: too few measured runs with the ncu metrics."
+    first = t.iloc[0]
+    head = (f"Observationally (kernels as they are: {first['n_kernels']} kernel(s), {res.n} runs, strata of "
+            f"size x precision, the kernel as the unit)")
+    said = []
+    for col in (OCCUPANCY, BYTES_PER_FLOP):
+        r = _obs_row(t, col, PRIMARY)
+        if r is None:
+            continue
+        sig = "significant" if r["p_adj"] < alpha else "not significant"
+        said.append(f"{r['effect']:+.3g} {r['unit'].replace('% throughput ', '% ')} of "
+                    f"{MEASURES[col][0].split(' (')[0]} "
+                    f"(95 % CI {_ci(r['effect_low'], r['effect_high'], 1)}, "
+                    f"Holm p = {r['p_adj']:.3g}, {sig})")
+    notes = t.loc[t["scope"] == PRIMARY, "note"]
+    why = "; ".join(dict.fromkeys(n for n in notes if n and "bootstrap" not in n))
+    text = head + (", throughput changes by " + " and by ".join(said) + "." if said else
+                   f": no estimate for occupancy or DRAM traffic per operation ({why or 'not measured'}).")
+    flips = []
+    for col in (OCCUPANCY, BYTES_PER_FLOP):
+        a, b = _obs_row(t, col, PRIMARY), _obs_row(t, col, "size only (the study's control)")
+        if a is not None and b is not None and np.sign(a["estimate"]) != np.sign(b["estimate"]):
+            flips.append(f"{MEASURES[col][0].split(' (')[0]} ({b['effect']:+.3g} pooled over precision, "
+                         f"{a['effect']:+.3g} within)")
+    if flips:
+        text += (" Controlling for size only, as the study did, flips the sign for " + " and ".join(flips)
+                 + ": precision confounds that comparison.")
     return text
+
+
+def _answer(res: PredictorResult, alpha: float) -> str:
+    text = _interventional_text(res, alpha) + " " + _observational_text(res, alpha)
+    ident = res.identity
+    if res.circularity:
+        share = (f" (that identity explains {100 * ident['explained']:.1f} % of its log variance)"
+                 if "explained" in ident else "")
+        text += (" DRAM bandwidth utilisation is not evidence either way: it is throughput x bytes/FLOP / "
+                 f"peak{share}, so its correlation with throughput is circular.")
+    if "count_r2" in ident:
+        text += (" The study's count of DRAM active cycles measures DRAM traffic "
+                 f"(R^2 = {ident['count_r2']:.4f} against DRAM bytes, log scales), not time.")
+    if "share_max" in ident and ident["bound_kernels"] < MIN_N:
+        text += (f" Whether DRAM bandwidth limits throughput cannot be answered on this GPU: "
+                 f"{ident['bound']} of {ident['share_n']} runs ({ident['bound_kernels']} kernel(s)) use "
+                 f">= {DRAM_BOUND_PCT:.0f} % of DRAM bandwidth (highest {ident['share_max']:.1f} %) and "
+                 f"{ident['under10']} use under 10 %: too few kernels are DRAM-bound to tell.")
+    elif "share_max" in ident:
+        text += (f" {ident['bound']} of {ident['share_n']} runs ({ident['bound_kernels']} kernels) use >= "
+                 f"{DRAM_BOUND_PCT:.0f} % of DRAM bandwidth (highest {ident['share_max']:.1f} %): whether "
+                 "bandwidth limits them is for the DRAM-traffic interventions to show, not the share.")
+    return text + f" (One Holm correction over {res.family_size} tests.)"
+
+
+def tables(res: PredictorResult) -> dict[str, pd.DataFrame]:
+    """Display tables of a result: 'interventional', 'slopes', 'ranks', 'diagnostics' (those it has)."""
+    out = {}
+    names = {"n": "runs in the identity check", "explained": "share of var ln(share) the identity explains",
+             "resid_sd": "SD of the identity's residual (ln)",
+             "peak_tbps": "peak DRAM bandwidth the share implies (TB/s)",
+             "count_n": "runs in the count check", "count_r2": "R^2 of ln(count) on ln(DRAM bytes)",
+             "count_slope": "slope of ln(count) on ln(DRAM bytes)", "share_n": "runs with the share",
+             "share_max": "highest DRAM bandwidth utilisation (%)",
+             "bound": f"runs at >= {DRAM_BOUND_PCT:.0f} % of DRAM bandwidth",
+             "bound_kernels": f"kernels with a run at >= {DRAM_BOUND_PCT:.0f} %",
+             "under10": "runs under 10 %"}
+    if res.identity:
+        out["diagnostics"] = pd.DataFrame({"DRAM diagnostic": [names[k] for k in res.identity],
+                                           "value": [f"{v:.5g}" for v in res.identity.values()]})
+    iv = res.interventional
+    if not iv.empty:
+        out["interventional"] = pd.DataFrame({
+            "lever": iv["lever"], "measure (range)": iv["measure"] + " (" + iv["x_range"] + ")",
+            "precision": iv["precision"], "N": iv["size"], "kernels": iv["kernels"], "runs": iv["runs"],
+            "effect": iv["effect"], "unit": iv["unit"],
+            "95% CI, replicates": [_ci(a, b, 1) for a, b in zip(iv["rep_low"], iv["rep_high"], strict=True)],
+            "from": iv["ci_source"],
+            "95% CI, kernels": [_ci(a, b, 1) for a, b in zip(iv["kern_low"], iv["kern_high"], strict=True)],
+            "p": iv["p"], "Holm p": iv["p_adj"]})
+    t = res.tests
+    if not t.empty:
+        s = t[t["test"] == "slope (cluster-robust OLS)"]
+        out["slopes"] = pd.DataFrame({
+            "measure": s["predictor"].map(lambda c: MEASURES[c][0]), "strata": s["scope"],
+            "effect": s["effect"], "unit": s["unit"],
+            "95% CI": [_ci(a, b, 1) for a, b in zip(s["effect_low"], s["effect_high"], strict=True)],
+            "t": s["stat"], "df": s["df"], "p": s["p"], "Holm p": s["p_adj"], "runs": s["n"],
+            "kernels": s["n_kernels"], "note": s["note"]})
+        r = t[t["test"] == "partial rank correlation"]
+        out["ranks"] = pd.DataFrame({
+            "measure": r["predictor"].map(lambda c: MEASURES[c][0]), "strata": r["scope"],
+            "rho": r["estimate"],
+            "95% CI, kernels resampled": [_ci(a, b, 2) for a, b in zip(r["ci_low"], r["ci_high"],
+                                                                         strict=True)],
+            "95% CI, runs resampled": [_ci(a, b, 2) for a, b in zip(r["row_ci_low"], r["row_ci_high"],
+                                                                      strict=True)],
+            "runs": r["n"], "kernels": r["n_kernels"]})
+    return out

@@ -24,7 +24,8 @@ import pandas as pd
 
 from . import claims as claims_mod
 from . import figures, tables
-from .predictors import PREDICTORS, predictor_study
+from .predictors import load_replicates, predictor_study
+from .predictors import tables as predictor_tables
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
 from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, size_order, unmeasured_note
 
@@ -98,26 +99,7 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
             lines.append(f"- {_CAPTIONS[name]}: not drawn, {note}.")
             notes.append(f"{gpu}: {_CAPTIONS[name].lower()}: {note}.")
     lines += ["", "### Does occupancy or DRAM activity predict throughput?", ""]
-    res = predictor_study(d, n_boot=n_boot)
-    labels = {c: v[0] for c, v in PREDICTORS.items()}
-    lines += [f"**Verdict.** {res.verdict}", ""]
-    if res.circularity:
-        lines += [f"> **Circularity flag.** {res.circularity}", ""]
-    notes += [f"{gpu}: {n}" for n in res.notes]
-    if not res.tests.empty:
-        lines += [f"One Holm correction covers the whole family of **{res.family_size} tests** below "
-                  "(correlations, Williams' tests and regression coefficients). Spearman is on throughput; "
-                  "Pearson and the regression on log10 throughput (and log10 of the count).", "",
-                  tables.markdown(tables.correlation_table(res.tests, labels)), "",
-                  "Williams' T2 for two dependent correlations sharing throughput (Steiger 1980, df = n - 3, "
-                  "less the size indicators when partial):", "",
-                  tables.markdown(tables.williams_table(res.tests))]
-        res.tests.to_csv(out / f"predictor_tests{suffix}.csv", index=False)
-        files.append(out / f"predictor_tests{suffix}.csv")
-    if res.regression is not None:
-        lines += ["", "Regression of standardised log10 throughput on both predictors (size indicators as "
-                  f"controls), R^2 = {res.r2:.3f}:", "",
-                  tables.markdown(tables.regression_table(res.regression, labels))]
+    lines += _predictor_lines(d, suffix, out, n_boot, files, notes, gpu)
     lines.append("")
     side = tables.beside_study(ok_runs(d), reference)
     if not side.empty:
@@ -147,6 +129,51 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
         show = t.rename(columns={"this_gpu": "this GPU", "study_recomputed": "study recomputed",
                                  "published_flag": "flag on the published value"})
         lines += [tables.markdown(show.drop(columns=["sizes"])), ""]
+    return lines
+
+
+def _replicates(d: pd.DataFrame) -> dict:
+    """Replicate medians of the runs that logged them (metric history), where the store is known."""
+    uri = d.attrs.get("uri")
+    col = "replicate_median_us" if "replicate_median_us" in d else None
+    if not uri or col is None or d[col].isna().all():
+        return {}
+    return load_replicates(uri, d.loc[d[col].notna(), "run_id"])
+
+
+def _predictor_lines(d: pd.DataFrame, suffix: str, out: Path, n_boot: int, files: list, notes: list[str],
+                     gpu: str) -> list[str]:
+    """The predictor section: the one-paragraph answer, then the tables its numbers come from."""
+    res = predictor_study(d, n_boot=n_boot, replicates=_replicates(d))
+    print(f"{gpu}: {res.verdict}")
+    lines = [f"**Answer.** {res.verdict}", ""]
+    if res.circularity:
+        lines += [f"> **Circularity flag (DRAM bandwidth utilisation).** {res.circularity}", ""]
+    if "diagnostics" in (shown := predictor_tables(res)):
+        lines += [tables.markdown(shown["diagnostics"]), ""]
+    notes += [f"{gpu}: {n}" for n in res.notes]
+    if "interventional" in shown:
+        lines += ["Interventional: runs of one kernel (the run's params less the lever's, with its size and "
+                  "GPU) at several settings of a lever; the effect is the within-kernel slope of ln "
+                  "throughput. Intervals: from each run's replicates (or, said so, its timed batches' "
+                  "min..max) and from a bootstrap over kernels; p: t-test of the per-kernel slopes "
+                  "(df = kernels - 1).", "",
+                  tables.markdown(shown["interventional"]), ""]
+    if "slopes" in shown:
+        lines += [f"Observational, {res.n_kernels} kernels and {res.n} runs: OLS of ln throughput on each "
+                  "measure (ln for DRAM measures, points for occupancy) with one indicator per stratum; "
+                  "standard errors cluster-robust over kernels (a kernel's runs at five sizes are not "
+                  "independent), t on kernels - 1 df. One Holm correction covers the whole family of "
+                  f"**{res.family_size} tests** (every p in the tables of this section).", "",
+                  tables.markdown(shown["slopes"]), "",
+                  "Partial Spearman rho within strata, 95 % intervals from resampling whole kernels and, "
+                  "beside them, from resampling runs (which treats a kernel's runs as independent):", "",
+                  tables.markdown(shown["ranks"]), ""]
+        res.tests.to_csv(out / f"predictor_tests{suffix}.csv", index=False)
+        files.append(out / f"predictor_tests{suffix}.csv")
+    if not res.interventional.empty:
+        res.interventional.to_csv(out / f"predictor_interventions{suffix}.csv", index=False)
+        files.append(out / f"predictor_interventions{suffix}.csv")
     return lines
 
 

@@ -13,6 +13,7 @@ cannot answer instead of failing.
 """
 from __future__ import annotations
 
+import math
 import shlex
 import typing
 from dataclasses import dataclass
@@ -97,6 +98,9 @@ OCCUPANCY, DRAM_SHARE, DRAM_COUNT = "achieved_occupancy_pct", "dram_active_pct",
 _BY_KEY = {(c.source, c.key): c for c in COLUMNS}
 _NAMES = {c.name for c in COLUMNS}
 _IDENTITY = ["kernel", "m", "n", "k", "gpu"]
+# run-key settings the kernel's entry name does not carry (the same PTX launched otherwise), with the
+# value a run logged before the setting existed ran with: runs that differ in one are not duplicates
+_SETTINGS = {"launch.blocks_per_sm": 0, "data": "full", "timing.regime": "sustained"}
 
 
 def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
@@ -155,13 +159,28 @@ def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
     return df
 
 
+def value_text(v) -> str:
+    """A param value as text to compare by: '-' for missing, integral numbers without '.0' (a param
+    read back as 2, 2.0 or '2' is the same setting), else str()."""
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return "-"
+    number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    if number and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
 def _dedupe(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (kernel, size, GPU): a FINISHED run before others, then the newest."""
+    """One row per (kernel, size, GPU, settings of :data:`_SETTINGS`): a FINISHED run before others,
+    then the newest."""
     keyed = df.dropna(subset=["kernel", "m"])
     rest = df.drop(keyed.index)
-    keyed = keyed.assign(_fin=(keyed["status"] == "FINISHED").astype(int))
+    settings = {f"_{c}": keyed[c].astype(object).where(keyed[c].notna(), v).map(value_text)
+                for c, v in _SETTINGS.items() if c in keyed}
+    keyed = keyed.assign(_fin=(keyed["status"] == "FINISHED").astype(int), **settings)
     keyed = keyed.sort_values(["_fin", "start_time"], ascending=False)
-    keyed = keyed.drop_duplicates(subset=_IDENTITY, keep="first").drop(columns="_fin")
+    keyed = keyed.drop_duplicates(subset=_IDENTITY + list(settings), keep="first")
+    keyed = keyed.drop(columns=["_fin", *settings])
     out = pd.concat([keyed, rest], ignore_index=True)
     out.attrs["duplicates_dropped"] = len(df) - len(out)
     return out

@@ -4,7 +4,10 @@ two dependent correlations that share a variable, standardised regression, multi
 Sources: Williams' T2 and Steiger's Z as given by Steiger (1980), "Tests for comparing elements of a
 correlation matrix", Psychological Bulletin 87(2), 245-251, eq. 7 (T2, df = n - 3) and eq. 14 (Z with
 the pooled r); Holm (1979) through ``statsmodels.stats.multitest.multipletests``; OLS through
-``statsmodels``. Pure functions of arrays: no I/O, no module state.
+``statsmodels``; cluster-robust OLS (the CR1 sandwich with statsmodels' small-sample factor
+G/(G-1) (N-1)/(N-K) and t with G - 1 df, Cameron & Miller 2015, "A practitioner's guide to
+cluster-robust inference", J. Human Resources 50(2), eq. 11) and the cluster (block) bootstrap in NumPy.
+Pure functions of arrays: no I/O, no module state.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import numpy as np
 from scipy import stats as sps
 
 __all__ = ["Corr", "correlation", "williams_t", "steiger_z", "DependentTest", "compare_dependent",
-           "standardized_ols", "adjust_pvalues", "design_matrix"]
+           "standardized_ols", "adjust_pvalues", "design_matrix", "ClusterFit", "cluster_ols",
+           "cluster_bootstrap", "within_slope"]
 
 METHODS = ("spearman", "pearson")
 
@@ -226,3 +230,99 @@ def adjust_pvalues(p, method: str = "holm") -> np.ndarray:
     if ok.any():
         out[ok] = multipletests(p[ok], method=method)[1]
     return out
+
+
+def _dummies(strata) -> np.ndarray:
+    """One indicator column per level of ``strata`` (no intercept), float (n, levels)."""
+    strata = np.asarray(strata)
+    levels = list(dict.fromkeys(strata.tolist()))
+    return np.column_stack([(strata == lv).astype(float) for lv in levels])
+
+
+@dataclass(frozen=True)
+class ClusterFit:
+    """Slope of y on x with stratum fixed effects: ``b`` (y units per x unit), cluster-robust ``se``,
+    ``t``, ``df`` = clusters - 1, two-sided ``p``, 95 % interval [lo, hi], ``n`` rows, ``g`` clusters;
+    ``note`` says why a value is missing (NaN)."""
+    b: float
+    se: float
+    t: float
+    df: int
+    p: float
+    lo: float
+    hi: float
+    n: int
+    g: int
+    note: str = ""
+
+
+def cluster_ols(y, x, strata, clusters, level: float = 0.95) -> ClusterFit:
+    """OLS of y on x plus one indicator per stratum, with a cluster-robust (CR1) standard error.
+
+    y, x: 1-D float arrays (rows with NaN dropped); ``strata``: labels whose indicators absorb each
+    stratum's mean (e.g. size x precision); ``clusters``: labels of the independent units (e.g. the
+    kernel: its runs at several sizes are not independent). The covariance is
+    c (X'X)^-1 (sum_g X_g'u_g u_g'X_g) (X'X)^-1 with c = G/(G-1) (N-1)/(N-K), K = rank of X; the
+    test is t with G - 1 df (as statsmodels' ``cov_type='cluster'``, ``use_t=True``). Fewer than 2
+    clusters, or no x variation within strata, give NaN with ``note``.
+    """
+    y, x = np.asarray(y, float), np.asarray(x, float)
+    keep = np.isfinite(y) & np.isfinite(x)
+    y, x = y[keep], x[keep]
+    strata, clusters = np.asarray(strata)[keep], np.asarray(clusters)[keep]
+    n, g = len(y), len(set(clusters.tolist()))
+    nan = ClusterFit(*([math.nan] * 3), max(g - 1, 0), *([math.nan] * 3), n, g)
+    if g < 2:
+        return replace(nan, note=f"{g} cluster(s): a cluster-robust error needs at least 2")
+    design = np.column_stack([x, _dummies(strata)])
+    rank = int(np.linalg.matrix_rank(design))
+    if rank < design.shape[1] or n <= rank:
+        return replace(nan, note="x does not vary within any stratum (or too few rows): no slope")
+    xtx_inv = np.linalg.inv(design.T @ design)
+    beta = xtx_inv @ design.T @ y
+    u = y - design @ beta
+    meat = np.zeros_like(xtx_inv)
+    for c in dict.fromkeys(clusters.tolist()):
+        s = design[clusters == c].T @ u[clusters == c]
+        meat += np.outer(s, s)
+    cov = (g / (g - 1)) * ((n - 1) / (n - rank)) * xtx_inv @ meat @ xtx_inv
+    b, se = float(beta[0]), float(math.sqrt(max(cov[0, 0], 0.0)))
+    t = b / se if se > 0 else math.copysign(math.inf, b)
+    q = float(sps.t.ppf((1 + level) / 2, g - 1))
+    return ClusterFit(b, se, t, g - 1, float(2 * sps.t.sf(abs(t), g - 1)), b - q * se, b + q * se, n, g)
+
+
+def cluster_bootstrap(statistic, clusters, n_boot: int = 2000, level: float = 0.95,
+                      seed: int = 0) -> tuple[float, float, np.ndarray]:
+    """Percentile interval of ``statistic(rows)`` over resamples of whole clusters.
+
+    ``statistic``: function of an integer index array (rows of the data, repeats allowed) returning a
+    float (NaN where it cannot be computed). ``clusters``: one label per row; each resample draws as
+    many clusters as there are, with replacement, and takes all their rows (unique labels per row
+    give the ordinary row bootstrap). Returns (lo, hi, finite resampled values); lo and hi are NaN
+    when fewer than half of the resamples give a finite value.
+    """
+    labels = np.asarray(clusters)
+    levels = list(dict.fromkeys(labels.tolist()))
+    rows = [np.flatnonzero(labels == lv) for lv in levels]
+    rng = np.random.default_rng(seed)
+    vals = np.array([statistic(np.concatenate([rows[i] for i in rng.integers(0, len(rows), len(rows))]))
+                     for _ in range(n_boot)], float)
+    vals = vals[np.isfinite(vals)]
+    if len(vals) < 0.5 * n_boot:
+        return math.nan, math.nan, vals
+    lo, hi = np.quantile(vals, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi), vals
+
+
+def within_slope(y, x, groups) -> float:
+    """Fixed-effects slope of y on x: both centred within each group, then sum(x y) / sum(x x).
+
+    The effect of x on y holding the group (e.g. the kernel, all but one setting fixed) constant;
+    groups without x variation add nothing. NaN when x does not vary within any group.
+    """
+    y, x = np.asarray(y, float), np.asarray(x, float)
+    _, inv, cnt = np.unique(np.asarray(groups), return_inverse=True, return_counts=True)
+    xc, yc = x - (np.bincount(inv, x) / cnt)[inv], y - (np.bincount(inv, y) / cnt)[inv]
+    sxx = float((xc * xc).sum())
+    return float((xc * yc).sum()) / sxx if sxx > 1e-12 * max(1.0, float((x * x).sum())) else math.nan

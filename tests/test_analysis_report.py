@@ -24,33 +24,30 @@ def ncu_runs(store):
     return load_runs(store["uri"], sweep=store["ncu"])
 
 
-def test_predictor_study_leads_with_the_share_and_flags_the_count(ncu_runs):
-    res = predictor_study(ncu_runs, n_boot=200)
-    assert res.n == 30 and res.sizes == ["512", "1024", "2048", "4096", "8192"]      # FAILED/skipped left out
+def test_predictor_study_flags_the_share_built_as_bytes_over_time(ncu_runs):
+    """The fixture's share is compulsory bytes / (median time x 4.8 TB/s): circular, never a predictor."""
+    res = predictor_study(ncu_runs, n_boot=100)
+    assert res.n == 30 and res.n_kernels == 6 and res.sizes == ["512", "1024", "2048", "4096", "8192"]
+    assert res.circularity.startswith(CIRCULARITY) and res.identity["explained"] > 0.9999
+    assert res.identity["peak_tbps"] == pytest.approx(4.8, rel=1e-9) and "peak of 4.80 TB/s" in res.circularity
+    assert "better predictor" not in res.verdict and "its correlation with throughput is circular" in res.verdict
     t = res.tests
-    assert t.iloc[0]["predictor"] == "dram_active_pct"                             # the share leads
-    assert res.circularity.startswith(CIRCULARITY) and "R^2 = 1.000" in res.circularity
-    pvals = list(t["p"]) + list(res.regression["p"])
-    assert res.family_size == sum(p == p for p in pvals) == 52
-    assert (t["p_adj"].dropna() >= t["p"].dropna() - 1e-15).all()
-    lead = t[(t["predictor"] == "dram_active_pct") & (t["scope"] == "controlling for size")
-             & (t["method"] == "spearman")].iloc[0]
-    occ = t[(t["predictor"] == "achieved_occupancy_pct") & (t["scope"] == "controlling for size")
-            & (t["method"] == "spearman")].iloc[0]
-    w = t[(t["test"] == "Williams T2") & (t["predictor"] == "dram_active_pct vs achieved_occupancy_pct")
-          & (t["scope"] == "controlling for size") & (t["method"] == "spearman")].iloc[0]
-    assert w["df"] == 30 - 3 - 4                                      # n - 3, less the four size indicators
-    # the verdict carries the numbers of the table it summarises
-    assert f"rho = {lead['estimate']:.2f}" in res.verdict and f"rho = {occ['estimate']:.2f}" in res.verdict
-    assert f"Williams t({int(w['df'])}) = {w['stat']:.2f}" in res.verdict
-    assert f"family of {res.family_size} tests" in res.verdict
+    assert res.family_size == t["p"].notna().sum() == 6 and (t["p_adj"].dropna() >= t["p"].dropna() - 1e-15).all()
+    occ = t[(t["predictor"] == "achieved_occupancy_pct") & (t["scope"] == "size x precision")
+            & (t["test"] == "slope (cluster-robust OLS)")].iloc[0]
+    assert occ["df"] == 5 and occ["n_kernels"] == 6                      # t on kernels - 1, not runs - k
+    # the answer carries the numbers of the table it summarises, interventional part first
+    assert res.verdict.startswith("No interventional runs are here")
+    assert f"{occ['effect']:+.3g} % per +10 points of achieved occupancy" in res.verdict
+    assert f"Holm p = {occ['p_adj']:.3g}" in res.verdict and f"over {res.family_size} tests" in res.verdict
 
 
-def test_no_circularity_flag_without_the_count(ncu_runs):
-    res = predictor_study(ncu_runs.assign(dram_cycles_active=float("nan")), n_boot=100)
-    assert res.circularity is None and "dram_cycles_active" not in set(res.tests["predictor"])
-    assert "DRAM active cycles (count, the study's measure): 0 of 30 measured runs have ncu.dram_cycles_active" \
-        in res.notes[0]
+def test_without_the_share_there_is_no_flag_and_the_count_is_traffic(ncu_runs):
+    res = predictor_study(ncu_runs.assign(dram_active_pct=float("nan")), n_boot=50)
+    assert res.circularity is None and "dram_active_pct" not in set(res.tests["predictor"])
+    assert any(n.startswith("DRAM bandwidth utilisation (% of peak; circular with throughput): fewer than 4")
+               for n in res.notes)
+    assert "count of DRAM active cycles measures DRAM traffic" in res.verdict
 
 
 def test_predictor_study_without_ncu_and_with_one_kernel(store, ncu_runs):
@@ -58,9 +55,9 @@ def test_predictor_study_without_ncu_and_with_one_kernel(store, ncu_runs):
     assert plain.verdict.startswith("The predictor question cannot be answered from these runs: no run has")
     assert plain.tests.empty and "ncu.dram_active_pct" in plain.notes[0]
     one = predictor_study(load_runs(store["uri"], sweep=store["one"]), n_boot=100)
-    assert one.verdict == ("Controlling for problem size (5 runs, 5 sizes): no verdict, too few runs: n=5 with "
-                           "4 covariate(s) leaves df=-1. A correlation across sizes alone would measure the "
-                           "problem size, not the kernels.")
+    assert ("(kernels as they are: 1 kernel(s), 5 runs, strata of size x precision, the kernel as the unit): no "
+            "estimate for occupancy or DRAM traffic per operation (1 cluster(s): a cluster-robust error needs at "
+            "least 2)") in one.verdict
     two_gpus = ncu_runs.copy()
     two_gpus.loc[two_gpus.index[:3], "gpu"] = "NVIDIA L4"
     with pytest.raises(ValueError, match="runs of 2 GPUs"):
@@ -78,7 +75,8 @@ def test_report_on_sweep_with_ncu_and_failed_members(store, tmp_path):
     assert "32 run(s): 30 measured and verified, 1 FAILED, 1 skipped." in text
     assert "verification failed: 12 of 268435456 elements differ" in text
     assert "mma=m16n8k64 is not valid with precision=int8" in text
-    assert "**Circularity flag.**" in text and "family of **52 tests**" in text
+    assert "**Circularity flag (DRAM bandwidth utilisation).**" in text and "family of **6 tests**" in text
+    assert "**Answer.** No interventional runs are here" in text
     assert "### Claims of the study" in text and "| C2b |" in text          # runs carry study kernel names
     for name in ("throughput_vs_size", "predictors_vs_throughput", "marginal_means"):
         assert _png(out / f"{name}.png") and f"]({name}.png)" in text
@@ -122,17 +120,16 @@ def test_report_without_ncu_says_what_it_cannot_answer(store, tmp_path):
     rep = report.write_report(df, tmp_path, "plain", n_boot=100)
     assert "The predictor question cannot be answered from these runs" in rep.text
     assert "Each ncu predictor against throughput, with a fit per size: not drawn, no run has the ncu" in rep.text
-    assert not re.search(r"rho = |Williams t\(", rep.text)                       # no invented numbers
+    assert not re.search(r"rho|Holm p|% per ", rep.text)                           # no invented numbers
     assert not (tmp_path / "predictors_vs_throughput.png").exists() and _png(tmp_path / "throughput_vs_size.png")
     assert "| int8_bk64_m16n8k32 | 27.3 | 137 | 573 | 654 | 696 |" in rep.text   # the real H200 numbers
 
 
 def test_report_on_a_single_kernel(store, tmp_path):
     rep = report.write_report(load_runs(store["uri"], sweep=store["one"]), tmp_path, "one", n_boot=100)
-    assert "no verdict, too few runs" in rep.text
+    assert "no estimate for occupancy or DRAM traffic per operation (1 cluster(s)" in rep.text
     assert "every measured run has the same configuration: no axis to show the marginal means of" in rep.text
     assert "skipped for N = 512, 1024, 2048, 4096, 8192" in rep.text
-    assert "No regression: regression needs more rows than its 5 parameters + 1; got 5." in rep.text
 
 
 def test_report_errors_name_the_problem(store, tmp_path):
@@ -192,3 +189,15 @@ def test_study_kernels_beside_ours_relative_to_wmma():
     assert all(map(missing, rows["int4_ptx_mma_k64", 512][1:3]))   # no WMMA run at 512 on either side
     assert all(map(missing, rows["int8_dp4a", 8192][1:3])) and rows["int8_dp4a", 8192][3] == "-"
     assert beside_study(ours.drop(columns="study_kernel"), ref).empty
+
+
+def test_report_of_a_saved_table_prints_the_predictor_answer(store, ncu_runs, tmp_path, capsys):
+    """--table results/h200/predictors/runs.csv --out results/h200/predictors.md: the committed table."""
+    ncu_runs.to_csv(tmp_path / "runs.csv", index=False)
+    rep = report.main(["--table", str(tmp_path / "runs.csv"), "--out", str(tmp_path / "predictors.md"),
+                       "--study", "none", "--n-boot", "50"])
+    out = capsys.readouterr().out
+    direct = predictor_study(ncu_runs, n_boot=50)
+    assert f"NVIDIA H200: {direct.verdict}" in out and f"**Answer.** {direct.verdict}" in rep.text
+    assert "Not logged" not in out and "Logged to" not in out              # a table has no parent run to log to
+    assert "| int8_bk64_m16n8k32 | 27.3 | 137 | 573 | 654 | 696 |" in (tmp_path / "predictors.md").read_text()

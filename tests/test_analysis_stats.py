@@ -129,3 +129,52 @@ def test_holm_adjustment_exact_and_nan_left_out():
     # Holm on three p-values: sorted 0.01, 0.03, 0.04 -> 0.03, 0.06, 0.06 (monotone)
     assert adj[0] == pytest.approx(0.03) and adj[3] == pytest.approx(0.06) and adj[1] == pytest.approx(0.06)
     assert math.isnan(adj[2])
+
+
+def _clustered(seed=1, kernels=8, sizes=5):
+    """Runs of ``kernels`` kernels at ``sizes`` sizes: a kernel effect shared by all its runs."""
+    rng = np.random.default_rng(seed)
+    k = np.repeat(np.arange(kernels), sizes)
+    s = np.tile(np.arange(sizes), kernels)
+    x = rng.normal(size=kernels)[k] + 0.3 * rng.normal(size=len(k))
+    y = 0.5 * x + s + rng.normal(size=kernels)[k] + 0.2 * rng.normal(size=len(k))
+    return y, x, s, k
+
+
+def test_cluster_ols_equals_statsmodels_cluster_robust():
+    import statsmodels.api as sm
+    y, x, s, k = _clustered()
+    f = stats.cluster_ols(y, x, s, k)
+    design = np.column_stack([x, stats._dummies(s)])
+    ref = sm.OLS(y, design).fit(cov_type="cluster", cov_kwds={"groups": k}, use_t=True)
+    assert f.b == pytest.approx(ref.params[0], abs=1e-10) and f.se == pytest.approx(ref.bse[0], abs=1e-10)
+    assert f.p == pytest.approx(ref.pvalues[0], abs=1e-10) and f.df == 7 and (f.n, f.g) == (40, 8)
+    assert (f.lo, f.hi) == pytest.approx(tuple(ref.conf_int()[0]), abs=1e-10)
+    one = stats.cluster_ols(y[:5], x[:5], s[:5], k[:5])
+    assert math.isnan(one.b) and one.note == "1 cluster(s): a cluster-robust error needs at least 2"
+
+
+def test_within_slope_equals_ols_with_group_indicators():
+    import statsmodels.api as sm
+    y, x, _, k = _clustered(seed=3)
+    ref = sm.OLS(y, np.column_stack([x, stats._dummies(k)])).fit()
+    assert stats.within_slope(y, x, k) == pytest.approx(ref.params[0], abs=1e-10)
+    assert math.isnan(stats.within_slope([1.0, 2.0], [3.0, 3.0], ["a", "a"]))     # no x variation
+
+
+def test_cluster_bootstrap_on_near_duplicate_kernels_is_wider_than_the_row_bootstrap():
+    # 6 kernels, each in 4 near-identical copies (as the int4 variants), at 5 sizes: 120 rows, 6 independent units
+    rng = np.random.default_rng(0)
+    base = np.repeat(np.arange(6), 4)
+    k = np.repeat(np.arange(24), 5)
+    xk, yk = rng.normal(size=6), rng.normal(size=6)
+    x = xk[base][k] + 0.01 * rng.normal(size=120)
+    y = 0.3 * xk[base][k] + yk[base][k] + 0.01 * rng.normal(size=120)
+    r = lambda i: float(np.corrcoef(x[i], y[i])[0, 1])  # noqa: E731
+    lo_c, hi_c, _ = stats.cluster_bootstrap(r, base[k], 400, seed=1)
+    lo_r, hi_r, _ = stats.cluster_bootstrap(r, np.arange(120), 400, seed=1)
+    assert lo_c < lo_r < r(np.arange(120)) < hi_r <= hi_c
+    assert (hi_c - lo_c) > 2 * (hi_r - lo_r)
+    # unique labels: the row bootstrap, resample for resample the same draws as NumPy's
+    idx = np.random.default_rng(1).integers(0, 120, (400, 120))
+    assert (lo_r, hi_r) == pytest.approx(tuple(np.quantile([r(i) for i in idx], [0.025, 0.975])), abs=1e-12)

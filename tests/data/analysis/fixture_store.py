@@ -7,8 +7,8 @@ What is real and what is constructed:
   theoretical occupancy of 0.125 (one 256-thread block per SM). REAL (ncu_raw_set_full.csv of
   reference/h200): the H200 DRAM clock, dram__cycles_elapsed.avg.per_second = 3,199,436,763.95 Hz.
 - CONSTRUCTED for the tests (no kernel of this tool has been profiled with ncu yet):
-  * every ``ncu.*`` metric, by the formulas in :func:`ncu_metrics` (DRAM share = compulsory traffic /
-    (median time x 4.8 TB/s), the count = share x duration x the real DRAM clock, achieved occupancy =
+  * every ``ncu.*`` metric, by the formulas in :func:`ncu_metrics` (DRAM bytes = compulsory traffic,
+    DRAM share = those bytes / (median time x 4.8 TB/s), the count = share x duration x the real DRAM clock, achieved occupancy =
     0.125 x wave fill x min(1, 200 / registers));
   * the ``study_kernel`` names given to four of the kernels (:data:`STUDY_NAMES`);
   * one FAILED run (wrong result at 16384), one older FAILED duplicate of a measured run, and one
@@ -80,7 +80,7 @@ def ncu_metrics(row: dict) -> dict:
     blocks = (m // 256) * (n // 128)
     fill = blocks / (math.ceil(blocks / H200_SMS) * H200_SMS)
     occ = 12.5 * fill * min(1.0, 200 / REGISTERS[_key(row["kernel"])])
-    return {"ncu.duration_us": us, "ncu.dram_active_pct": share,
+    return {"ncu.duration_us": us, "ncu.dram_active_pct": share, "ncu.dram_bytes": compulsory,
             "ncu.dram_cycles_active": share / 100 * us * 1e-6 * H200_DRAM_HZ,
             "ncu.achieved_occupancy_pct": occ, "ncu.theoretical_occupancy_pct": 12.5}
 
