@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .predictors import PREDICTORS
-from .runs import DRAM_COUNT, MEDIAN_US, THROUGHPUT, config_axes, ok_runs, short_labels, size_order
+from .runs import MEDIAN_US, THROUGHPUT, config_axes, ok_runs, short_labels, size_order
 
 __all__ = ["labelled", "throughput_vs_size", "predictors_vs_throughput", "speedup_table",
            "speedup_vs_baseline", "marginal_means", "all_figures", "save"]
@@ -121,7 +121,7 @@ def predictors_vs_throughput(df: pd.DataFrame):
                 sns.regplot(x=x, y=np.log10(s[THROUGHPUT]), ax=ax, ci=None, color=pal[size],
                             label=f"N={size}",
                             fit_reg=len(s) >= 3, scatter_kws={"s": 18}, truncate=True)
-            name = "DRAM active cycles (count; circular)" if col == DRAM_COUNT else PREDICTORS[col][0]
+            name = PREDICTORS[col][0]
             emulated = g["mma_native"].astype(str).str.lower().eq("false").all()
             ax.set(xlabel=f"log10 {name}" if logx[col] else name, ylabel=f"log10 throughput ({_unit(g)})",
                    title=prec + (" (MMA emulated here)" if emulated else ""))
