@@ -44,7 +44,8 @@ TAGS = {
     "peak_run": "the run id of the peak measurement pct_of_peak divides by",
     "clocks_throttled": "NVML clock-event reasons during timing, decoded (none = full clocks)",
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
-    "energy_source": "nvml_energy_counter | power_samples: where energy_j came from",
+    "energy_source": "nvml_energy_counter | power_samples: where energy_j came from; none: the timed window "
+                     "was shorter than NVML's readings follow (experiments.timing.MIN_ENERGY_WINDOW_S)",
     "burst_idle": "reached | timed out | waited: whether the GPU idled back before a burst window "
                   "(waited: no power reading, timing.idle_s waited)",
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",

@@ -35,7 +35,8 @@ clock and power fields are absent.
 
 Energy: NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ) is read when the timed
 batches start and when they end; where the driver has no counter (or it did not advance) the power
-samples are integrated over time instead, and ``energy_source`` says which.
+samples are integrated over time instead, and ``energy_source`` says which. Timed windows shorter than
+MIN_ENERGY_WINDOW_S in all give no energy (``energy_source=none``): NVML's readings lag the load.
 
 Exact window clock: a probe kernel of a few blocks per SM (``timing_clock_probe``) records each block's
 ``%smid``, ``%clock64`` and ``%globaltimer`` on the timing stream just before the first timed batch and
@@ -133,14 +134,21 @@ def key_params(params: dict) -> dict:
             or k.partition(".")[2] not in LATER_FIELDS or k.partition(".")[2] in kept}
 
 
+# NVML's energy counter and power readings lag the load by tens to hundreds of ms: on an H200 a 64 ms burst
+# window right after idle read 122 W (the idle draw) for a GEMM that draws the 700 W cap. Windows shorter
+# than this give no energy (energy_source=none); a sustained run reaches it with timing.min_batch_ms=100.
+MIN_ENERGY_WINDOW_S = 1.0
+
+
 def energy_summary(counter_mj: tuple | None, power: list, window_s: float, launches: int) -> dict:
     """Energy over timed windows: ``counter_mj`` (mJ spent, from NVML's total-energy counter; None
     where the driver has none or it did not advance), else the integral of ``power`` (a list of
     windows, each a list of (seconds, mW) samples, trapezoids within a window); ``window_s`` the
     windows' seconds in all, ``launches`` the kernel launches timed in them. Returns ``energy_j`` (J),
     ``energy_j_per_launch`` (J), ``power_w_avg`` (energy / window_s, W) and ``energy_source``
-    ('nvml_energy_counter' or 'power_samples'); {} when neither gives a number (no NVML, or fewer than
-    two power samples in every window)."""
+    ('nvml_energy_counter' or 'power_samples'); only ``{"energy_source": "none"}`` when the windows
+    last less than MIN_ENERGY_WINDOW_S in all (too short for NVML's readings to follow the load); {}
+    when neither gives a number (no NVML, or fewer than two power samples in every window)."""
     if counter_mj:
         joules, source = counter_mj / 1000.0, "nvml_energy_counter"
     else:
@@ -151,7 +159,9 @@ def energy_summary(counter_mj: tuple | None, power: list, window_s: float, launc
         for w in spans:
             pairs = zip(w, w[1:], strict=False)
             joules += sum((t1 - t0) * (p0 + p1) / 2.0 for (t0, p0), (t1, p1) in pairs) / 1000.0
-    if joules <= 0 or window_s <= 0:
+    if window_s < MIN_ENERGY_WINDOW_S:
+        return {"energy_source": "none"}
+    if joules <= 0:
         return {}
     return {"energy_j": joules, "energy_j_per_launch": joules / max(1, launches),
             "power_w_avg": joules / window_s, "energy_source": source}

@@ -85,19 +85,23 @@ def test_regime_is_an_enum_of_the_config():
 def test_energy_from_the_counter_else_from_power_samples():
     """Counter: 1234 mJ over 0.2 s and 100 launches; samples: two windows of 650 W then 700 W for
     0.1 s each (trapezoids: 67.5 J + 70 J); a window of one sample integrates nothing."""
-    e = energy_summary(1234.0, [], 0.2, 100)
-    assert e == {"energy_j": 1.234, "energy_j_per_launch": 0.01234, "power_w_avg": pytest.approx(6.17),
+    e = energy_summary(1234.0, [], 2.0, 100)
+    assert e == {"energy_j": 1.234, "energy_j_per_launch": 0.01234, "power_w_avg": pytest.approx(0.617),
                  "energy_source": "nvml_energy_counter"}
+    # a window shorter than NVML's readings follow (a 64 ms burst window read the idle draw on an H200)
+    assert energy_summary(9622.0, [], 0.064, 45) == {"energy_source": "none"}
     windows = [[(0.0, 650_000), (0.1, 650_000)], [(5.0, 700_000), (5.1, 700_000)], [(9.0, 1)]]
-    s = energy_summary(None, windows, 0.2, 10)
-    assert s["energy_j"] == pytest.approx(65.0 + 70.0) and s["power_w_avg"] == pytest.approx(675.0)
+    s = energy_summary(None, windows, 1.0, 10)
+    assert s["energy_j"] == pytest.approx(65.0 + 70.0) and s["power_w_avg"] == pytest.approx(135.0)
     assert s["energy_source"] == "power_samples" and s["energy_j_per_launch"] == pytest.approx(13.5)
-    assert energy_summary(None, [[(0.0, 1)]], 0.2, 10) == {} and energy_summary(0, [], 0.2, 1) == {}
+    assert energy_summary(None, [[(0.0, 1)]], 2.0, 10) == {} and energy_summary(0, [], 2.0, 1) == {}
 
 
 def test_clock_sampler_reads_the_energy_counter_per_window(monkeypatch):
     """Two windows (two replicates) add their counter differences; a counter the driver lacks falls
     back to the power samples; without NVML there is no energy."""
+    import experiments.timing
+    monkeypatch.setattr(experiments.timing, "MIN_ENERGY_WINDOW_S", 0.0)     # windows of microseconds here
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy_mj=[10_000, 10_700, 20_000, 20_300]))
     clk = ClockSampler(interval_s=0.001)
     for _ in range(2):
@@ -194,6 +198,8 @@ def test_replicates_and_burst_window(monkeypatch):
     """repeats=3 of 2 batches of 20 launches: the median is over all 6 batches, one median per replicate;
     burst: 3 batches of burst_batch_ms (5 launches of 1 ms), after the GPU's power fell below idle,
     with the clock at the start and the energy of the window."""
+    import experiments.timing
+    monkeypatch.setattr(experiments.timing, "MIN_ENERGY_WINDOW_S", 0.0)     # fake windows of microseconds
     launches = []
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy([20.0, 22.0, 21.0, 21.0, 24.0, 20.0]))
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace())
