@@ -107,7 +107,7 @@ def test_notebooks_execute_from_a_committed_table(tmp_path):
     assert claims.loc["C5", "this_gpu"] == "0.497 (N=2048), 0.491 (N=4096), 0.513 (N=8192)"   # real H200 values
     assert claims.loc["C5", "reason"].startswith("needs timing.repeats >= 2")
     assert sorted(p.name for p in (out / "nvidia_h200").iterdir()) == [
-        "claims.csv", "claims.md", "predictor_tests.csv", "predictors_vs_throughput.png", "regression.csv",
+        "claims.csv", "claims.md", "predictor_tests.csv", "predictors_vs_throughput.png",
         "speedup_vs_baseline.png", "throughput_vs_size.png"]
     assert (out / "nvidia_l4" / "speedup_vs_baseline.png").is_file()
 
