@@ -14,7 +14,8 @@ import time
 
 from ...spec_tables import ARCHS, PRECISIONS
 from ...timing import tflops
-from ..base import Build, Family, Prepared, markdown_values
+from ..base import Build, Family, Prepared, axis_docs_markdown, markdown_values
+from .axis_docs import AXIS_DOCS
 from .config import root_fields
 from .domains import GROUP_M_RANGE, KTILES, MAX_STAGES
 from .render import render
@@ -133,6 +134,7 @@ class MmaSyncFamily(Family):
         for ax in make_axes():
             vals = ax.labels if len(ax.labels) < 12 else (*ax.labels[:3], "...", ax.labels[-1])
             out.append(f"| `{ax.key}` | {markdown_values(vals)} | {ax.meaning} |")
+        out += axis_docs_markdown(AXIS_DOCS)
         out += ["", "Rules, in the order they are checked:", ""]
         return out + [f"- `{r.name}`: {r.why}" for r in RULES]
 
