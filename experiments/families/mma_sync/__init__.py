@@ -31,12 +31,12 @@ ROOT_KEYS = tuple(name for name, _, _ in root_fields())
 RESOLVED = ("mma", "arch", "ptx_version")
 # axes added after runs were tracked, at the value those runs had: left out of the run key there, so a
 # store's finished runs keep their keys
-KEY_DEFAULTS = {"smem_layout": "padded"}
+KEY_DEFAULTS = {"smem_layout": "padded", "l2_prefetch": "none"}
 
 # run names: the values of the default kernel; a run name puts the axes that differ from them first
 _SHORT = {"manual": "man", "none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 _DEFAULT_TOKENS = {"bk": "bk32", "s": "s3", "tile": "256x128", "ld": "ldx4x2", "cache": "cg", "l2": "",
-                   "b": "", "acc": "", "sw": ""}
+                   "b": "", "acc": "", "sw": "", "pf": ""}
 
 _LOADED: dict = {}       # (entry, PTX) -> (kernel, JIT seconds): one JIT per kernel per worker process
 
@@ -163,7 +163,8 @@ class MmaSyncFamily(Family):
                   "b": "" if get("b_layout", "col") == "col" else f"b{get('b_layout', 'col')}",
                   "acc": (f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32")
                           else ""),
-                  "sw": "sw" if get("smem_layout", "padded") == "swizzled" else ""}
+                  "sw": "sw" if get("smem_layout", "padded") == "swizzled" else "",
+                  "pf": "" if get("l2_prefetch", "none") == "none" else f"pf{get('l2_prefetch', 'none')}"}
         differ = [v for k, v in tokens.items() if v and k in _DEFAULT_TOKENS and v != _DEFAULT_TOKENS[k]]
         usual = [tokens[k] for k in ("bk", "mma", "s", "tile") if tokens[k] not in differ]
         return [spec.precision] + differ + usual

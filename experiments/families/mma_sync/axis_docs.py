@@ -51,6 +51,12 @@ AXIS_DOCS = {
         "L2 eviction priority of A's and B's copies: a cache-policy value (the one "
         '`createpolicy.fractional` gives for the whole access) on `cp.async ... .L2::cache_hint` (PTX ISA'
         ' 7.4)',
+    'cache.l2_prefetch':
+        'the `.L2::64B`, `.L2::128B` or `.L2::256B` qualifier of every `cp.async` of A and B (PTX ISA 7.4): '
+        'on an L2 miss, DRAM is read in blocks of that size around the 16-byte chunk, so the lines of the '
+        'next K tiles of a row arrive with the first. The main loop is the same instructions; the DRAM '
+        'requests are fewer and larger (a lever on DRAM activity at a fixed main loop, beside '
+        '`tile.group_m` and the L2 hints). `none` (default): no qualifier, the hardware\'s own choice',
     'target.arch':
         "`auto` = the GPU's own, `sm_90` without one; shared memory, warps and blocks per SM from the "
         'CUDA Programming Guide; `target.ptx_version` `auto` = the lowest the instructions and the target'
