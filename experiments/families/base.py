@@ -188,6 +188,9 @@ class Family:
     # shared keys a run of this family does not log; :meth:`dropped_params` adds the other families' root keys
     param_drop: tuple = ("study_kernel", "family.name", "tracking.")
     axis_docs: dict = {}
+    # launch.blocks_per_sm: ``prepare`` takes ``smem_pad`` (bytes of dynamic shared memory added to each
+    # block's launch, the kernel's instructions unchanged); False: :meth:`padding_refusal` says why not
+    pads_launch: bool = False
     auto_keys: tuple = ()
     profiles_logged: bool = False   # the profiler takes the source a run logged (True), or builds it again
 
@@ -380,6 +383,11 @@ class Family:
         """(BM, BN, BK): what M, N and K must be multiples of (:meth:`check_problem`, and the advice
         on sizes that do not fit); None (the default) where the kernel takes any size."""
         return None
+
+    def padding_refusal(self, spec: FamilySpec) -> str:
+        """Why launch.blocks_per_sm cannot cap the resident blocks of ``spec``'s launch (families whose
+        :attr:`pads_launch` is False)."""
+        return f"the launch of a {self.title} takes no extra dynamic shared memory"
 
     def threads(self, spec: FamilySpec) -> int:
         """Threads per block of the built kernel (for ptxas' occupancy); 0 for a library call."""

@@ -350,6 +350,7 @@ class WgmmaFamily(Family):
     tensor_cores = True
     narrow_accumulation = True      # fp8 wgmma sums in about 14 significant bits (dtypes.FP8_RTOL)
     auto_keys = ("family.bn", "family.consumers")
+    pads_launch = True
 
     def auto_tile(self, cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None):
         """tile=auto's choice for M x N x K on ``sms`` SMs (:func:`auto_tile`), the config's other
@@ -438,7 +439,7 @@ class WgmmaFamily(Family):
         return Build("ptx", src, spec.entry)
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3) -> Prepared:
+                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
         """Operands as verify.make_operands makes them (B as N x K), C poisoned, tensor maps encoded
         (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
         dynamic shared memory allowed; with epilogue=tma a third map for C (f32 / s32, box
@@ -447,7 +448,8 @@ class WgmmaFamily(Family):
         as run at once (:func:`persistent_grid`, :func:`~experiments.families.gpu.max_active_clusters`); with
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's
-        bound (:meth:`tolerance`), int8 exactly. Raises SpecError (a size that does not fit, a GPU older
+        bound (:meth:`tolerance`), int8 exactly. ``smem_pad``: bytes of dynamic shared memory added to
+        each block's launch after the kernel's own (launch.blocks_per_sm). Raises SpecError (a size that does not fit, a GPU older
         than sm_90)."""
         import cupy
 
@@ -460,7 +462,7 @@ class WgmmaFamily(Family):
         nbytes, acc, dtype = d.bits // 8, Accum[d.acc], d.tma
         ops = make_operands(spec.precision, m, n, k, seed)
         c = gpu.poisoned((m, n), acc.np_dtype)
-        smem = smem_bytes(spec.precision, p)
+        smem = smem_bytes(spec.precision, p) + smem_pad
         kern = gpu.load_ptx(build, dyn_smem=smem)
         swz = SWIZZLES[p["swizzle"]][0]
         cl = g["CL"]

@@ -52,6 +52,7 @@ class MmaSyncFamily(Family):
     auto_keys = ("tile.block", "tile.warps")
     profiles_logged = True      # the PTX a run logged is what it measured
     tensor_cores = True
+    pads_launch = True
 
     def root_fields(self) -> list:
         """The root keys' schema (:func:`.config.root_fields`): their Enums and sections."""
@@ -207,11 +208,12 @@ class MmaSyncFamily(Family):
         return tflops(m, n, k, us)
 
     def prepare(self, spec: KernelSpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3) -> Prepared:
+                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
         """The PTX JIT-loaded through the driver (once per kernel in this process), operands with B laid
         out as ``b_layout`` says, C (the accumulator's dtype) poisoned. ``verify()`` checks integers
         exactly and floats within :func:`experiments.dtypes.tolerance` (``rtol``, or the
-        f16-accumulation bound for K), then frees the float64 reference before timing. ``info``: the
+        f16-accumulation bound for K), then frees the float64 reference before timing. ``smem_pad``: bytes
+        of dynamic shared memory added to each block's launch (launch.blocks_per_sm). ``info``: the
         JIT's seconds, registers and local bytes, and the tolerance used."""
         import cupy
         import numpy as np
@@ -219,7 +221,7 @@ class MmaSyncFamily(Family):
         from ...launch import GemmLaunch
         from ...dtypes import tolerance
         from ...verify import check, make_operands, poison
-        from ..gpu import load_ptx
+        from ..gpu import allow_smem, load_ptx
         key = (spec.entry, build.source)
         if key not in _LOADED:
             t0 = time.perf_counter()
@@ -229,7 +231,9 @@ class MmaSyncFamily(Family):
         ops = make_operands(spec.precision, m, n, k, seed, b_layout=spec.b_layout)
         c = cupy.empty((m, n), dtype=np.dtype(spec.accum.c_dtype))
         poison(c)
-        launch = GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k)
+        if smem_pad:
+            allow_smem(kern, spec.smem_bytes + smem_pad)
+        launch = GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k, smem_pad)
         tol = tolerance(spec.precision, spec.acc, k, rtol)
 
         def verify():
