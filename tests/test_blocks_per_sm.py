@@ -138,3 +138,19 @@ def test_the_padded_launch_verifies_and_the_driver_agrees_on_the_blocks(tmp_path
     smem = gpu.allow_smem(loaded, fam.dyn_smem(spec) + kwargs["smem_pad"])
     assert gpu.max_active_blocks(loaded, fam.threads(spec), smem) == cap
     assert gpu.max_active_blocks(loaded, fam.threads(spec), fam.dyn_smem(spec)) >= cap
+
+
+def test_the_profiler_launches_a_capped_run_with_its_padding(tmp_path):
+    """Nsight Compute's launcher rebuilds a run's launch: a capped run's plan item carries the shared
+    memory its launch added (metric smem_padding_bytes), an uncapped run's none."""
+    from types import SimpleNamespace as NS
+
+    from experiments.ncu_launch import plan_item
+    fam = families.get("dp4a")
+    spec = fam.spec("int8", {"block": "64x64"}, "sm_90")
+    params = {"family": "dp4a", "precision": "int8", "family.block": "64x64", "spec.arch": "sm_90",
+              "problem.m": "1024", "problem.n": "1024", "problem.k": "1024", "verify.seed_used": "5"}
+    for metrics, pad in (({"smem_padding_bytes": 38016.0}, 38016), ({}, 0)):
+        run = NS(info=NS(run_id="r1"), data=NS(params=params, tags={"kernel": spec.entry}, metrics=metrics))
+        item = plan_item(None, run, tmp_path)
+        assert (item["entry"], item["m"], item["seed"], item["smem_pad"]) == (spec.entry, 1024, 5, pad)
