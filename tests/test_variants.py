@@ -87,6 +87,7 @@ def test_every_predictors_point_is_a_kernel_and_the_sweep_is_60_runs(tmp_path, n
                 points[variant] = compose("config", overrides=["experiment=predictors", "backend=static", variant])
         cfg = points[variant].copy()
         cfg.precision = precision.split("=")[1]
+        assert cfg.timing.repeats == 3
         kern = make_kernel(cfg, tmp_path, None, False, {}, print)
         kernels[(precision, variant)] = kern
         assert kern.shapes == [(n, n, n) for n in (2048, 4096, 8192)]
