@@ -20,9 +20,9 @@ from pathlib import Path
 from .hardware import ARCHS
 
 __all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
-           "theoretical_occupancy", "smem_padding", "parse_ptxas_report", "disassemble", "sass_mix", "sass_opcodes",
-           "sass_summary", "misaligned_descriptors", "SASS_OPS", "SASS_OPS_SM90A", "PTXAS_FATAL_INFOS",
-           "fatal_infos"]
+           "theoretical_occupancy", "smem_padding", "parse_ptxas_report", "disassemble", "sass_mix",
+           "sass_opcodes", "sass_summary", "misaligned_descriptors", "SASS_OPS", "SASS_OPS_SM90A",
+           "PTXAS_FATAL_INFOS", "fatal_infos"]
 
 PTXAS_HINT = ("ptxas was not found. Install the CUDA toolkit (ptxas is in its bin/ folder) or "
               "`pip install nvidia-cuda-nvcc` (CUDA 13: nvidia-cuda-nvcc; CUDA 12: "
@@ -167,8 +167,8 @@ def smem_padding(arch: str, threads: int, registers: int, smem_bytes: int, block
     if not 1 <= blocks <= reach:
         raise SpecError(f"launch.blocks_per_sm={blocks} is not valid for this kernel on {arch}: without "
                         f"padding it reaches {reach} resident block{'s' * (reach != 1)} per SM (limited by "
-                        f"{limiter}: {threads} threads, {registers} registers per thread, {smem_bytes} bytes of "
-                        f"shared memory per block); valid: 0 (as many as fit) or 1 ... {reach}")
+                        f"{limiter}: {threads} threads, {registers} registers per thread, {smem_bytes} bytes "
+                        f"of shared memory per block); valid: 0 (as many as fit) or 1 ... {reach}")
     if blocks == reach:
         return 0
     lim = ARCHS[arch]

@@ -180,7 +180,8 @@ SETTING_BOUNDS = (("timing.warmup", 0, True), ("timing.batches", 1, True), ("tim
                   ("timing.max_launches", 1, True), ("timing.timeout_s", 0, False), ("verify.rtol", 0, False),
                   ("timing.repeats", 1, True), ("timing.repeat_pause_s", 0, True),
                   ("timing.burst_batches", 1, True), ("timing.burst_batch_ms", 0, False),
-                  ("timing.idle_wait_s", 0, True), ("timing.idle_s", 0, True), ("launch.blocks_per_sm", 0, True))
+                  ("timing.idle_wait_s", 0, True), ("timing.idle_s", 0, True),
+                  ("launch.blocks_per_sm", 0, True))
 
 
 SETTING_KEYS = tuple(name for name, _, _ in SETTING_BOUNDS) + ("verify.seed",)   # setting_problem's keys

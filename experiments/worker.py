@@ -81,7 +81,8 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     where NVML reads them, and the SMs' own clock over the timed window). ``rtol`` reaches families whose
     ``prepare`` takes it (float results); ``smem_pad`` (bytes of dynamic shared memory added to each
     block's launch: launch.blocks_per_sm, experiments.kernel) reaches ``prepare`` when not 0. Returns
-    verified (bool), verify_* fields (verify_rtol: the tolerance used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
+    verified (bool), verify_* fields (verify_rtol: the tolerance used), jit_s (seconds of prepare),
+    ``note`` (what is not like-for-like) and
     ``Prepared.info`` (fields the family reports itself: the default family's JIT seconds and
     resources), and when verified the timing dict and the GPU state before/after; where the kernel
     records its own cycles (``Prepared.clocks``), the timing dict holds them too.

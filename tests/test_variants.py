@@ -93,7 +93,7 @@ def test_every_predictors_point_is_a_kernel_and_the_sweep_is_60_runs(tmp_path, n
         assert kern.shapes == [(n, n, n) for n in (2048, 4096, 8192)]
     assert sum(len(k.shapes) for k in kernels.values()) == 60
     for precision, most in (("fp16", 4), ("int8", 6)):
-        get = lambda v: kernels[(f"precision={precision}", f"variant=pred_{v}")]  # noqa: E731
+        get = lambda v, p=precision: kernels[(f"precision={p}", f"variant=pred_{v}")]  # noqa: E731
         assert [get(v).static["blocks_per_sm"] for v in ("64x64", "64x64_blocks_2", "64x64_blocks_1",
                                                          "128x128_w2x2", "128x128_w2x2_blocks_1")] == [most, 2, 1, 2, 1]
         assert get("64x64_blocks_1").sources == get("64x64").sources

@@ -45,12 +45,12 @@ def _mma_sync_points(stride: int):
     key_defaults = families.get("mma_sync").key_defaults
     rest = [a for a in sp.axes if not a.shaping]
     pins = [_pinned(a, key_defaults) for a in rest]
-    n_free = prod(len(a.values) for a, pin in zip(rest, pins) if pin is None)
+    n_free = prod(len(a.values) for a, pin in zip(rest, pins, strict=True) if pin is None)
     for i, (_, values, max_stages) in enumerate(sp.cells):
         if i % stride:
             continue
         j, free = i % n_free, []
-        for ax, pin in zip(rest, pins):
+        for ax, pin in zip(rest, pins, strict=True):
             if pin is not None:
                 free.append(pin)
                 continue

@@ -26,7 +26,8 @@ from ..hardware import ARCHS
 from ..spec import SpecError, check_no_tails, resolve_arch
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
-           "TEMPLATE_DIR", "sm_of", "axis_docs_markdown", "parse_pair", "ptx_sha256", "config_options", "markdown_values"]
+           "TEMPLATE_DIR", "sm_of", "axis_docs_markdown", "parse_pair", "ptx_sha256", "config_options",
+           "markdown_values"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "kernels_ptx"
 

@@ -131,4 +131,5 @@ def launch_padding(fam: Family, spec: FamilySpec, asm: Assembly | None, blocks: 
     if asm is None:
         raise RuntimeError(f"launch.blocks_per_sm={blocks} needs the registers and static shared memory of "
                            f"{spec.entry} from ptxas, which are missing: {note}")
-    return smem_padding(spec.arch, fam.threads(spec), asm.registers, asm.static_smem + fam.dyn_smem(spec), blocks)
+    smem = asm.static_smem + fam.dyn_smem(spec)
+    return smem_padding(spec.arch, fam.threads(spec), asm.registers, smem, blocks)

@@ -449,8 +449,8 @@ class WgmmaFamily(Family):
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's
         bound (:meth:`tolerance`), int8 exactly. ``smem_pad``: bytes of dynamic shared memory added to
-        each block's launch after the kernel's own (launch.blocks_per_sm). Raises SpecError (a size that does not fit, a GPU older
-        than sm_90)."""
+        each block's launch after the kernel's own (launch.blocks_per_sm). Raises SpecError (a size that
+        does not fit, a GPU older than sm_90)."""
         import cupy
 
         from ..verify import check, make_operands

@@ -13,7 +13,8 @@ from typing import List, Optional
 from ...dtypes import Accum
 from .domains import B_LAYOUTS, CACHE_OPS, L2_HINTS, L2_PREFETCHES, LOADERS, SMEM_LAYOUTS
 
-__all__ = ["Acc", "Loader", "CacheOp", "L2Hint", "L2Prefetch", "BLayout", "SmemLayout", "TileConf", "PipelineConf",
+__all__ = ["Acc", "Loader", "CacheOp", "L2Hint", "L2Prefetch", "BLayout", "SmemLayout", "TileConf",
+           "PipelineConf",
            "LoaderConf", "CacheConf", "root_fields"]
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["KTILES", "LOADERS", "CACHE_OPS", "L2_HINTS", "L2_PREFETCHES", "B_LAYOUTS", "SMEM_LAYOUTS", "MAX_STAGES",
+__all__ = ["KTILES", "LOADERS", "CACHE_OPS", "L2_HINTS", "L2_PREFETCHES", "B_LAYOUTS", "SMEM_LAYOUTS",
+           "MAX_STAGES",
            "GROUP_M_RANGE", "tile_presets", "tile_group_m"]
 
 

@@ -12,8 +12,8 @@ from typing import Callable
 
 from ...dtypes import DType
 from ...spec_tables import ACCUMULATORS, ARCHS, PRECISIONS
-from .domains import (B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, L2_PREFETCHES, LOADERS, MAX_STAGES, SMEM_LAYOUTS,
-                      tile_presets)
+from .domains import (B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, L2_PREFETCHES, LOADERS, MAX_STAGES,
+                      SMEM_LAYOUTS, tile_presets)
 
 __all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
 

@@ -69,7 +69,8 @@ class KernelSpec(Geometry):
             f"_l2{_HINT[self.l2_hint_a]}{_HINT[self.l2_hint_b]}"
         ld = lambda x: "man" if x == "manual" else x  # noqa: E731
         return (f"gemm_{self.precision}_bk{self.ktile}_{self.mma_shape}{acc}_ld{ld(self.loader_a)}"
-                f"{ld(self.loader_b)}_{self.cache_op}{hint}{'' if self.l2_prefetch == 'none' else '_pf' + self.l2_prefetch}"
+                f"{ld(self.loader_b)}_{self.cache_op}{hint}"
+                f"{'' if self.l2_prefetch == 'none' else '_pf' + self.l2_prefetch}"
                 f"{'_sw' * (self.smem_layout == 'swizzled')}"
                 f"_b{self.b_layout}_s{self.stages}"
                 f"_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}_g{self.group_m}")
