@@ -116,7 +116,9 @@ def test_the_study_presets_keep_their_named_kernels():
     files = {p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml")}
     assert all(f.startswith(("fp16_", "int8_", "int4_")) for f in files) and len(files) == 23
     assert {n: p.name for n, (p, _) in listed().items()} == {
-        **{f"gen_{p}": "generations.yaml" for p in GENERATIONS}, **{f"h200_perf_{p}": "h200_performance.yaml" for p in H200}}
+        **{f"gen_{p}": "generations.yaml" for p in GENERATIONS}, **{f"h200_perf_{p}": "h200_performance.yaml" for p in H200},
+        **{f"meth_{p}": "methodology.yaml" for p in ("mma_sync", "wgmma_best", "cublas")},
+        **{f"pred_{p}": "predictors.yaml" for p in PREDICTORS}}
 
 
 # variants as a preset lists them, beside the file of conf/variant/ each stood for
@@ -146,7 +148,7 @@ def test_a_listed_variant_composes_as_its_file(tmp_path, name):
     assert OmegaConf.to_container(as_listed) == OmegaConf.to_container(as_file)
 
 
-VALID_KEYS = ("acc, b_layout, backend, cache, family, ktile, loader, mma, pipeline, precision, problem, smem_layout, "
+VALID_KEYS = ("acc, b_layout, backend, cache, family, ktile, launch, loader, mma, pipeline, precision, problem, smem_layout, "
               "study_kernel, target, tile, timing, verify")
 
 
