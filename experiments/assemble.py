@@ -20,9 +20,9 @@ from pathlib import Path
 from .hardware import ARCHS
 
 __all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
-           "theoretical_occupancy", "parse_ptxas_report", "disassemble", "sass_mix", "sass_opcodes",
-           "sass_summary", "misaligned_descriptors", "SASS_OPS", "SASS_OPS_SM90A", "PTXAS_FATAL_INFOS",
-           "fatal_infos"]
+           "theoretical_occupancy", "smem_padding", "parse_ptxas_report", "disassemble", "sass_mix",
+           "sass_opcodes", "sass_summary", "misaligned_descriptors", "SASS_OPS", "SASS_OPS_SM90A",
+           "PTXAS_FATAL_INFOS", "fatal_infos"]
 
 PTXAS_HINT = ("ptxas was not found. Install the CUDA toolkit (ptxas is in its bin/ folder) or "
               "`pip install nvidia-cuda-nvcc` (CUDA 13: nvidia-cuda-nvcc; CUDA 12: "
@@ -150,6 +150,30 @@ def theoretical_occupancy(arch: str, threads: int, registers: int, smem_bytes: i
     limiter = min(by, key=by.get)
     blocks = by[limiter]
     return blocks * warps / lim.max_warps_sm, blocks, limiter
+
+
+def smem_padding(arch: str, threads: int, registers: int, smem_bytes: int, blocks: int) -> int:
+    """Bytes of dynamic shared memory to add to each block's launch so that at most ``blocks`` blocks
+    are resident per SM on ``arch`` (launch.blocks_per_sm), the kernel's instructions unchanged.
+
+    threads: per block; registers: per thread; smem_bytes: the kernel's static + dynamic shared memory
+    per block (bytes). The padded block takes the least allocation (:func:`theoretical_occupancy`'s
+    granularity, with the per-block reservation) of which the SM's shared memory holds ``blocks`` and
+    not ``blocks + 1``; 0 when the kernel reaches exactly ``blocks`` already. Raises
+    :class:`experiments.spec.SpecError` naming the reachable maximum and its limiter when ``blocks`` is
+    more than the kernel reaches without padding, or not positive."""
+    from .spec import SpecError
+    reach, limiter = theoretical_occupancy(arch, threads, registers, smem_bytes)[1:]
+    if not 1 <= blocks <= reach:
+        raise SpecError(f"launch.blocks_per_sm={blocks} is not valid for this kernel on {arch}: without "
+                        f"padding it reaches {reach} resident block{'s' * (reach != 1)} per SM (limited by "
+                        f"{limiter}: {threads} threads, {registers} registers per thread, {smem_bytes} bytes "
+                        f"of shared memory per block); valid: 0 (as many as fit) or 1 ... {reach}")
+    if blocks == reach:
+        return 0
+    lim = ARCHS[arch]
+    alloc = (lim.smem_sm // (blocks + 1) // lim.smem_alloc_unit + 1) * lim.smem_alloc_unit
+    return alloc - lim.smem_reserved_block - smem_bytes
 
 
 # one SASS instruction: /*offset*/, an optional guard predicate, the mnemonic with its modifiers

@@ -75,6 +75,12 @@ class TimingConf:
 
 
 @dataclass
+class LaunchConf:
+    blocks_per_sm: int = 0      # 0: as many as fit; N: at most N resident blocks per SM, by extra dynamic
+                                # shared memory at launch (the kernel's instructions unchanged)
+
+
+@dataclass
 class VerifyConf:
     rtol: float = 1.0e-3        # float types: |C - C_ref| <= rtol * (|A| |B|), element-wise
     seed: Optional[int] = None  # None: fresh random data per run (the seed is logged)
@@ -143,6 +149,7 @@ def _make_config() -> type:
         ("problem", ProblemConf, field(default_factory=ProblemConf)),
         ("target", TargetConf, field(default_factory=TargetConf)),
         ("timing", TimingConf, field(default_factory=TimingConf)),
+        ("launch", LaunchConf, field(default_factory=LaunchConf)),
         ("verify", VerifyConf, field(default_factory=VerifyConf)),
         ("tracking", TrackingConf, field(default_factory=TrackingConf)),
     ]

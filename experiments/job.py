@@ -282,7 +282,7 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
         job.end("static", f"Not run: {kern.static_note}.")
         console.print(f"{job.label} {kern.entry}: {kern.static_note} [dim](static)[/]")
         return {"finished": 1}
-    occ = f"occupancy {asm.occupancy:.0%}" if asm else "no ptxas"
+    occ = f"occupancy {kern.static.get('theoretical_occupancy', 0):.0%}" if asm else "no ptxas"   # of the launch
     regs = f"{asm.registers} regs, {asm.spill_stores} B spills" if asm else ""
     what = regs or "no resources: " + kern.static_note
     job.end("static", f"Assembled for {kern.arch} (no GPU: not run): {what}{', ' + occ if asm else ''}.")

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import record, track
-from .assemble import SASS_OPS, Assembly, PtxasError, sass_summary
+from .assemble import SASS_OPS, Assembly, PtxasError, sass_summary, theoretical_occupancy
 from .families import get as get_family
 from .families import names as family_names
 from .families.base import ptx_sha256
-from .families.runner import NvccError, family_name, family_shapes, family_spec, resources, sass_subject
+from .families.runner import (NvccError, family_name, family_shapes, family_spec, launch_padding, resources,
+                              sass_subject)
 from .hardware import ARCHS
 from .metrics import rounded
 from .spec import SpecError, _parse_version
@@ -174,12 +175,13 @@ def auto_tile_plans(cfg, gpu_cc: int | None, sms: int) -> list[tuple[object, lis
     return out
 
 
-# timing and verification settings: (key, lowest valid value, whether the bound itself is valid)
+# timing, verification and launch settings: (key, lowest valid value, whether the bound itself is valid)
 SETTING_BOUNDS = (("timing.warmup", 0, True), ("timing.batches", 1, True), ("timing.min_batch_ms", 0, False),
                   ("timing.max_launches", 1, True), ("timing.timeout_s", 0, False), ("verify.rtol", 0, False),
                   ("timing.repeats", 1, True), ("timing.repeat_pause_s", 0, True),
                   ("timing.burst_batches", 1, True), ("timing.burst_batch_ms", 0, False),
-                  ("timing.idle_wait_s", 0, True), ("timing.idle_s", 0, True))
+                  ("timing.idle_wait_s", 0, True), ("timing.idle_s", 0, True),
+                  ("launch.blocks_per_sm", 0, True))
 
 
 SETTING_KEYS = tuple(name for name, _, _ in SETTING_BOUNDS) + ("verify.seed",)   # setting_problem's keys
@@ -281,7 +283,23 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
     if kern.asm is not None and subject is not None:
         tags.update(sass_summary(kern.asm, subject)[1])
     kern.static = _static_metrics(fam.threads(spec), fam.dyn_smem(spec), kern.asm, subject)
+    if cap := int(cfg.get("launch", {}).get("blocks_per_sm", 0) or 0):
+        _cap_blocks(kern, fam, spec, cap)
     return kern
+
+
+def _cap_blocks(kern: Kernel, fam, spec, cap: int) -> None:
+    """launch.blocks_per_sm=cap: the padding the worker adds to the launch (``smem_pad``), the run key's
+    part (only a cap that is set: the keys of uncapped runs stay), and the occupancy with the padding.
+    Raises SpecError (the family's launch cannot be padded; a cap above what the kernel reaches) or
+    RuntimeError (no ptxas resources to compute it from)."""
+    pad = launch_padding(fam, spec, kern.asm, cap, kern.static_note)
+    kern.identity = (*kern.identity, ("launch.blocks_per_sm", cap))
+    kern.call[1]["smem_pad"] = pad
+    occupancy, blocks, _ = theoretical_occupancy(spec.arch, fam.threads(spec), kern.asm.registers,
+                                                 kern.asm.static_smem + fam.dyn_smem(spec) + pad)
+    kern.static.update(rounded({"theoretical_occupancy": occupancy, "blocks_per_sm": blocks,
+                                "smem_padding_bytes": pad}))
 
 
 @functools.lru_cache(maxsize=1)

@@ -95,10 +95,11 @@ def load_kernel(ptx: str, ptx_path: str, entry: str, dyn_smem: int):
 
 
 class GemmLaunch:
-    """A ready-to-launch GEMM: kernel, grid (N/BN, M/BM), block (threads), packed args, smem."""
+    """A ready-to-launch GEMM: kernel, grid (N/BN, M/BM), block (threads), packed args, smem (the
+    spec's, plus ``smem_pad`` bytes: launch.blocks_per_sm)."""
 
-    def __init__(self, kern, spec, a, b, c, m: int, n: int, k: int):
-        self.kern, self.smem = kern, spec.smem_bytes
+    def __init__(self, kern, spec, a, b, c, m: int, n: int, k: int, smem_pad: int = 0):
+        self.kern, self.smem = kern, spec.smem_bytes + smem_pad
         self.grid, self.block = (n // spec.bn, m // spec.bm, 1), (spec.threads, 1, 1)
         self.args = pack_args({"A": a, "B": b, "C": c, "M": m, "N": n, "K": k})
 

@@ -140,10 +140,13 @@ DECLARED: tuple[Metric, ...] = (
     _M("spill_stores_bytes", "bytes/thread", "spill stores", _PTXAS),
     _M("spill_loads_bytes", "bytes/thread", "spill loads", _PTXAS),
     _M("stack_frame_bytes", "bytes/thread", "stack frame", _PTXAS),
-    _M("theoretical_occupancy", "fraction of the SM's warps", "resident warps / max, 0..1",
+    _M("theoretical_occupancy", "fraction of the SM's warps", "resident warps / max, 0..1, that the launch "
+       "allows (with launch.blocks_per_sm's padding)",
        "ptxas -v and the GPU's limits (experiments.assemble)"),
-    _M("blocks_per_sm", "blocks", "resident blocks per SM",
-       "ptxas -v and the GPU's limits (experiments.assemble)"),
+    _M("blocks_per_sm", "blocks", "resident blocks per SM that the launch allows (with "
+       "launch.blocks_per_sm's padding)", "ptxas -v and the GPU's limits (experiments.assemble)"),
+    _M("smem_padding_bytes", "bytes/block", "dynamic shared memory added to each block's launch to cap the "
+       "resident blocks per SM (launch.blocks_per_sm)", "experiments.assemble.smem_padding"),
     _M("sass_instructions", "instructions", "instructions in the kernel's SASS", "cuobjdump -sass"),
     _M("sass_<op>", "instructions", "SASS instructions of class <op> (experiments.assemble.SASS_OPS)",
        "cuobjdump -sass"),

@@ -27,6 +27,21 @@ def test_axes_md_is_generated_from_the_families():
         assert f"## family={name}" in text
 
 
+def test_what_each_axis_changes_is_generated_not_written_in_design_md():
+    """Every axis of mma_sync (the root keys) and of wgmma says what it changes in axes.md, from the
+    families' axis_docs; docs/DESIGN.md has no table of its own that would go stale beside it."""
+    from experiments.families.mma_sync.rules import make_axes
+    text = axes_markdown()
+    section = text.split("## family=wmma")[0]
+    documented = {k for line in section.splitlines() if line.startswith("- `")
+                  for k in re.findall(r"`([^`]+)`", line.split(": ", 1)[0])}
+    assert {a.key for a in make_axes()} - {"tile.group_m"} <= documented
+    assert "- `family.cluster`: 2: two CTAs of adjacent tile rows form a cluster" in text
+    assert "- `family.bn`: BN = the wgmma N" in text
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    assert "| key | what it changes" not in design and "| axis (`family.*`)" not in design
+
+
 def test_axes_markdown_command(capsys):
     assert main(["--axes-markdown"]) == 0 and capsys.readouterr().out == axes_markdown()
     assert main([]) == 2

@@ -40,6 +40,20 @@ def test_params_leave_out_the_store_and_repeated_spec_fields():
     assert params_of(flat) == {"precision": "int8", "ktile": "64", "mma": "auto"}
 
 
+def test_other_families_leave_out_the_default_familys_root_keys_as_they_always_did():
+    """Derived from the default family's root keys (smem_layout, added after runs were tracked, stays a
+    param of theirs), the list is the one the other families' runs have always had."""
+    before = {"ktile", "mma", "acc", "b_layout", "study_kernel", "family.name", "tracking.", "tile.", "loader.",
+              "pipeline.", "cache."}
+    for name in ("wmma", "dp4a", "cublas", "peak", "wgmma"):
+        assert set(families.get(name).dropped_params()) == before
+    flat = {"precision": "int8", "ktile": "64", "smem_layout": "padded", "cache.op": "cg", "tile.group_m": "8",
+            "family.name": "wmma", "family.block": "64x64", "timing.batches": "10"}
+    assert families.get("wmma").run_params(flat, {"family": "wmma", "precision": "int8", "block": "64x64"}) == {
+        "precision": "int8", "smem_layout": "padded", "family.block": "64x64", "timing.batches": "10",
+        "family": "wmma", "spec.block": "64x64"}
+
+
 def _run(name, outcome, params=None, metrics=None, tags=None):
     return NS(info=NS(run_name=name, status="FAILED" if outcome == "failed" else "FINISHED"),
               data=NS(params=params or {}, metrics=metrics or {}, tags={"outcome": outcome, **(tags or {})}))

@@ -221,6 +221,39 @@ def test_swizzled_kernels_are_named_and_keyed_apart():
     assert [kv for kv in fam.identity(swizzled) if kv[0] != "smem_layout"] == fam.identity(padded)
 
 
+def test_l2_prefetch_kernels_are_named_keyed_and_assembled_apart(tmp_path, need_ptxas):
+    """cache.l2_prefetch adds ``.L2::<size>`` to every cp.async (after the cache hint) and nothing else:
+    the entry (``_pf256B``), the run name (``pf256B``) and the run key name it; without it the PTX,
+    entry and run key are those the kernel had before the axis existed. ptxas takes it on sm_80 and sm_90."""
+    import subprocess
+
+    from experiments import families
+    from experiments.record import run_name
+    fam = families.get(families.DEFAULT)
+    kw = dict(precision="fp16", ktile=32, mma_k=16, bm=128, bn=128, warps_m=2, warps_n=2, stages=3,
+              cache_op="cg", arch="sm_90", l2_hint_b="evict_last")
+    plain, pf = KernelSpec(**kw), KernelSpec(**kw, l2_prefetch="256B")
+    assert pf.entry == "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_l2xl_pf256B_bcol_s3_128x128_w2x2_g8"
+    assert plain.entry == pf.entry.replace("_pf256B", "")
+    assert run_name(fam, pf, (4096,) * 3) == "4096 fp16 128x128 l2xl pf256B bk32 m16n8k16 s3"
+    assert "l2_prefetch" not in dict(fam.identity(plain))
+    assert [kv for kv in fam.identity(pf) if kv[0] != "l2_prefetch"] == fam.identity(plain)
+    a, b = render(plain), render(pf)
+    assert "cp.async.cg.shared.global [%dst_a+0], [%g_src], 16;" in a and ".L2::256B" not in a
+    assert "cp.async.cg.shared.global.L2::256B [%dst_a+0], [%g_src], 16;" in b
+    assert "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%dst_b+0], [%g_src], 16, %pol_b;" in b
+    assert b.replace(".L2::256B", "").replace(pf.entry, plain.entry) == a      # nothing else differs
+    assert KernelSpec(**{**kw, "l2_hint_b": "none", "arch": "sm_80"}, l2_prefetch="64B").ptx_version == (7, 4)
+    for spec in (pf, KernelSpec(**{**kw, "arch": "sm_80"}, l2_prefetch="64B")):
+        path = tmp_path / f"{spec.entry}.ptx"
+        path.write_text(render(spec))
+        proc = subprocess.run([need_ptxas, f"-arch={spec.arch}", str(path), "-o", str(tmp_path / "k.cubin")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    with pytest.raises(SpecError, match="cache.l2_prefetch=512B is not valid; valid values: none, 64B, 128B, 256B"):
+        KernelSpec(**kw, l2_prefetch="512B")
+
+
 def test_plan_counts():
     """(precision, ktile, mma) triples: 16 of 16-bit types, 7 int8, 5 int4, 6 fp8 = 34. Loaders per
     triple: 16-bit 4 x 4 x 2 layouts = 32; 8-/4-bit with 32-byte K chunks 4 x (4 col + manual row) = 20;
@@ -298,6 +331,8 @@ KERNELS = {
                                        smem_layout="swizzled"),
     "int4_swizzled_32B_study": dict(STUDY, precision="int4", ktile=64, mma_k=64, loader_b="x4",
                                     smem_layout="swizzled"),
+    "int8_l2_prefetch_128B_hints": dict(precision="int8", ktile=64, mma_k=32, l2_prefetch="128B",
+                                        l2_hint_a="evict_first"),
     "e5m2_manual_row": dict(STUDY, precision="fp8_e5m2", ktile=64, mma_k=32, b_layout="row",
                             loader_a="manual", loader_b="manual"),
 }

@@ -340,6 +340,17 @@ def test_todays_default_entry_is_unchanged():
     assert spec_from_config(cfg_).entry == "gemm_int8_bk64_m16n8k32_ldx4x2_cg_bcol_s3_256x128_w4x2_g8"
 
 
+def test_l2_prefetch_from_the_config_and_from_configs_tracked_before_it():
+    """cache.l2_prefetch is a typed key (an unknown size stops with the valid ones); a config.yaml
+    tracked before the key existed gives the kernel it ran (none)."""
+    assert spec("precision=int8", "ktile=64", "cache.l2_prefetch=256B").entry.endswith("_cg_pf256B_bcol_s2_128x128_w2x4_g8")
+    with pytest.raises(Exception, match="512B"):
+        cfg("cache.l2_prefetch=512B")
+    old = OmegaConf.create(OmegaConf.to_container(cfg("precision=int8", "ktile=64"), enum_to_str=True))
+    del old.cache["l2_prefetch"]
+    assert spec_from_config(old).l2_prefetch == "none"
+
+
 def test_flat_and_kwargs_round_trip():
     s = spec("precision=bf16", "ktile=64", "tile.block=[64,64]", "tile.warps=[2,2]")
     flat = s.flat()
@@ -443,7 +454,7 @@ def test_space_counts_by_hand():
     """sm_80, one tile (64x64, 2x2 warps): every point is the product of the axes; the counts below
     follow from the rules without running the enumerator."""
     sp = space(["sm_80"], ONE_TILE)
-    free = 2 * 4 * 4 * 2                                   # cache.op, two L2 hints, group_m
+    free = 2 * 4 * 4 * 2 * 4                               # cache.op, two L2 hints, group_m, L2 prefetch
     # acc ktile mma b_layout tile loaders smem_layout stages
     per_prec = 3 * 4 * 4 * 2 * 1 * 4 * 4 * 2 * MAX_STAGES * free
     c = sp.counts["sm_80"]

@@ -1,6 +1,7 @@
 """Presets that list the points of their sweep (experiments.variants): the jobs a preset's sweep
 expands to, a listed variant's config against the file it stands for, the message for a bad entry,
 and a listed sweep run again reusing every run."""
+import re
 import textwrap
 
 import pytest
@@ -24,6 +25,8 @@ GENERATIONS = ["mma_sync", "mma_sync_auto", "wgmma", "wgmma_auto", "cublas", "pe
                "wgmma_epilogue_tma", "wgmma_schedule_streamk", "wgmma_best", "wgmma_best_streamk"]
 H200 = ["best", "best_bk128", "cublas", "peak", "peak_ldmatrix", "auto", "tile_256x128", "tile_128x256", "tile_128x128",
         "tile_128x128_w2x2", "tile_64x64", "tile_256x128_w4x4", "tile_128x256_w4x4", "tile_l4_32x64"]
+PREDICTORS = ["best", "best_group_m_1", "best_group_m_32", "best_l2_hints", "best_l2_prefetch_256B", "64x64",
+              "64x64_blocks_2", "64x64_blocks_1", "128x128_w2x2", "128x128_w2x2_blocks_1"]
 
 
 def _compose(*overrides, hydra=False):
@@ -50,10 +53,59 @@ def _jobs(preset: str) -> list:
 @pytest.mark.parametrize("preset, precisions, points", [
     ("generations", ["fp16", "bf16", "int8", "fp8_e4m3"], [f"gen_{p}" for p in GENERATIONS]),
     ("h200_performance", ["fp16", "bf16", "int8"], [f"h200_perf_{p}" for p in H200]),
+    ("predictors", ["fp16", "int8"], [f"pred_{p}" for p in PREDICTORS]),
 ])
 def test_a_preset_sweeps_each_precision_times_its_listed_points(preset, precisions, points):
     """The jobs (and their numbers) the variant files of conf/variant/ gave these presets."""
     assert _jobs(preset) == [[f"precision={p}", f"variant={v}"] for p in precisions for v in points]
+
+
+def test_every_predictors_point_is_a_kernel_and_the_sweep_is_60_runs(tmp_path, need_ptxas, monkeypatch):
+    """experiment=predictors without a GPU (backend=static): every job composes and makes its kernel (no
+    combination refused, every cap within what the kernel reaches by ptxas' resources), 60 runs on a GPU
+    (each kernel at 2048, 4096 and 8192); the capped points keep their kernel's instructions and get the
+    blocks per SM they ask for, the DRAM points keep the best kernel's main loop. ptxas assembles each
+    source of the occupancy points once; the 128x256 kernels (one block per SM: 226-230 registers x 256
+    threads) are not assembled, to keep the test short."""
+    import experiments.kernel
+    from experiments.kernel import make_kernel
+    assembled, real = {}, experiments.kernel.resources
+
+    def resources(fam, spec, build, workdir):
+        if (spec.bm, spec.bn) == (128, 256):
+            return None, "not assembled in this test"
+        if build.source not in assembled:
+            assembled[build.source] = real(fam, spec, build, workdir)
+        return assembled[build.source]
+    monkeypatch.setattr(experiments.kernel, "resources", resources)
+    kernels, points = {}, {}
+    register()
+    register_variants()
+    for precision, variant in _jobs("predictors"):      # one composition per point, each precision set on it
+        if variant not in points:
+            with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+                points[variant] = compose("config", overrides=["experiment=predictors", "backend=static", variant])
+        cfg = points[variant].copy()
+        cfg.precision = precision.split("=")[1]
+        assert cfg.timing.repeats == 3
+        kern = make_kernel(cfg, tmp_path, None, False, {}, print)
+        kernels[(precision, variant)] = kern
+        assert kern.shapes == [(n, n, n) for n in (2048, 4096, 8192)]
+    assert sum(len(k.shapes) for k in kernels.values()) == 60
+    for precision, most in (("fp16", 4), ("int8", 6)):
+        get = lambda v, p=precision: kernels[(f"precision={p}", f"variant=pred_{v}")]  # noqa: E731
+        assert [get(v).static["blocks_per_sm"] for v in ("64x64", "64x64_blocks_2", "64x64_blocks_1",
+                                                         "128x128_w2x2", "128x128_w2x2_blocks_1")] == [most, 2, 1, 2, 1]
+        assert get("64x64_blocks_1").sources == get("64x64").sources
+        assert get("128x128_w2x2_blocks_1").sources == get("128x128_w2x2").sources
+        for v in ("best_group_m_1", "best_group_m_32", "best_l2_hints", "best_l2_prefetch_256B"):
+            assert get(v).entry != get("best").entry and _main_loop(get(v)) == _main_loop(get("best"))
+
+
+def _main_loop(kern) -> str:
+    """The PTX of a kernel's main loop without its L2 qualifiers (cache hints, prefetch size)."""
+    src = next(iter(kern.sources.values()))
+    return re.sub(r"\.L2::\w+|, %pol_[ab]", "", src[src.index("// ---- main loop"):src.index("// ---- epilogue")])
 
 
 def test_the_study_presets_keep_their_named_kernels():
@@ -65,7 +117,8 @@ def test_the_study_presets_keep_their_named_kernels():
     assert all(f.startswith(("fp16_", "int8_", "int4_")) for f in files) and len(files) == 23
     assert {n: p.name for n, (p, _) in listed().items()} == {
         **{f"gen_{p}": "generations.yaml" for p in GENERATIONS}, **{f"h200_perf_{p}": "h200_performance.yaml" for p in H200},
-        **{f"meth_{p}": "methodology.yaml" for p in ("mma_sync", "wgmma_best", "cublas")}}
+        **{f"meth_{p}": "methodology.yaml" for p in ("mma_sync", "wgmma_best", "cublas")},
+        **{f"pred_{p}": "predictors.yaml" for p in PREDICTORS}}
 
 
 # variants as a preset lists them, beside the file of conf/variant/ each stood for
@@ -95,7 +148,7 @@ def test_a_listed_variant_composes_as_its_file(tmp_path, name):
     assert OmegaConf.to_container(as_listed) == OmegaConf.to_container(as_file)
 
 
-VALID_KEYS = ("acc, b_layout, backend, cache, family, ktile, loader, mma, pipeline, precision, problem, smem_layout, "
+VALID_KEYS = ("acc, b_layout, backend, cache, family, ktile, launch, loader, mma, pipeline, precision, problem, smem_layout, "
               "study_kernel, target, tile, timing, verify")
 
 

@@ -9,7 +9,8 @@ equal: run it before and after and compare the lines.
 
 mma_sync: every shaping cell of its pruning walker (``space``) at its largest stage count and at one
 stage, the non-shaping axes (cache.op, L2 hints, tile.group_m) rotated over the cells so that every value
-of each occurs. Other families: every point of ``Family.space(arch)`` for every arch.
+of each occurs; a non-shaping axis added later (its fields in the family's key_defaults) at the value runs
+tracked before it had. Other families: every point of ``Family.space(arch)`` for every arch.
 Prints one line per family: name, points, sha256 of the records (in enumeration order).
 """
 from __future__ import annotations
@@ -30,15 +31,29 @@ from experiments.hardware import ARCHS  # noqa: E402
 SIZE = (4096, 4096, 4096)
 
 
+def _pinned(ax, key_defaults: dict):
+    """The index of a non-shaping axis added after runs were tracked (every field in the family's
+    key_defaults) at the value those runs had, or None: such an axis is not rotated, so the points and
+    the digest of what was there before stay the same."""
+    if not all(a in key_defaults for a in ax.attrs):
+        return None
+    return ax.values.index(tuple(key_defaults[a] for a in ax.attrs))
+
+
 def _mma_sync_points(stride: int):
     sp = space()
+    key_defaults = families.get("mma_sync").key_defaults
     rest = [a for a in sp.axes if not a.shaping]
-    n_free = prod(len(a.values) for a in rest)
+    pins = [_pinned(a, key_defaults) for a in rest]
+    n_free = prod(len(a.values) for a, pin in zip(rest, pins, strict=True) if pin is None)
     for i, (_, values, max_stages) in enumerate(sp.cells):
         if i % stride:
             continue
         j, free = i % n_free, []
-        for ax in rest:
+        for ax, pin in zip(rest, pins, strict=True):
+            if pin is not None:
+                free.append(pin)
+                continue
             free.append(j % len(ax.values))
             j //= len(ax.values)
         for stages in sorted({max_stages, 1}):

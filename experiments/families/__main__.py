@@ -14,7 +14,7 @@ HEADER = """# Axes of every family
 
 Generated from the code by `python -m experiments.families --axes-markdown > docs/axes.md`; do not
 edit by hand. `python run.py --help` (and `python run.py family=NAME --help`) lists the same keys with
-their defaults; docs/DESIGN.md says what each axis changes in the kernel.
+their defaults; under each family's table, what each key changes in the kernel.
 """
 
 

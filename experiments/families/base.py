@@ -9,6 +9,7 @@ Family modules: the default family's package, :mod:`.wmma`, :mod:`.dp4a`, :mod:`
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import re
@@ -25,7 +26,8 @@ from ..hardware import ARCHS
 from ..spec import SpecError, check_no_tails, resolve_arch
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
-           "TEMPLATE_DIR", "sm_of", "parse_pair", "ptx_sha256", "config_options", "markdown_values"]
+           "TEMPLATE_DIR", "sm_of", "axis_docs_markdown", "parse_pair", "ptx_sha256", "config_options",
+           "markdown_values"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent.parent / "kernels_ptx"
 
@@ -107,6 +109,16 @@ def markdown_values(values) -> str:
     return ", ".join(f"`{v}`" for v in values)
 
 
+def axis_docs_markdown(docs: dict) -> list[str]:
+    """docs/axes.md lines that say what each key changes (``docs``: key, or comma-separated keys ->
+    Markdown text): a list under the heading "What each key changes"; [] when there is none."""
+    if not docs:
+        return []
+    keys = lambda k: ", ".join(f"`{x.strip()}`" for x in k.split(","))  # noqa: E731
+    return ["", "What each key changes in the kernel, and its restriction:", ""] + \
+        [f"- {keys(k)}: {text}" for k, text in docs.items()]
+
+
 def sm_of(arch: str) -> int:
     """'sm_90' -> 90 (also 'sm_90a' -> 90)."""
     return int(re.sub(r"[^0-9]", "", arch))
@@ -158,8 +170,10 @@ class Family:
     How a family meets the config and the store: ``root_keys``, the config's root keys that hold its
     options (the default family's; () for the others, whose options are ``family.*``: :meth:`spec_of`);
     ``key_defaults``, axes added after runs were tracked, at the value those runs had, left out of the
-    run key (:meth:`identity`); ``param_drop``, config keys (a trailing dot: a group) a run of this family
-    does not log as params (:meth:`run_params`); ``auto_keys``, the config keys tile=auto sets per
+    run key (:meth:`identity`); ``param_drop``, shared config keys (a trailing dot: a group) a run of this
+    family does not log as params, besides the other families' root keys (:meth:`dropped_params`,
+    :meth:`run_params`); ``axis_docs``, what each key changes in the kernel and its restrictions
+    (docs/axes.md, :meth:`axes_markdown`); ``auto_keys``, the config keys tile=auto sets per
     problem size (() where the family has no tile=auto: :meth:`auto_tile`).
     """
     name: str = ""
@@ -172,10 +186,12 @@ class Family:
     narrow_accumulation: bool = False
     root_keys: tuple = ()
     key_defaults: dict = {}
-    # the default family's root keys as runs of the other families have always left them out (smem_layout,
-    # added later, stays a param of theirs: their run params do not change)
-    param_drop: tuple = ("ktile", "mma", "acc", "b_layout", "study_kernel", "family.name", "tracking.",
-                         "tile.", "loader.", "pipeline.", "cache.")
+    # shared keys a run of this family does not log; :meth:`dropped_params` adds the other families' root keys
+    param_drop: tuple = ("study_kernel", "family.name", "tracking.")
+    axis_docs: dict = {}
+    # launch.blocks_per_sm: ``prepare`` takes ``smem_pad`` (bytes of dynamic shared memory added to each
+    # block's launch, the kernel's instructions unchanged); False: :meth:`padding_refusal` says why not
+    pads_launch: bool = False
     auto_keys: tuple = ()
     profiles_logged: bool = False   # the profiler takes the source a run logged (True), or builds it again
 
@@ -226,11 +242,25 @@ class Family:
         family, the precision and the values of its axes (:func:`experiments.record.run_name`)."""
         return None
 
+    def dropped_params(self) -> tuple:
+        """Config keys (a trailing dot: a group) a run of this family does not log: :attr:`param_drop` and
+        the root keys of every other registered family (a section as a group), except those in that
+        family's :attr:`key_defaults` (axes added after runs were tracked stay params, as they were)."""
+        from . import get, names
+        out = list(self.param_drop)
+        for name in names():
+            other = get(name) if name != self.name else None
+            for key, typ, _ in (other.root_fields() if other else []):
+                if key not in other.key_defaults:
+                    out.append(f"{key}." if dataclasses.is_dataclass(typ) else key)
+        return tuple(out)
+
     def run_params(self, config_params: dict, spec_flat: dict) -> dict:
         """The run's params: the config's (``config_params``: flattened, ``tracking.*`` left out) without
-        :attr:`param_drop`, ``family``, and ``spec.<key>`` for every resolved spec value."""
-        keys = tuple(k for k in self.param_drop if not k.endswith("."))
-        groups = tuple(k for k in self.param_drop if k.endswith("."))
+        :meth:`dropped_params`, ``family``, and ``spec.<key>`` for every resolved spec value."""
+        drop = self.dropped_params()
+        keys = tuple(k for k in drop if not k.endswith("."))
+        groups = tuple(k for k in drop if k.endswith("."))
         params = {k: v for k, v in config_params.items() if k not in keys and not k.startswith(groups)}
         params["family"] = self.name
         params.update({f"spec.{k}": str(v) for k, v in spec_flat.items() if k not in ("family", "precision")})
@@ -269,6 +299,7 @@ class Family:
             default = self.defaults.get(key, values[0])
             ordered = [default, *(v for v in values if str(v) != str(default))]
             out.append(f"| `family.{key}` | {markdown_values(ordered)} |")
+        out += axis_docs_markdown({f"family.{k}": v for k, v in self.axis_docs.items()})
         if self.rules:
             out += ["", "Rules:", ""] + [f"- `{r.name}`: {r.why}" for r in self.rules]
         return out
@@ -353,6 +384,11 @@ class Family:
         """(BM, BN, BK): what M, N and K must be multiples of (:meth:`check_problem`, and the advice
         on sizes that do not fit); None (the default) where the kernel takes any size."""
         return None
+
+    def padding_refusal(self, spec: FamilySpec) -> str:
+        """Why launch.blocks_per_sm cannot cap the resident blocks of ``spec``'s launch (families whose
+        :attr:`pads_launch` is False)."""
+        return f"the launch of a {self.title} takes no extra dynamic shared memory"
 
     def threads(self, spec: FamilySpec) -> int:
         """Threads per block of the built kernel (for ptxas' occupancy); 0 for a library call."""

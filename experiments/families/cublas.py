@@ -208,6 +208,11 @@ class CublasFamily(Family):
     axes = {"precision": tuple(TYPES)}
     rules = (Rule("fp8", "fp8_e4m3 (cuBLASLt) needs sm_89 or later", _fp8_rule),)
 
+    def padding_refusal(self, spec: FamilySpec) -> str:
+        """cuBLAS launches kernels of its own choice (launch.blocks_per_sm)."""
+        return ("cuBLAS chooses and launches its own kernels, whose shared memory and launch this "
+                "framework does not set, so it cannot cap their resident blocks")
+
     def check_problem(self, spec: FamilySpec, m: int, n: int, k: int) -> None:
         """Raise SpecError for non-positive sizes, sizes of 2**31 or more (cuBLAS takes int), and for
         int8 unless K and N are multiples of 4 (leading dimensions of the IMMA path)."""

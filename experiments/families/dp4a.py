@@ -25,6 +25,7 @@ class Dp4aFamily(Family):
     title = "DP4A GEMM"
     axes = {"precision": ("int8",), "block": ("128x128", "64x64")}
     defaults = {"block": "128x128"}
+    pads_launch = True
 
     def multiples(self, spec: FamilySpec) -> tuple[int, int, int]:
         """(BM, BN, BK) of the block tile."""
@@ -39,8 +40,10 @@ class Dp4aFamily(Family):
                               TN=bn // 16, NL=(bm + bn) * 2 // THREADS)
         return Build("cuda", src, spec.entry)     # NVRTC's default C++ dialect suffices
 
-    def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int) -> Prepared:
-        """Operands as verify.make_operands makes them, C (int32) poisoned, checked exactly."""
+    def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
+                *, smem_pad: int = 0) -> Prepared:
+        """Operands as verify.make_operands makes them, C (int32) poisoned, checked exactly; launched with
+        ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own is static)."""
         from ..verify import check, make_operands
         from . import gpu
         gpu.check_device(spec)
@@ -51,6 +54,7 @@ class Dp4aFamily(Family):
         kern = gpu.compile_cuda(build)
         grid, block = (n // bn, m // bm, 1), (THREADS, 1, 1)
         args = (ops.a, ops.b, c, np.uint32(m), np.uint32(n), np.uint32(k))
-        return Prepared(launch=lambda: kern(grid, block, args),
+        smem = gpu.allow_smem(kern, smem_pad)
+        return Prepared(launch=lambda: kern(grid, block, args, shared_mem=smem),
                         verify=lambda: check(c, ops, False, 0.0),
                         note="scalar __dp4a on the CUDA cores, no tensor cores")

@@ -17,7 +17,7 @@ from ..spec import SpecError
 from .base import Build, FamilySpec, sm_of
 
 __all__ = ["device_sm", "sm_count", "max_active_clusters", "check_device", "cuda_include_dirs",
-           "compile_cuda", "load_ptx", "poisoned", "exact_check"]
+           "compile_cuda", "load_ptx", "allow_smem", "max_active_blocks", "poisoned", "exact_check"]
 
 _CHUNK = 1 << 24     # elements per step of exact_check (bounded temporary memory)
 
@@ -55,6 +55,22 @@ def max_active_clusters(kern, threads: int, dyn_smem: int, cluster: int) -> int:
     if rc:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters(cluster {cluster}, {threads} threads, "
                            f"{dyn_smem} bytes of shared memory) returned CUresult {rc}")
+    return count.value
+
+
+def max_active_blocks(kern, threads: int, dyn_smem: int) -> int:
+    """Blocks of ``kern`` (a CuPy RawKernel) of ``threads`` threads and ``dyn_smem`` bytes of dynamic
+    shared memory that one SM of the current device holds at once, as the driver's occupancy
+    calculator says (CUDA Driver API, Occupancy: cuOccupancyMaxActiveBlocksPerMultiprocessor).
+    Raises RuntimeError with the CUresult when the driver refuses the query."""
+    import ctypes
+    count = ctypes.c_int()
+    func = getattr(kern, "kernel", kern).ptr
+    rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(count), ctypes.c_void_p(func), ctypes.c_int(threads), ctypes.c_size_t(dyn_smem))
+    if rc:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor({threads} threads, {dyn_smem} bytes "
+                           f"of shared memory) returned CUresult {rc}")
     return count.value
 
 
@@ -124,6 +140,23 @@ def load_ptx(build: Build, dyn_smem: int = 0):
         path = Path(tmp) / f"{build.entry}.ptx"
         path.write_text(build.source)
         return load_kernel(build.source, str(path), build.entry, dyn_smem)
+
+
+def allow_smem(kern, dyn_smem: int) -> int:
+    """Let ``kern`` (a CuPy RawKernel) launch with ``dyn_smem`` bytes of dynamic shared memory per block
+    (above 48 KiB the driver needs the opt-in attribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+    and return ``dyn_smem``: the launch of a family's kernel with launch.blocks_per_sm's padding added.
+    Raises experiments.launch.LaunchConfigError above the device's opt-in maximum."""
+    import cupy
+
+    from ..launch import LaunchConfigError
+    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if dyn_smem + kern.shared_size_bytes > limit:
+        raise LaunchConfigError(f"{dyn_smem} bytes of dynamic and {kern.shared_size_bytes} of static shared "
+                                f"memory per block exceed this GPU's {limit}")
+    if dyn_smem > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = dyn_smem
+    return dyn_smem
 
 
 def poisoned(shape, dtype):

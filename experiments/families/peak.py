@@ -301,6 +301,12 @@ class PeakFamily(Family):
     sized = False
     tensor_cores = True
 
+    def padding_refusal(self, spec: FamilySpec) -> str:
+        """Its grids are sized to the blocks resident at once (launch.blocks_per_sm)."""
+        return ("a peak kernel's grid is the blocks that are resident at once (a fixed number per SM, "
+                "its clocks measured over them), so a cap would change the work of a wave, not the "
+                "occupancy of a fixed launch")
+
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
         """As :meth:`Family.spec`; with ``instruction=wgmma`` target.arch auto and sm_90 resolve to
         sm_90a (any other arch is refused by the rule ``wgmma``)."""

@@ -13,14 +13,14 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..assemble import Assembly, PtxasError, PtxasMissing, assemble
+from ..assemble import Assembly, PtxasError, PtxasMissing, assemble, smem_padding
 from ..dtypes import DType
 from ..spec import SpecError, misfit_message
 from . import DEFAULT, get
 from .base import Build, Family, FamilySpec, config_options
 
 __all__ = ["WGMMA", "family_name", "family_options", "family_spec", "family_shapes", "resources",
-           "sass_subject", "NvccError"]
+           "sass_subject", "launch_padding", "NvccError"]
 
 WGMMA = "wgmma"
 
@@ -115,3 +115,21 @@ def sass_subject(fam: Family, spec: FamilySpec):
     if fam.tensor_cores and spec.precision in DType.__members__:
         return SimpleNamespace(prec=DType[spec.precision])
     return None
+
+
+def launch_padding(fam: Family, spec: FamilySpec, asm: Assembly | None, blocks: int, note: str = "") -> int:
+    """Bytes of dynamic shared memory the launch of ``spec`` adds per block so that at most ``blocks``
+    blocks are resident per SM (launch.blocks_per_sm; :func:`experiments.assemble.smem_padding` from
+    ptxas' registers and static shared memory, the family's threads and dynamic shared memory).
+
+    Raises SpecError when the family's launch takes no padding (:attr:`Family.pads_launch`, the reason
+    from :meth:`Family.padding_refusal`) or the kernel reaches fewer blocks without padding (naming the
+    maximum); RuntimeError when there are no resources (``note``: why, e.g. no ptxas or nvcc)."""
+    if not fam.pads_launch:
+        raise SpecError(f"launch.blocks_per_sm={blocks} is not valid for family={fam.name}: "
+                        f"{fam.padding_refusal(spec)}; valid: 0")
+    if asm is None:
+        raise RuntimeError(f"launch.blocks_per_sm={blocks} needs the registers and static shared memory of "
+                           f"{spec.entry} from ptxas, which are missing: {note}")
+    smem = asm.static_smem + fam.dyn_smem(spec)
+    return smem_padding(spec.arch, fam.threads(spec), asm.registers, smem, blocks)

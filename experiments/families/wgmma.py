@@ -286,9 +286,71 @@ class WgmmaFamily(Family):
                           "per block", _smem_rule),
              Rule("schedule", "schedule=streamk needs persistent=true", _schedule_rule),
              Rule("group", "group (other than 8) needs order=grouped", _group_rule))
+    axis_docs = {   # what each option changes in the kernel, and its restriction (docs/axes.md)
+        'bn':
+            'BN = the wgmma N; BN / 2 accumulators per thread; `tile=auto` chooses it per size with '
+            '`consumers`',
+        'consumers':
+            'warpgroups of 64 rows each: BM = 64 x consumers',
+        'producer':
+            'true: an extra warpgroup loads (one thread issues TMA) and drops to 40 registers with '
+            '`setmaxnreg`, the consumers rise to 232 (two) or 240 (one) from a cap of 168 at entry (the '
+            'per-CTA pool must cover the rise); false: thread 0 of the consumers loads, `stages` ahead',
+        'stages':
+            'ring depth; rejected when 1 KiB (alignment) + stages x (BM + BN) x swizzle bytes + the '
+            'barriers exceed 227 KiB (default tile: at most 4)',
+        'swizzle':
+            'bytes of one shared-memory row: BK = swizzle / element bytes (64 / 32 / 16 for 16-bit types,'
+            " 128 / 64 / 32 for 8-bit); the TMA swizzle mode and the descriptors' layout field follow it",
+        'persistent':
+            'false: one block per tile; true: one block per SM walking tiles b, b + grid, ... (the '
+            'producer loads the next tile during the epilogue)',
+        'order':
+            'tile order of the linear block / tile index: groups of `group` tile rows walked column by '
+            'column (L2 reuse), or row by row',
+        'group':
+            'tile rows per group of `order=grouped` (pairs of rows with `cluster=2` or 4); needs '
+            '`order=grouped` when not 8. The blocks running at once cover about group x (SMs / group) '
+            'tiles, so the group sets the A and B panels a wave reads from DRAM: at N = 8192 on 132 SMs '
+            '16 rows read 65 MB a wave against 82 MB with 8 (panels of 2 MB per tile row, 4 MB per tile '
+            'column) (measured: `results/h200/generations.md`, `gen_wgmma_group_16`)',
+        'epilogue':
+            'registers: `st.global.v2` from the accumulators (the warps wait until every store has left);'
+            ' tma: each consumer warpgroup writes its 64 x BN tile in chunks of 4 boxes (64 rows x 8 '
+            'columns, no swizzle: no bank conflicts) with `st.shared.v2` into two 8 KiB buffers of its '
+            'own after the ring, alternately; per chunk `fence.proxy.async`, its first thread waits until'
+            " the previous chunk's stores have read the other buffer, a named barrier of the warpgroup, "
+            "then that thread issues the chunk's `cp.async.bulk.tensor` stores through a tensor map of C."
+            ' The stores drain while the next tile (persistent) computes. The staging (16 KiB per '
+            'consumer) fits beside the default 4 stages',
+        'cluster':
+            '2: two CTAs of adjacent tile rows form a cluster (`.reqnctapercluster 2, 1, 1`); each loads '
+            'its A and half of B, multicast to both (`.multicast::cluster`), and a consumer releases a '
+            "stage on both CTAs' empty barriers (`mapa` + remote `mbarrier.arrive`, the count doubled); "
+            'cluster barriers at start and end. M must be a multiple of 2 x BM. 4: 2 x 2 CTAs compute '
+            'tiles (2i + a, 2j + b); each loads half of its A box into the two CTAs of its tile row and '
+            'half of its B box into the two of its tile column, so a CTA reads half of A and half of B '
+            "from L2 (2: all of A, half of B); releases go to all four CTAs' empty barriers; N must also "
+            "be a multiple of 2 x BN. A cluster's CTAs share a GPC, so the persistent grid is as many "
+            'clusters as run at once (`cuOccupancyMaxActiveClusters`): 30 clusters of 4 (120 of 132 SMs) '
+            'on an H200 against 66 of 2, which makes 4 slower there (at 2048 its 32 clusters take two '
+            'waves; measured: `results/h200/generations.md`, `results/h200/wgmma_8192_combinations.md`)',
+        'schedule':
+            'tiles: each block (cluster) computes whole tiles; streamk (needs `persistent=true`): whole '
+            'tiles fill the full waves, and the K steps of the tiles left over are split evenly among all'
+            ' blocks (Stream-K, Osama et al., PPoPP 2023, its data-parallel + one stream-K wave form). A '
+            'segment that starts past k = 0 stores its partial sums to its slot of a workspace and adds '
+            "its step count to the tile's flag (`fence.acq_rel.gpu` + `red.relaxed.gpu`); the segment "
+            'that starts at k = 0 spins on the flag (`ld.acquire.gpu`), resets it for the next launch and'
+            ' adds the slots before its epilogue. At N = 8192 the default tile gives 2048 tiles, 15.5 '
+            'waves of 132 SMs. With fewer tiles T than SMs the grid is T x floor(SMs / T) blocks and '
+            "every tile's K steps are split among floor(SMs / T) of them (split-K; on an H200 at 512-2048"
+            ' slower than whole tiles: the partial sums cost more than the idle SMs)',
+    }
     tensor_cores = True
     narrow_accumulation = True      # fp8 wgmma sums in about 14 significant bits (dtypes.FP8_RTOL)
     auto_keys = ("family.bn", "family.consumers")
+    pads_launch = True
 
     def auto_tile(self, cfg, m: int, n: int, k: int, sms: int, gpu_cc: int | None):
         """tile=auto's choice for M x N x K on ``sms`` SMs (:func:`auto_tile`), the config's other
@@ -377,7 +439,7 @@ class WgmmaFamily(Family):
         return Build("ptx", src, spec.entry)
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3) -> Prepared:
+                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
         """Operands as verify.make_operands makes them (B as N x K), C poisoned, tensor maps encoded
         (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
         dynamic shared memory allowed; with epilogue=tma a third map for C (f32 / s32, box
@@ -386,8 +448,9 @@ class WgmmaFamily(Family):
         as run at once (:func:`persistent_grid`, :func:`~experiments.families.gpu.max_active_clusters`); with
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's
-        bound (:meth:`tolerance`), int8 exactly. Raises SpecError (a size that does not fit, a GPU older
-        than sm_90)."""
+        bound (:meth:`tolerance`), int8 exactly. ``smem_pad``: bytes of dynamic shared memory added to
+        each block's launch after the kernel's own (launch.blocks_per_sm). Raises SpecError (a size that
+        does not fit, a GPU older than sm_90)."""
         import cupy
 
         from ..verify import check, make_operands
@@ -399,7 +462,7 @@ class WgmmaFamily(Family):
         nbytes, acc, dtype = d.bits // 8, Accum[d.acc], d.tma
         ops = make_operands(spec.precision, m, n, k, seed)
         c = gpu.poisoned((m, n), acc.np_dtype)
-        smem = smem_bytes(spec.precision, p)
+        smem = smem_bytes(spec.precision, p) + smem_pad
         kern = gpu.load_ptx(build, dyn_smem=smem)
         swz = SWIZZLES[p["swizzle"]][0]
         cl = g["CL"]

@@ -67,6 +67,7 @@ class WmmaFamily(Family):
             "block": ("128x128", "64x64"), "warps": ("2x4", "2x2")}
     defaults = {"acc": "auto", "block": "128x128", "warps": "2x4"}
     tensor_cores = True
+    pads_launch = True
     rules = (Rule("acc", "the accumulators WMMA offers per type (f16 only with fp16)", _acc_rule),
              Rule("tile", "warp tile a multiple of the fragment; copy chunks divide among threads",
                   _tile_rule))
@@ -95,8 +96,9 @@ class WmmaFamily(Family):
         return Build("cuda", src, spec.entry)     # NVRTC's default C++ dialect suffices
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3) -> Prepared:
-        """Operands as verify.make_operands makes them, C poisoned, kernel compiled with NVRTC.
+                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
+        """Operands as verify.make_operands makes them, C poisoned, kernel compiled with NVRTC, launched
+        with ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own is static).
         C is checked within the accumulation's bound (:meth:`tolerance`): exactly for s32,
         within ``rtol`` for f32, within the f16 accumulation's bound for f16."""
         from ..verify import check, make_operands
@@ -117,5 +119,6 @@ class WmmaFamily(Family):
             notes.append(f"C accumulated and stored in f16 (verified within rtol={tol:.3g})")
         if spec.precision == "int4" and spec.arch == "sm_90":
             notes.append("ptxas emulates s4 MMA on sm_90 (no IMMA for s4)")
-        return Prepared(launch=lambda: kern(grid, block, args),
+        smem = gpu.allow_smem(kern, smem_pad)
+        return Prepared(launch=lambda: kern(grid, block, args, shared_mem=smem),
                         verify=lambda: check(c, ops, is_float, tol), note="; ".join(notes))

@@ -14,7 +14,8 @@ import time
 
 from ...spec_tables import ARCHS, PRECISIONS
 from ...timing import tflops
-from ..base import Build, Family, Prepared, markdown_values
+from ..base import Build, Family, Prepared, axis_docs_markdown, markdown_values
+from .axis_docs import AXIS_DOCS
 from .config import root_fields
 from .domains import GROUP_M_RANGE, KTILES, MAX_STAGES
 from .render import render
@@ -30,12 +31,12 @@ ROOT_KEYS = tuple(name for name, _, _ in root_fields())
 RESOLVED = ("mma", "arch", "ptx_version")
 # axes added after runs were tracked, at the value those runs had: left out of the run key there, so a
 # store's finished runs keep their keys
-KEY_DEFAULTS = {"smem_layout": "padded"}
+KEY_DEFAULTS = {"smem_layout": "padded", "l2_prefetch": "none"}
 
 # run names: the values of the default kernel; a run name puts the axes that differ from them first
 _SHORT = {"manual": "man", "none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 _DEFAULT_TOKENS = {"bk": "bk32", "s": "s3", "tile": "256x128", "ld": "ldx4x2", "cache": "cg", "l2": "",
-                   "b": "", "acc": "", "sw": ""}
+                   "b": "", "acc": "", "sw": "", "pf": ""}
 
 _LOADED: dict = {}       # (entry, PTX) -> (kernel, JIT seconds): one JIT per kernel per worker process
 
@@ -51,6 +52,7 @@ class MmaSyncFamily(Family):
     auto_keys = ("tile.block", "tile.warps")
     profiles_logged = True      # the PTX a run logged is what it measured
     tensor_cores = True
+    pads_launch = True
 
     def root_fields(self) -> list:
         """The root keys' schema (:func:`.config.root_fields`): their Enums and sections."""
@@ -133,6 +135,7 @@ class MmaSyncFamily(Family):
         for ax in make_axes():
             vals = ax.labels if len(ax.labels) < 12 else (*ax.labels[:3], "...", ax.labels[-1])
             out.append(f"| `{ax.key}` | {markdown_values(vals)} | {ax.meaning} |")
+        out += axis_docs_markdown(AXIS_DOCS)
         out += ["", "Rules, in the order they are checked:", ""]
         return out + [f"- `{r.name}`: {r.why}" for r in RULES]
 
@@ -161,7 +164,8 @@ class MmaSyncFamily(Family):
                   "b": "" if get("b_layout", "col") == "col" else f"b{get('b_layout', 'col')}",
                   "acc": (f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32")
                           else ""),
-                  "sw": "sw" if get("smem_layout", "padded") == "swizzled" else ""}
+                  "sw": "sw" if get("smem_layout", "padded") == "swizzled" else "",
+                  "pf": "" if get("l2_prefetch", "none") == "none" else f"pf{get('l2_prefetch', 'none')}"}
         differ = [v for k, v in tokens.items() if v and k in _DEFAULT_TOKENS and v != _DEFAULT_TOKENS[k]]
         usual = [tokens[k] for k in ("bk", "mma", "s", "tile") if tokens[k] not in differ]
         return [spec.precision] + differ + usual
@@ -204,11 +208,12 @@ class MmaSyncFamily(Family):
         return tflops(m, n, k, us)
 
     def prepare(self, spec: KernelSpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3) -> Prepared:
+                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
         """The PTX JIT-loaded through the driver (once per kernel in this process), operands with B laid
         out as ``b_layout`` says, C (the accumulator's dtype) poisoned. ``verify()`` checks integers
         exactly and floats within :func:`experiments.dtypes.tolerance` (``rtol``, or the
-        f16-accumulation bound for K), then frees the float64 reference before timing. ``info``: the
+        f16-accumulation bound for K), then frees the float64 reference before timing. ``smem_pad``: bytes
+        of dynamic shared memory added to each block's launch (launch.blocks_per_sm). ``info``: the
         JIT's seconds, registers and local bytes, and the tolerance used."""
         import cupy
         import numpy as np
@@ -216,7 +221,7 @@ class MmaSyncFamily(Family):
         from ...launch import GemmLaunch
         from ...dtypes import tolerance
         from ...verify import check, make_operands, poison
-        from ..gpu import load_ptx
+        from ..gpu import allow_smem, load_ptx
         key = (spec.entry, build.source)
         if key not in _LOADED:
             t0 = time.perf_counter()
@@ -226,7 +231,9 @@ class MmaSyncFamily(Family):
         ops = make_operands(spec.precision, m, n, k, seed, b_layout=spec.b_layout)
         c = cupy.empty((m, n), dtype=np.dtype(spec.accum.c_dtype))
         poison(c)
-        launch = GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k)
+        if smem_pad:
+            allow_smem(kern, spec.smem_bytes + smem_pad)
+        launch = GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k, smem_pad)
         tol = tolerance(spec.precision, spec.acc, k, rtol)
 
         def verify():

@@ -11,9 +11,10 @@ from enum import Enum
 from typing import List, Optional
 
 from ...dtypes import Accum
-from .domains import B_LAYOUTS, CACHE_OPS, L2_HINTS, LOADERS, SMEM_LAYOUTS
+from .domains import B_LAYOUTS, CACHE_OPS, L2_HINTS, L2_PREFETCHES, LOADERS, SMEM_LAYOUTS
 
-__all__ = ["Acc", "Loader", "CacheOp", "L2Hint", "BLayout", "SmemLayout", "TileConf", "PipelineConf",
+__all__ = ["Acc", "Loader", "CacheOp", "L2Hint", "L2Prefetch", "BLayout", "SmemLayout", "TileConf",
+           "PipelineConf",
            "LoaderConf", "CacheConf", "root_fields"]
 
 
@@ -26,6 +27,7 @@ Acc = _enum("Acc", ("auto", *(a.name for a in Accum)))
 Loader = _enum("Loader", LOADERS)           # shared -> register loader (domains.LOADERS)
 CacheOp = _enum("CacheOp", CACHE_OPS)       # cp.async.ca: L1 and L2; .cg: L2 only (16-byte copies)
 L2Hint = _enum("L2Hint", L2_HINTS)          # .L2::cache_hint eviction priority (none: no hint)
+L2Prefetch = _enum("L2Prefetch", L2_PREFETCHES)   # .L2::<size> DRAM read size on a miss (none: no qualifier)
 BLayout = _enum("BLayout", B_LAYOUTS)       # col: B stored N x K (K contiguous); row: K x N
 SmemLayout = _enum("SmemLayout", SMEM_LAYOUTS)   # padded or swizzled rows (domains.SMEM_LAYOUTS)
 
@@ -56,6 +58,7 @@ class CacheConf:
     op: CacheOp = CacheOp.cg            # cp.async cache operator
     l2_hint_a: L2Hint = L2Hint.none     # L2 eviction priority of A's copies
     l2_hint_b: L2Hint = L2Hint.none     # ... of B's copies
+    l2_prefetch: L2Prefetch = L2Prefetch.none   # bytes L2 reads from DRAM on a miss of A's and B's copies
 
 
 def root_fields() -> list:

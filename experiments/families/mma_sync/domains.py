@@ -3,6 +3,7 @@
 the config schema (:mod:`.config`) are made from them.
 
 Sources: PTX ISA 9.0, section 9.7.14.5.15 (``ldmatrix``), 9.7.9.25.3.1 (``cp.async``, ``.L2::cache_hint``
+and ``.L2::<size>`` prefetch
 since PTX ISA 7.4), 9.7.9.18 (``createpolicy``, PTX ISA 7.4, sm_80). Every minimum was also checked with
 ``ptxas 13.0``, which names the version or target a feature needs when it is missing.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["KTILES", "LOADERS", "CACHE_OPS", "L2_HINTS", "B_LAYOUTS", "SMEM_LAYOUTS", "MAX_STAGES",
+__all__ = ["KTILES", "LOADERS", "CACHE_OPS", "L2_HINTS", "L2_PREFETCHES", "B_LAYOUTS", "SMEM_LAYOUTS",
+           "MAX_STAGES",
            "GROUP_M_RANGE", "tile_presets", "tile_group_m"]
 
 
@@ -21,6 +23,9 @@ KTILES = (16, 32, 64, 128)
 LOADERS = ("x1", "x2", "x4", "manual")
 CACHE_OPS = ("ca", "cg")
 L2_HINTS = ("none", "evict_first", "evict_last", "evict_normal")
+# cp.async's .L2::64B/.L2::128B/.L2::256B: on an L2 miss, DRAM is read in blocks of this size around the
+# 16-byte chunk (PTX ISA 9.0, 9.7.9.25.3.1, .level::prefetch_size, PTX ISA 7.4); none: no qualifier
+L2_PREFETCHES = ("none", "64B", "128B", "256B")
 B_LAYOUTS = ("col", "row")
 # shared-memory rows of a stage: "padded" (16 bytes after each row, so the 8 row addresses of an ldmatrix
 # fall in 8 bank groups) or "swizzled" (no padding, the 16-byte chunk index XORed with bits of the row:

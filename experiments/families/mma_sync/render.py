@@ -207,7 +207,8 @@ def _copy(s: KernelSpec, operand: str) -> dict:
     rpp = t // cpr
     hint = getattr(s, f"l2_hint_{operand}")
     passes = [(j * rpp * stride, j == full) for j in range(full + (part > 0))]
-    cop = f"cp.async.{s.cache_op}.shared.global" + (".L2::cache_hint" if hint != "none" else "")
+    cop = (f"cp.async.{s.cache_op}.shared.global" + (".L2::cache_hint" if hint != "none" else "")
+           + (f".L2::{s.l2_prefetch}" if s.l2_prefetch != "none" else ""))
     return dict(cpr=cpr, rows_per_pass=rpp, passes=passes, part=part, stride=stride, row_bytes=row_bytes,
                 hint=hint, cop=cop, policy=L2_POLICY.get(hint), swz=s.swizzle)
 

@@ -12,7 +12,8 @@ from typing import Callable
 
 from ...dtypes import DType
 from ...spec_tables import ACCUMULATORS, ARCHS, PRECISIONS
-from .domains import B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, LOADERS, MAX_STAGES, SMEM_LAYOUTS, tile_presets
+from .domains import (B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, L2_PREFETCHES, LOADERS, MAX_STAGES,
+                      SMEM_LAYOUTS, tile_presets)
 
 __all__ = ["Geometry", "Axis", "Rule", "RULES", "make_axes", "valid_ktiles", "choose", "preset_tiles"]
 
@@ -149,6 +150,8 @@ def make_axes(tiles: dict | None = None, archs=None) -> tuple:
         _axis("cache.l2_hint_b", ("l2_hint_b",), L2_HINTS, "L2 eviction priority of B", shaping=False),
         _axis("tile.group_m", ("group_m",), (1, 8), "block rows per rasterization group (1..64; the "
               "space takes 1 and 8, the two template branches)", shaping=False),
+        _axis("cache.l2_prefetch", ("l2_prefetch",), L2_PREFETCHES, "bytes L2 reads from DRAM on a miss of a "
+              "cp.async", shaping=False),
     )
 
 

@@ -17,8 +17,8 @@ from ...assemble import theoretical_occupancy
 from ...spec import AUTO_SHARED_COST, AutoTile, SpecError, check_no_tails, resolve_arch, value, waves_cost
 from ...spec import _parse_version
 from ...spec_tables import ARCHS, PRECISIONS
-from .domains import (B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, LOADERS, MAX_STAGES, SMEM_LAYOUTS,
-                      tile_group_m)
+from .domains import (B_LAYOUTS, CACHE_OPS, GROUP_M_RANGE, L2_HINTS, L2_PREFETCHES, LOADERS, MAX_STAGES,
+                      SMEM_LAYOUTS, tile_group_m)
 from .rules import RULES, Geometry, choose, make_axes, preset_tiles, valid_ktiles
 
 __all__ = ["NAME", "KernelSpec", "Space", "space", "describe_space", "spec_from_config", "auto_tile",
@@ -56,6 +56,7 @@ class KernelSpec(Geometry):
     l2_hint_a: str = "none"
     l2_hint_b: str = "none"
     smem_layout: str = "padded"
+    l2_prefetch: str = "none"
 
     def __post_init__(self):
         _validate(self)
@@ -68,7 +69,9 @@ class KernelSpec(Geometry):
             f"_l2{_HINT[self.l2_hint_a]}{_HINT[self.l2_hint_b]}"
         ld = lambda x: "man" if x == "manual" else x  # noqa: E731
         return (f"gemm_{self.precision}_bk{self.ktile}_{self.mma_shape}{acc}_ld{ld(self.loader_a)}"
-                f"{ld(self.loader_b)}_{self.cache_op}{hint}{'_sw' * (self.smem_layout == 'swizzled')}"
+                f"{ld(self.loader_b)}_{self.cache_op}{hint}"
+                f"{'' if self.l2_prefetch == 'none' else '_pf' + self.l2_prefetch}"
+                f"{'_sw' * (self.smem_layout == 'swizzled')}"
                 f"_b{self.b_layout}_s{self.stages}"
                 f"_{self.bm}x{self.bn}_w{self.warps_m}x{self.warps_n}_g{self.group_m}")
 
@@ -110,7 +113,7 @@ class KernelSpec(Geometry):
 _DOMAINS = {"loader_a": ("loader.a", LOADERS), "loader_b": ("loader.b", LOADERS),
             "b_layout": ("b_layout", B_LAYOUTS), "cache_op": ("cache.op", CACHE_OPS),
             "l2_hint_a": ("cache.l2_hint_a", L2_HINTS), "l2_hint_b": ("cache.l2_hint_b", L2_HINTS),
-            "smem_layout": ("smem_layout", SMEM_LAYOUTS)}
+            "smem_layout": ("smem_layout", SMEM_LAYOUTS), "l2_prefetch": ("cache.l2_prefetch", L2_PREFETCHES)}
 
 
 def _validate(s: KernelSpec) -> None:
@@ -136,17 +139,23 @@ def _validate(s: KernelSpec) -> None:
     elif s.ptx_version < need:
         raise SpecError(f"target.ptx_version={'%d.%d' % s.ptx_version} is below {'%d.%d' % need}, the "
                         f"lowest that {s.arch} and mma.{s.mma_shape}.{s.prec.ptx}"
-                        f"{' with .L2::cache_hint' if _hinted(s) else ''} need")
+                        f"{' with .L2::cache_hint' if _hinted(s) else ''}"
+                        f"{' with .L2::' + s.l2_prefetch if s.l2_prefetch != 'none' else ''} need")
 
 
 def _hinted(s) -> bool:
     return s.l2_hint_a != "none" or s.l2_hint_b != "none"
 
 
+def _qualified(s) -> bool:
+    """An L2 qualifier of cp.async (cache hint or prefetch size), both PTX ISA 7.4."""
+    return _hinted(s) or s.l2_prefetch != "none"
+
+
 def _min_ptx(s: KernelSpec) -> tuple:
     """Lowest PTX ISA for the instructions used: cp.async 7.0, ldmatrix 6.5, mma m16n8k16/k32/k64 and
-    bf16 7.0, FP8 mma 8.4, createpolicy and .L2::cache_hint 7.4; and for the `.target`."""
-    return max((7, 4) if _hinted(s) else (7, 0), s.prec.min_ptx, ARCHS[s.arch].min_ptx)
+    bf16 7.0, FP8 mma 8.4, createpolicy, .L2::cache_hint and .L2::<size> 7.4; and for the `.target`."""
+    return max((7, 4) if _qualified(s) else (7, 0), s.prec.min_ptx, ARCHS[s.arch].min_ptx)
 
 
 # ------------------------------------------------------------------------------ the space
@@ -263,6 +272,7 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
         loader_a=value(cfg.loader.a), loader_b=value(cfg.loader.b), b_layout=value(cfg.b_layout),
         acc=value(cfg.acc), l2_hint_a=value(cfg.cache.l2_hint_a), l2_hint_b=value(cfg.cache.l2_hint_b),
         smem_layout=value(cfg.smem_layout),
+        l2_prefetch=value(cfg.cache.get("l2_prefetch", "none")),     # configs tracked before it: none
     )
 
 
