@@ -30,7 +30,6 @@ from .kernel import (Kernel, SourceRejected, auto_tile_plans, git_commit, make_k
                      resolved, tile_is_auto)
 from .metrics import rounded
 from .spec import SpecError, sm_count, value
-from .sweep import current_sweep
 from .timing import key_items, key_params
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
@@ -51,7 +50,7 @@ class _Job:
         hc = HydraConfig.get() if HydraConfig.initialized() else None
         self.multirun = hc is not None and hc.mode.name == "MULTIRUN"
         num = hc.job.num if self.multirun else 0
-        self.sweep = current_sweep()
+        self.sweep = track.current_sweep()
         self.label = f"[{num + 1}/{self.sweep['jobs']}]"
         self.overrides = " ".join(o for o in (hc.overrides.task if hc else [])
                                   if not o.lstrip("+~").startswith("tracking."))
@@ -282,7 +281,7 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
         job.end("static", f"Not run: {kern.static_note}.")
         console.print(f"{job.label} {kern.entry}: {kern.static_note} [dim](static)[/]")
         return {"finished": 1}
-    occ = f"occupancy {kern.static.get('theoretical_occupancy', 0):.0%}" if asm else "no ptxas"   # of the launch
+    occ = f"occupancy {kern.static.get('theoretical_occupancy', 0):.0%}" if asm else "no ptxas"  # the launch
     regs = f"{asm.registers} regs, {asm.spill_stores} B spills" if asm else ""
     what = regs or "no resources: " + kern.static_note
     job.end("static", f"Assembled for {kern.arch} (no GPU: not run): {what}{', ' + occ if asm else ''}.")

@@ -29,6 +29,7 @@ from .record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotti
                      sweep_view,
                      throughput_figure)
 from .report import static_command
+from .job import warm_process
 from .kernel import resolved
 from .spec import value
 from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
@@ -36,7 +37,7 @@ from .validate import Invalid, check
 from .variants import VariantError
 from .variants import register as register_variants
 
-__all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "current_sweep", "gpu_time",
+__all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "gpu_time",
            "prewarm", "SweepCallback", "values_as_run", "check_output_dirs", "guard_slurm", "sweep_variants",
            "compose_once"]
 
@@ -89,7 +90,6 @@ def prewarm(launcher: DictConfig, gpu: bool, jobs: int | None = None) -> threadi
     from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
     from joblib import Parallel, delayed, effective_n_jobs
 
-    from .job import warm_process
     args = dict(instantiate(launcher).joblib)           # as JoblibLauncher.launch passes them
     args["backend"] = "loky"
     process_joblib_cfg(args)
@@ -446,15 +446,6 @@ def guard_slurm(launcher: DictConfig) -> None:
             raise SystemExit(f"{who} did not run the sweep: {first} ({where})") from None
     guarded.guarded = True
     BaseSubmititLauncher.launch = guarded
-
-
-def current_sweep() -> dict:
-    """The sweep identity the callback exported, for a job (key, name, jobs, overrides, parent)."""
-    info = {k: os.environ.get(env) for k, env in SWEEP_ENV.items()}
-    if not info["key"]:
-        raise RuntimeError("no sweep identity in the environment: run jobs through run.py, whose "
-                           "config registers experiments.sweep.SweepCallback")
-    return info
 
 
 def _hand_to_jobs(config: DictConfig, env: dict) -> None:

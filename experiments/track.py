@@ -40,7 +40,8 @@ from urllib.parse import unquote
 from .record import MEMBER, NEW, REUSED
 
 __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
-           "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs", "SWEEP_ENV",
+           "current_sweep", "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs",
+           "SWEEP_ENV",
            "MEMBER", "sweep_runs", "sweeps_of", "unwritable"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -926,3 +927,12 @@ def abort_open_runs(status: str, reason: str) -> tuple[int, int, int]:
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
     return ended, sweeps, finished
+
+
+def current_sweep() -> dict:
+    """The sweep identity the callback exported, for a job (key, name, jobs, overrides, parent)."""
+    info = {k: os.environ.get(env) for k, env in SWEEP_ENV.items()}
+    if not info["key"]:
+        raise RuntimeError("no sweep identity in the environment: run jobs through run.py, whose "
+                           "config registers experiments.sweep.SweepCallback")
+    return info
