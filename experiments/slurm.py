@@ -32,13 +32,17 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 
 from . import track
 
-__all__ = ["SlurmLauncher", "RunsFailed", "check_resources", "job_tag", "lost_jobs"]
+__all__ = ["SlurmLauncher", "RunsFailed", "JobInterrupted", "check_resources", "job_tag", "lost_jobs"]
 
 _LOST: list = []    # one line per job of this command's sweep that Slurm ended unfinished
 
 
 class RunsFailed(RuntimeError):
-    """A Slurm job ended with failed runs (or was interrupted): raised so that the job exits non-zero."""
+    """A Slurm job ended with failed runs: raised so that the job exits non-zero."""
+
+
+class JobInterrupted(RuntimeError):
+    """Slurm ended a job (SIGTERM): its runs in progress were closed KILLED; the job exits non-zero."""
 
 
 def lost_jobs() -> list[str]:
@@ -60,7 +64,7 @@ def _number(text: str) -> int:
 
 def _gpus(gres: str) -> int:
     """GPUs per node in an ``sinfo`` GRES field (``gpu:4``, ``gpu:h100:8(S:0-1)``, ``(null)``)."""
-    return sum(_number(item.split(":")[-1].split("(")[0]) for item in gres.split(",")
+    return sum(_number(item.split("(")[0].split(":")[-1]) for item in re.split(r",(?![^(]*\))", gres)
                if item.startswith("gpu:"))
 
 
@@ -139,8 +143,7 @@ class SlurmLauncher(_Submitit):
                              f"{str(self.params['submitit_folder']).removesuffix('/%j')})") from None
         print(f"Submitted Slurm job {jobs[0].job_id.split('_')[0]}: {len(jobs)} task(s).", flush=True)
         try:
-            for i, job in zip(todo, jobs, strict=True):
-                returns[i] = self._result(job, job_overrides[i])
+            self._wait(dict(zip(todo, jobs, strict=True)), job_overrides, returns)
         except KeyboardInterrupt:
             self._cancel(jobs, "the sweep was interrupted (Ctrl-C or SIGTERM of the submitting command)")
             raise
@@ -166,22 +169,44 @@ class SlurmLauncher(_Submitit):
                   + (f"submitting the other {len(todo)}." if todo else "nothing to submit."), flush=True)
         return todo
 
-    def _result(self, job, overrides) -> JobReturn:
-        """The job's JobReturn once Slurm ended it; a job that ended unfinished is one line (and in
-        :func:`lost_jobs`), its runs still RUNNING closed KILLED."""
+    def _wait(self, pending: dict, job_overrides, returns: list) -> None:
+        """Wait until Slurm has ended each job of ``pending`` (index -> submitit Job) and put its
+        JobReturn into ``returns``. A job no longer queued of which ``sacct`` knows nothing (an array
+        task cancelled while pending has no record) counts as ended, cancelled."""
+        missing: dict = {}
+        while pending:
+            queued = _queued(list(pending.values()))
+            for i, job in list(pending.items()):
+                gone = queued is not None and job.job_id not in queued and job.state in ("UNKNOWN", "PENDING")
+                missing[i] = missing.get(i, 0) + 1 if gone else 0
+                if job.done() or missing[i] >= 3:
+                    returns[i] = self._result(job, job_overrides[i], done=missing[i] < 3)
+                    del pending[i]
+            if pending:
+                time.sleep(2)
+
+    def _result(self, job, overrides, done: bool = True) -> JobReturn:
+        """The job's JobReturn once Slurm ended it (``done``: it left its result or an end state in
+        ``sacct``); a job that ended unfinished is one line (and in :func:`lost_jobs`), its runs still
+        RUNNING closed KILLED."""
         from submitit.core.utils import FailedJobError, UncompletedJobError
         try:
+            if not done:
+                raise UncompletedJobError("cancelled while pending (no accounting record)")
             return job.results()[0]
         except (FailedJobError, UncompletedJobError) as exc:
             if RunsFailed.__name__ in str(exc):        # its runs say what failed
                 return _returned(overrides, {"failed": 1})
-            state = job.state
+            state = job.state if done else "CANCELLED"
             shown = " ".join(o for o in overrides if not o.startswith("tracking."))
-            first = next((x.strip() for x in reversed(str(exc).splitlines())
-                          if x.strip() and "JobInterrupted" not in x), state)
+            said = [x.split(f"{JobInterrupted.__name__}: ", 1)[1] for x in str(exc).splitlines()
+                    if f"{JobInterrupted.__name__}: " in x]
+            first = said[-1] if said else next((x.strip() for x in reversed(str(exc).splitlines())
+                                                if x.strip()), state)
             closed = self._close_runs([job.job_id], f"its Slurm job {job.job_id} ended {state}")
             line = (f"Slurm job {job.job_id} ({shown}) ended {state} without finishing"
-                    + (f": {first[:200]}" if state not in first else "")
+                    + (f": {first[:200]}" if said or not state.startswith("CANCELLED") and state not in first
+                       else "")
                     + (f"; {closed} run(s) it had in progress closed KILLED" if closed else ""))
             print(line, file=sys.stderr, flush=True)
             _LOST.append(line)
@@ -229,7 +254,7 @@ class SlurmLauncher(_Submitit):
         except KeyboardInterrupt:                    # Slurm's SIGTERM
             why = f"Slurm ended job {env.job_id} (SIGTERM: scancel, or its node is going down)"
             track.abort_open_runs("KILLED", why)
-            raise RunsFailed(f"interrupted: {why}") from None
+            raise JobInterrupted(why) from None
         if stopping:
             return ret
         counts = ret.return_value if ret.status == JobStatus.COMPLETED else None
@@ -243,6 +268,17 @@ class SlurmLauncher(_Submitit):
                 t.log(parent, tags={job_tag(sweep_overrides): ids or ""})
                 break
         return ret
+
+
+def _queued(jobs: list) -> set | None:
+    """The ids (``123_4``) of ``jobs`` that ``squeue`` still lists, or None when it cannot answer."""
+    bases = sorted({j.job_id.split("_")[0] for j in jobs})
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(bases)], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(out.stdout.split()) if out.returncode == 0 else None
 
 
 def _returned(overrides, value) -> JobReturn:
