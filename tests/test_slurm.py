@@ -136,3 +136,30 @@ def test_failed_runs_fail_their_job_and_a_cancelled_task_is_one_line(tmp_path, n
     parents, children = _store_is_sound(tmp_path)
     assert [(c.info.status, c.data.tags["failed_stage"]) for c in children] == [("FAILED", "assemble")]
     assert [p.info.status for p in parents] == ["FAILED"]
+
+
+def test_slurm_signals_close_the_jobs_runs_killed(tmp_path, monkeypatch):
+    """submitit ignores SIGTERM in a job and handles USR2 itself: the handler that marks an
+    interrupted run KILLED never ran under Slurm. The job's handlers close its runs, then hand USR2
+    to submitit's (which requeues) and end the job on SIGTERM."""
+    import signal
+
+    from experiments import track
+    monkeypatch.setattr(track, "_TRACKERS", {})
+    seen = []
+    old = {s: signal.signal(s, lambda num, frame: seen.append(num)) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        stopping = slurm._on_signals("77_3")
+        tr = track.get_tracker(f"sqlite:///{tmp_path}/m.db", "signals")
+        rid = tr.start("in progress", {}, {})
+        os.kill(os.getpid(), signal.SIGUSR2)
+        run = tr.client.get_run(rid)
+        assert run.info.status == "KILLED" and seen == [signal.SIGUSR2] and stopping
+        assert run.data.tags["skip_reason"] == ("Slurm signalled job 77_3 to stop (USR2: preempted or at its time "
+                                                "limit); submitit requeues it and it measures them again")
+        stopping.clear()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
