@@ -83,8 +83,14 @@ def check_resources(params) -> None:
     rows = [line.split("|") for line in lines if line.count("|") == 3]
     if not partition:
         rows = [r for r in rows if r[0].endswith("*")] or rows
+    if not rows and partition:
+        known = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout.split()
+        if known:
+            raise SystemExit(f"Slurm has no partition {partition}: hydra.launcher.partition= one of "
+                             f"{', '.join(p.rstrip('*') for p in known)} (sinfo; * is the default, also "
+                             "taken without hydra.launcher.partition). Nothing was submitted.")
     if not rows:
-        return                                # an unknown partition: sbatch names it
+        return
     name = rows[0][0].rstrip("*")
     tasks = int(params.get("tasks_per_node") or 1)
     want = {"cpus": int(params.get("cpus_per_task") or 1) * tasks,

@@ -24,7 +24,8 @@ def _sinfo(monkeypatch, rows: str):
     def fake(cmd, **kw):
         if cmd[0] == "sinfo":
             part = cmd[cmd.index("-p") + 1] if "-p" in cmd else None
-            shown = [r for r in rows.split() if part in (None, r.split("|")[0].rstrip("*"))]
+            shown = [r if "%P|" in cmd[3] else r.split("|")[0] for r in rows.split()
+                     if part in (None, r.split("|")[0].rstrip("*"))]
             return subprocess.CompletedProcess(cmd, 0, "\n".join(shown), "")
         return real(cmd, **kw)
     monkeypatch.setattr(slurm.subprocess, "run", fake)
@@ -49,6 +50,9 @@ def test_resources_no_node_has_are_refused_with_what_the_nodes_have(monkeypatch)
 
 def test_resources_of_a_gpu_partition(monkeypatch):
     _sinfo(monkeypatch, "cpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\n")
+    with pytest.raises(SystemExit, match=r"^Slurm has no partition gpus: hydra.launcher.partition= one of cpu, "
+                                         r"gpu \(sinfo; \* is the default"):
+        slurm.check_resources({**PRESET, "partition": "gpus"})
     slurm.check_resources({**PRESET, "partition": "gpu"})
     with pytest.raises(SystemExit, match="has 64 CPU.*0 GPU.*gpus_per_task=null"):
         slurm.check_resources(PRESET)                                  # the default partition: no GPU

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing as mp
+import os
 import sys
 import tempfile
 import time
@@ -34,6 +35,9 @@ def _racer(uri: str, experiment: str, keys: list, barrier, results, no_lock: boo
         if state == "new":
             tr.end(rid)
         results.put((key, state))
+    results.close()
+    results.join_thread()
+    os._exit(0)            # at once: a thread MLflow's client left must not keep the race waiting
 
 
 def race(uri: str, processes: int, trials: int, no_lock: bool = False) -> list[tuple[str, int, int]]:
