@@ -58,7 +58,8 @@ def start_postgres(folder: Path) -> tuple[str, subprocess.Popen]:
     proc = subprocess.Popen(_as_postgres([server, "-D", str(data), "-p", str(port), "-k", str(data),
                                           "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200",
                                           "-c", "fsync=off"]),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=open(data / "postgres.log", "w"))  # noqa: SIM115
+    # (a pipe nobody reads would fill with its log, a line per refused claim, and stop every backend)
     deadline = time.time() + 30
     while time.time() < deadline:
         ready = subprocess.run([postgres_bin("pg_isready") or "pg_isready", "-h", "127.0.0.1", "-p", str(port)],
@@ -66,7 +67,7 @@ def start_postgres(folder: Path) -> tuple[str, subprocess.Popen]:
         if ready.returncode == 0:
             break
         if proc.poll() is not None:
-            raise RuntimeError(f"PostgreSQL did not start: {proc.stderr.read().strip()}")
+            raise RuntimeError(f"PostgreSQL did not start: {(data / 'postgres.log').read_text().strip()}")
         time.sleep(0.2)
     proc.data_dir = data
     subprocess.run([postgres_bin("psql") or "psql", "-h", "127.0.0.1", "-p", str(port), "-U", "mlflow",
