@@ -419,7 +419,7 @@ def guard_slurm(launcher: DictConfig) -> None:
     on the way out (run.py)."""
     import shutil
     target = str(launcher.get("_target_", ""))
-    if "hydra_submitit_launcher" not in target:
+    if "hydra_submitit_launcher" not in target and "SlurmLauncher" not in target:
         return
     if "Slurm" in target and (missing := [t for t in ("sbatch", "srun") if shutil.which(t) is None]):
         raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
