@@ -86,7 +86,7 @@ def main(cfg) -> None:
     from experiments.job import JobError, run_job
     from experiments.spec import SpecError
     try:
-        run_job(cfg)
+        return run_job(cfg)      # the counts of its runs' outcomes (a Slurm job's exit status says them)
     except SpecError as exc:   # single run: an impossible configuration stops before any work
         raise SystemExit(f"Invalid configuration: {exc}") from None
     except JobError as exc:

@@ -61,7 +61,8 @@ class _Job:
         uri, experiment = self.sweep["uri"], self.sweep["experiment"]
         if not uri:                 # a job started without run.py's sweep start
             uri, experiment = track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
-        self.tr = track.get_tracker(uri, experiment, float(cfg.tracking.wait), restore=True)
+        self.tr = track.get_tracker(uri, experiment, float(cfg.tracking.wait), restore=True,
+                                    stale_after=float(cfg.tracking.stale_after_s))
         self.params = {**record.params_of(track.flatten(data)), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0

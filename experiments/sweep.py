@@ -419,7 +419,7 @@ def guard_slurm(launcher: DictConfig) -> None:
     on the way out (run.py)."""
     import shutil
     target = str(launcher.get("_target_", ""))
-    if "hydra_submitit_launcher" not in target:
+    if "hydra_submitit_launcher" not in target and "SlurmLauncher" not in target:
         return
     if "Slurm" in target and (missing := [t for t in ("sbatch", "srun") if shutil.which(t) is None]):
         raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
@@ -518,7 +518,8 @@ class SweepCallback(Callback):
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         if multirun:
             sweep_variants(config, self.variants)     # before the sweep's identity and Hydra's sweeper
-        gpu = nvml_gpu() if value(config.backend) != "static" else None
+        remote = "SlurmLauncher" in str(config.hydra.launcher.get("_target_", ""))   # jobs on other nodes
+        gpu = nvml_gpu() if value(config.backend) != "static" and not remote else None
         from hydra.core.hydra_config import HydraConfig
         if not HydraConfig.initialized():     # ${hydra:runtime.cwd} and the like resolve here as in a job
             HydraConfig.instance().set_config(copy.deepcopy(config))     # a copy: it makes hydra read-only
@@ -528,6 +529,9 @@ class SweepCallback(Callback):
         if problem := _unwritable_output(config, multirun):
             raise SystemExit(problem)
         guard_slurm(config.hydra.launcher)
+        if remote:
+            from .slurm import check_resources
+            check_resources(config.hydra.launcher)
         check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
@@ -536,16 +540,17 @@ class SweepCallback(Callback):
                              "Nothing was tracked.")
         warming = (prewarm(config.hydra.launcher, gpu is not None,
                            int(info["jobs"]) if info["jobs"].isdigit() else None) if multirun else None)
-        if value(config.backend) == "gpu" and gpu is None:
+        if value(config.backend) == "gpu" and gpu is None and not remote:
             raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
         try:
             uri = resolve_uri(given_uri)
-            tracker = get_tracker(uri, experiment, float(config.tracking.wait))
+            tracker = get_tracker(uri, experiment, float(config.tracking.wait),
+                                  stale_after=float(config.tracking.stale_after_s))
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
         self.uri, self.experiment = uri, experiment
-        self.measured = gpu is not None
+        self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
@@ -561,6 +566,10 @@ class SweepCallback(Callback):
         _hand_to_jobs(config, handoff)
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
+        elif remote:
+            line = (f"backend={value(config.backend)}: the jobs run on the Slurm partition's nodes and use "
+                    "their GPUs (a job on a node without one: " + ("its runs fail)." if value(config.backend)
+                                                                   == "gpu" else "static runs)."))
         elif gpu:
             line = f"GPU: {gpu['gpu']} (sm_{gpu['compute_capability']}, driver {gpu['driver']})."
         else:
@@ -589,7 +598,8 @@ class SweepCallback(Callback):
         the count as its reason and the command exits 1, after every job ran; skipped runs are no
         failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2. A
         parent or experiment deleted while the sweep ran is restored first (:meth:`Tracker.keep_live`)."""
-        closed, failures, total, emulated, outcomes = self._end_parent(failed_job)
+        lost = sys.modules["experiments.slurm"].lost_jobs() if "experiments.slurm" in sys.modules else []
+        closed, failures, total, emulated, outcomes = self._end_parent(failed_job or bool(lost))
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
         if emulated:
@@ -601,6 +611,10 @@ class SweepCallback(Callback):
             first = "; ".join(r.data.tags.get("error", "?").splitlines()[0] for r in failures[:3])
             failed = "\n".join([f"{failure_summary(failures, total)} ({first}); each run's error tag says "
                                  "why, the same command runs them again", *([failed] if failed else [])])
+        if lost:
+            failed = "\n".join([f"{len(lost)} Slurm job(s) of this sweep ended without finishing (each said so "
+                                 "above; their runs in progress are KILLED); the same command submits them "
+                                 "again", *([failed] if failed else [])])
         if failed:
             raise SystemExit(failed)
         if set(outcomes) == {"skipped"}:
@@ -656,7 +670,7 @@ class SweepCallback(Callback):
             if throughput_figure(runs, fig):
                 tracker.artifact_file(parent, fig)
         if mine or failed_job:
-            why = failure_summary(mine, len(new)) if mine else "1 job(s) could not run"
+            why = failure_summary(mine, len(new)) if mine else "a job could not run or did not finish"
             tracker.end(parent, "FAILED", why + "; see their runs' error tag")
         else:
             tracker.end(parent)

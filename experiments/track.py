@@ -7,10 +7,14 @@ to the same store. Default: ``sqlite:///<project>/outputs/mlflow.db``.
 What the store guarantees (docs/usage.md, "Interruptions, concurrent sweeps and parallel launchers"):
 - every run ends FINISHED (a skipped one too: tags ``outcome=skipped``, ``skip_reason``), FAILED (reason
   in tag ``error``) or KILLED (interrupted: tag ``outcome=interrupted``, reason in ``skip_reason``); runs a
-  process leaves open (Ctrl-C, SIGTERM, a crash) are closed by :func:`abort_open_runs`, and runs of a
-  process that died without closing them are closed by the next sweep on the same host;
-- a measurement is identified by its run key; a key FINISHED, or RUNNING in a live process, is never
-  measured again (:meth:`Tracker.claim`), so concurrent or repeated sweeps add no duplicates;
+  process leaves open (Ctrl-C, SIGTERM, a crash) are closed by :func:`abort_open_runs`; a running run's
+  process refreshes its tag ``heartbeat_unix`` (:data:`HEARTBEAT`), and a run whose heartbeat is older
+  than ``stale_after`` seconds (or whose process on this host is gone) is closed by the next command on
+  any host that looks at it (KILLED, the reason in ``skip_reason``) and measured again;
+- a measurement is identified by its run key; a key FINISHED, or RUNNING with a live heartbeat, is never
+  measured again (:meth:`Tracker.claim`), so concurrent or repeated sweeps add no duplicates. A claim is
+  atomic on every store (SQLite, a tracking server, the database behind one), from any number of hosts:
+  it creates a marker experiment whose name only one creator can have (:func:`claim_marker`);
 - a sweep owns every measurement it asked for: a run it measured is its child (``mlflow.parentRunId``,
   one parent per run), and a run it found already measured joins it too, marked as reused: tag
   ``in_sweep.<parent run id>`` (:data:`MEMBER`) is ``new`` on a sweep's own runs and ``reused`` on the
@@ -19,7 +23,8 @@ What the store guarantees (docs/usage.md, "Interruptions, concurrent sweeps and 
   so each experiment holds its own runs and its readers never look into another;
 - a sweep's parent run is found again by its sweep key (the sweep's overrides) and created only when
   the sweep adds its first run, so a re-run continues under the same parent and no parent is empty.
-On a SQLite store the read-check-write steps run under a file lock beside the database.
+On a SQLite store the read-check-write steps also run under a file lock beside the database (fewer
+retries of SQLite's own write lock on one host).
 """
 from __future__ import annotations
 
@@ -33,7 +38,9 @@ import re
 import shlex
 import socket
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -41,8 +48,7 @@ from .record import MEMBER, NEW, REUSED
 
 __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
            "current_sweep", "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs",
-           "SWEEP_ENV",
-           "MEMBER", "sweep_runs", "sweeps_of", "unwritable"]
+           "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of", "unwritable", "claim_marker", "OWNER", "STALE_AFTER_S"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
@@ -54,6 +60,11 @@ SWEEP_ENV = {"key": "TCA_SWEEP_KEY", "name": "TCA_SWEEP_NAME", "jobs": "TCA_SWEE
 
 
 STORE_WAIT_S = 30.0      # how long a write waits for another process's write transaction (tracking.wait)
+STALE_AFTER_S = 300.0    # a RUNNING run whose heartbeat is older is closed as KILLED (tracking.stale_after_s)
+HEARTBEAT = "heartbeat_unix"     # tag: when the run's process last said it is alive (unix seconds)
+CLAIMS = ".claims"       # name prefix of the marker experiments of claims (claim_marker)
+# tags every run this process starts carries: who owns it (a Slurm job adds slurm_job_id)
+OWNER = {"owner_host": HOST, "owner_pid": str(PID)}
 
 
 class StoreError(RuntimeError):
@@ -466,17 +477,46 @@ def run_key(*parts) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
 
 
-def _alive(tags: dict) -> bool:
-    """Whether the process that owns a RUNNING run may still run (unknown hosts count as alive)."""
-    if tags.get("owner_host") != HOST or not tags.get("owner_pid", "").isdigit():
-        return True
+def stale(run, stale_after: float = STALE_AFTER_S, now: float | None = None) -> str | None:
+    """Why the RUNNING run ``run`` (an mlflow Run) has no live process any more, or None while it may
+    still run: its process on this host is gone, or its heartbeat (tag ``heartbeat_unix``, refreshed
+    by its process; a run without one: its start) is older than ``stale_after`` seconds, which also
+    covers a process on another host that was killed or whose node failed. The hosts' clocks are
+    compared: keep them in step (NTP) well within ``stale_after``."""
+    tags = run.data.tags
+    host, pid = tags.get("owner_host", "?"), tags.get("owner_pid", "")
+    if host == HOST and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return f"its process (pid {pid} on {host}) ended without closing it"
+        except PermissionError:
+            pass
     try:
-        os.kill(int(tags["owner_pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        beat = float(tags[HEARTBEAT])
+    except (KeyError, ValueError):
+        beat = run.info.start_time / 1000
+    age = (time.time() if now is None else now) - beat
+    if age <= stale_after:
+        return None
+    return (f"no heartbeat from its process (pid {pid or '?'} on {host}) for {age:.0f} s, more than "
+            f"tracking.stale_after_s={stale_after:g}: the process or its node ended without closing it")
+
+
+def claim_marker(experiment_id: str, key: str, n: int) -> str:
+    """The name of the marker experiment of the ``n``-th claim (0, 1, ...) of run key ``key`` in the
+    experiment ``experiment_id``: ``.claims/<experiment id>/<key>/<n>``.
+
+    Why a claim is atomic on every store: experiment names are unique in MLflow's database schema
+    (a UNIQUE constraint, in SQLite, PostgreSQL and MySQL alike), and ``create_experiment`` inserts the
+    row in one transaction, so of any number of processes, on any hosts, creating the same name at
+    once, the database lets exactly one insert succeed and the others get RESOURCE_ALREADY_EXISTS
+    (directly, or through a tracking server, which passes the store's error on). A claimant that wins
+    marker ``n`` starts the run (tag ``claim`` = n); claim ``n + 1`` may only be tried once claim ``n``
+    is spent: its run ended (FAILED, KILLED, or under a deleted parent), or it has no run ``stale_after``
+    seconds after its marker was made (the claimant died in between). Markers are deleted at once
+    (hidden in the UI; a deleted name stays taken until ``mlflow gc``)."""
+    return f"{CLAIMS}/{experiment_id}/{key}/{n}"
 
 
 def _check_server(uri: str, timeout: float = 10.0) -> None:
@@ -536,7 +576,9 @@ class Tracker:
     """This project's run structure on one MLflow experiment (``mlflow.MlflowClient`` underneath).
 
     ``create=False`` opens an existing store and experiment only (for read-only commands). ``wait``:
-    seconds a write waits for another process's write transaction on a SQLite store. ``restore=True``
+    seconds a write waits for another process's write transaction on a SQLite store. ``stale_after``:
+    seconds without a heartbeat after which a RUNNING run counts as abandoned (:func:`stale`); the
+    runs this process has open get a heartbeat every tenth of it. ``restore=True``
     (a job of a sweep that started in the experiment) restores a deleted experiment, as
     :meth:`keep_live` does.
     Raises StoreError when the store does not exist or is no MLflow store (``create=False``), has the
@@ -546,7 +588,7 @@ class Tracker:
     """
 
     def __init__(self, uri: str, experiment: str, create: bool = True, wait: float = STORE_WAIT_S,
-                 restore: bool = False):
+                 restore: bool = False, stale_after: float = STALE_AFTER_S):
         import logging
 
         import mlflow
@@ -571,6 +613,8 @@ class Tracker:
         if uri.startswith(("http://", "https://")):
             _check_server(uri)
         self.uri, self.experiment, self.open = uri, experiment, set()
+        self.stale_after = float(stale_after)
+        self.done: set = set()      # ids of the FINISHED runs this process ended or claim found done
         self.parents: dict = {}     # sweep key -> parent run id, as found or created by this process
         self.reused: set = set()    # ids of runs of other sweeps that claim found measured (join)
         self._long: dict = {}       # run id -> names of its values kept whole as artifacts (_keep_whole)
@@ -644,7 +688,7 @@ class Tracker:
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
         tags, long_tags = _fit({k: str(v) for k, v in tags.items()}, MAX_TAG_VAL_LENGTH)
-        tags.update(owner_host=HOST, owner_pid=str(PID))
+        tags.update(OWNER, **{HEARTBEAT: f"{time.time():.0f}"})
         if parent:
             self.keep_live(parent)
             tags.update({"mlflow.parentRunId": parent, MEMBER.format(parent): NEW})
@@ -652,6 +696,7 @@ class Tracker:
             name = name[:RUN_NAME_LENGTH - 3] + "..."
         rid = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.open.add(rid)
+        _heartbeat(self)
         params, long_params = _fit(params, MAX_PARAM_VAL_LENGTH)
         items = [Param(k[:250], v) for k, v in params.items()]
         for i in range(0, len(items), 100):
@@ -726,6 +771,8 @@ class Tracker:
         self.client.set_terminated(rid, status)
         self.open.discard(rid)
         self.finished += status == "FINISHED"
+        if status == "FINISHED":
+            self.done.add(rid)
 
     def _runs(self, filter_string: str, max_results: int = 1000) -> list:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string,
@@ -741,22 +788,87 @@ class Tracker:
 
         ``parent`` is a callable returning the parent run id (called only when a run is created or
         joins the sweep). A run whose parent run was deleted is not reused: it is measured anew.
-        Returns ("done", id) for a FINISHED run, ("busy", id) for a run RUNNING in a live process,
-        or ("new", id) for a run started here. A done or busy run of another sweep joins this one as
-        reused (:meth:`join`; its id is then in :attr:`reused`). A RUNNING run whose process on this
-        host is gone is closed as KILLED first. Check and create happen under the store's lock.
+        Returns ("done", id) for a FINISHED run, ("busy", id) for a RUNNING run with a live heartbeat
+        (or one being started: id is then the claimant's ``host:pid``), or ("new", id) for a run started
+        here. A done or busy run of another sweep joins this one as reused (:meth:`join`; its id is then
+        in :attr:`reused`). A RUNNING run without a live process (:func:`stale`) is closed as KILLED
+        first. At most one claimant wins, however many processes on however many hosts ask at once:
+        the run is started only by the one that creates the next claim marker (:func:`claim_marker`).
         """
         with store_lock(self.uri):
-            for r in self._runs(f"tags.run_key = '{key}'"):
-                if self._parent_deleted(r):     # deleted with its sweep: not a measurement to reuse
-                    continue
-                if r.info.status == "FINISHED" or r.info.status == "RUNNING" and _alive(r.data.tags):
-                    if (sweep := parent()) and self.join(r, sweep) is not None:
-                        self.reused.add(r.info.run_id)
-                    return "done" if r.info.status == "FINISHED" else "busy", r.info.run_id
-                if r.info.status == "RUNNING":
-                    self._close_orphan(r.info.run_id)
-            return "new", self.start(name, params, {**tags, "run_key": key}, parent())
+            for _ in range(5):
+                if (found := self._measured(key, parent)) is not None:
+                    return found
+                n, holder = self._next_claim(key)
+                if holder != "":                  # "": marker n-1's run appeared meanwhile: look again
+                    break
+            if holder is not None:
+                return "busy", holder
+            rid = self.start(name, params, {**tags, "run_key": key, "claim": str(n)}, parent())
+            if self._marker(key, n + 1) is not None:     # taken as abandoned meanwhile: not ours any more
+                self.end(rid, "KILLED", "another process took over this claim (it waited past "
+                                        f"tracking.stale_after_s={self.stale_after:g} for this run)")
+                return "busy", "another process"
+            return "new", rid
+
+    def _measured(self, key: str, parent) -> tuple[str, str] | None:
+        """("done", id) or ("busy", id) for a FINISHED or live RUNNING run of ``key`` (it joins the
+        sweep ``parent()``), else None; a RUNNING run without a live process is closed on the way."""
+        for r in self._runs(f"tags.run_key = '{key}'"):
+            if self._parent_deleted(r):     # deleted with its sweep: not a measurement to reuse
+                continue
+            if r.info.status == "RUNNING" and (why := stale(r, self.stale_after)):
+                self._close_orphan(r.info.run_id, why)
+            elif r.info.status in ("FINISHED", "RUNNING"):
+                if (sweep := parent()) and self.join(r, sweep) is not None:
+                    self.reused.add(r.info.run_id)
+                if r.info.status == "FINISHED":
+                    self.done.add(r.info.run_id)
+                    return "done", r.info.run_id
+                return "busy", r.info.run_id
+        return None
+
+    def _marker(self, key: str, n: int):
+        """The marker experiment of claim ``n`` of ``key`` (an mlflow Experiment), or None."""
+        from mlflow.exceptions import MlflowException
+        with contextlib.suppress(MlflowException):
+            return self.client.get_experiment_by_name(claim_marker(self.experiment_id, key, n))
+        return None
+
+    def _next_claim(self, key: str) -> tuple[int, str | None]:
+        """Try to take the next claim of ``key`` (whose runs were just found neither FINISHED nor live).
+        Returns (n, None) when this process created marker ``n``; (n, "") when the run of the last
+        claim is FINISHED or live after all (made since it looked: look again); else (n, the holder,
+        ``host:pid``)."""
+        from mlflow.entities import ViewType
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+        prefix = claim_marker(self.experiment_id, key, 0)[:-1]
+        markers = {e.name[len(prefix):]: e for e in self.client.search_experiments(
+            view_type=ViewType.ALL, filter_string=f"name LIKE '{prefix}%'", max_results=50000)}
+        n = max((int(k) for k in markers if k.isdigit()), default=-1) + 1
+        if n:
+            last = markers[str(n - 1)]
+            claimed = self._runs(f"tags.run_key = '{key}' and tags.claim = '{n - 1}'")
+            if any(r.info.status == "FINISHED" or r.info.status == "RUNNING" and not stale(r, self.stale_after)
+                   for r in claimed if not self._parent_deleted(r)):
+                return n - 1, ""
+            if not claimed and time.time() - last.creation_time / 1000 <= self.stale_after:
+                return n - 1, _holder(last)          # its claimant is starting the run now
+        me = f"{HOST}:{PID}:{threading.get_ident()}:{time.time_ns()}"
+        try:
+            mid = self.client.create_experiment(claim_marker(self.experiment_id, key, n),
+                                                tags={"claimant": me, **OWNER})
+        except MlflowException as exc:
+            if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+            won = self._marker(key, n)              # our own create, retried by the client, counts
+            if won is None or won.tags.get("claimant") != me:
+                return n, _holder(won) if won is not None else "another process"
+            mid = won.experiment_id
+        with contextlib.suppress(MlflowException):  # hidden from the UI; its name stays taken
+            self.client.delete_experiment(mid)
+        return n, None
 
     def _parent_deleted(self, run) -> bool:
         """Whether the MLflow parent run of ``run`` (an mlflow Run) was deleted (or is gone)."""
@@ -799,7 +911,8 @@ class Tracker:
                 if "skip_reason" in found[0].data.tags:      # an earlier interruption, now resumed
                     self.client.delete_tag(rid, "skip_reason")
                 self.open.add(rid)
-                self.log(rid, tags={"owner_host": HOST, "owner_pid": PID, "jobs": sweep["jobs"]})
+                self.log(rid, tags={**OWNER, HEARTBEAT: f"{time.time():.0f}", "jobs": sweep["jobs"]})
+                _heartbeat(self)
             else:
                 values = {"sweep_values": sweep["values"]} if sweep.get("values") else {}
                 rid = self.start(sweep["name"], {}, {"kind": "sweep", "sweep_key": sweep["key"],
@@ -822,20 +935,55 @@ class Tracker:
         return sweep_runs(self.client, [self.experiment_id], parent, where)
 
     def close_stale(self) -> int:
-        """Close (KILLED) the RUNNING runs whose process on this host is gone; returns how many."""
+        """Close (KILLED) the RUNNING runs of the experiment that have no live process any more
+        (:func:`stale`: on this host or, by their heartbeat, on any); returns how many."""
         n = 0
         with store_lock(self.uri):
             for r in self._runs("attributes.status = 'RUNNING'", 50000):
-                if r.info.run_id not in self.open and not _alive(r.data.tags):
-                    self._close_orphan(r.info.run_id)
+                if r.info.run_id not in self.open and (why := stale(r, self.stale_after)):
+                    self._close_orphan(r.info.run_id, why)
                     n += 1
         return n
 
-    def _close_orphan(self, rid: str) -> None:
-        why = "its process ended without closing it"
+    def _close_orphan(self, rid: str, why: str) -> None:
         self.log(rid, tags={"skip_reason": why, "outcome": "interrupted",
                             "mlflow.note.content": f"Not finished: {why}."})
         self.client.set_terminated(rid, "KILLED")
+
+    def beat(self) -> None:
+        """Refresh the heartbeat of every run this process has open (errors of the store ignored:
+        the next beat tries again)."""
+        from mlflow.entities import RunTag
+        now = f"{time.time():.0f}"
+        for rid in list(self.open):
+            with contextlib.suppress(Exception, StoreUnavailable):
+                self.client.log_batch(rid, tags=[RunTag(HEARTBEAT, now)])
+
+
+def _holder(marker) -> str:
+    """Who holds a claim: ``host:pid`` of its marker experiment."""
+    return f"{marker.tags.get('owner_host', '?')}:{marker.tags.get('owner_pid', '?')}"
+
+
+_BEATING: "weakref.WeakSet" = weakref.WeakSet()       # the Trackers whose open runs get heartbeats
+_BEAT_LOCK = threading.Lock()
+
+
+def _heartbeat(tracker: Tracker) -> None:
+    """Give the open runs of ``tracker`` a heartbeat from now on: one daemon thread per process beats
+    for every Tracker, every tenth of the shortest ``stale_after`` (at most every 30 s)."""
+    with _BEAT_LOCK:
+        _BEATING.add(tracker)
+        if any(t.name == "heartbeat" for t in threading.enumerate()):
+            return
+
+        def loop() -> None:
+            while True:
+                trackers = list(_BEATING)
+                time.sleep(min([30.0] + [t.stale_after / 10 for t in trackers]))
+                for t in list(_BEATING):
+                    t.beat()
+        threading.Thread(target=loop, daemon=True, name="heartbeat").start()
 
 
 def sweep_runs(client, experiment_ids: list, parent: str, where: str = "") -> list:
@@ -872,17 +1020,19 @@ def trackers() -> list:
     return list(_TRACKERS.values())
 
 
-def get_tracker(uri: str, experiment: str, wait: float = STORE_WAIT_S, restore: bool = False) -> Tracker:
-    """The process's Tracker for (store, experiment), created on first use (``wait``, ``restore``: see
-    Tracker)."""
+def get_tracker(uri: str, experiment: str, wait: float = STORE_WAIT_S, restore: bool = False,
+                stale_after: float = STALE_AFTER_S) -> Tracker:
+    """The process's Tracker for (store, experiment), created on first use (``wait``, ``restore``,
+    ``stale_after``: see Tracker)."""
     if (uri, experiment) not in _TRACKERS:
-        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment, wait=wait, restore=restore)
+        _TRACKERS[(uri, experiment)] = Tracker(uri, experiment, wait=wait, restore=restore,
+                                               stale_after=stale_after)
     return _TRACKERS[(uri, experiment)]
 
 
 def close_runs_of_ended_processes() -> int:
     """In every store this process opened, close (KILLED) the RUNNING runs whose process has ended
-    (the job processes of a parallel launcher, once ended on Ctrl-C); returns how many. Errors of an
+    (the job processes of a parallel launcher, once ended on Ctrl-C; :func:`stale`); returns how many. Errors of an
     unreachable store are ignored."""
     n = 0
     for tr in _TRACKERS.values():

@@ -138,7 +138,8 @@ def _slurm_env(tmp_path, *tools):
     sbatch refusing the partition as Slurm does."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    scripts = {"sbatch": 'echo "sbatch: error: invalid partition specified: nope" >&2\nexit 1\n', "srun": "exit 0\n"}
+    scripts = {"sbatch": 'echo "sbatch: error: invalid partition specified: nope" >&2\nexit 1\n', "srun": "exit 0\n",
+               "sinfo": "exit 0\n"}
     for tool in tools:
         (fake / tool).write_text("#!/bin/sh\n" + scripts[tool])
         (fake / tool).chmod(0o755)
@@ -151,7 +152,7 @@ def test_a_slurm_partition_that_does_not_exist_is_one_line(tmp_path):
     """hydra.launcher.partition=nope ended in submitit's 41-line traceback."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     rc, out = run_cli(tmp_path, "-m", "hydra/launcher=slurm", "hydra.launcher.partition=nope", "precision=int8",
-                      *store_args(tmp_path), env=_slurm_env(tmp_path, "sbatch", "srun"))
+                      *store_args(tmp_path), env=_slurm_env(tmp_path, "sbatch", "srun", "sinfo"))
     assert rc == 1 and "Traceback" not in out, out
     assert out.strip().splitlines()[-1] == (
         "Slurm did not run the sweep: sbatch: error: invalid partition specified: nope (hydra.launcher.partition="

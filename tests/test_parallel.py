@@ -22,8 +22,8 @@ def test_slurm_preset_asks_one_gpu_per_task(tmp_path):
                       "--package", "hydra.launcher")
     assert rc == 0, out
     lines = set(out.splitlines())
-    for line in ("gpus_per_task: 1", "tasks_per_node: 1", "partition: gpu", "timeout_min: 120",
-                 "_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"):
+    for line in ("gpus_per_task: 1", "tasks_per_node: 1", "partition: gpu", "timeout_min: 120", "cpus_per_task: 2",
+                 "mem_gb: 4", "_target_: hydra_plugins.tca_slurm_launcher.SlurmLauncher"):
         assert line in lines, out
 
 

@@ -1,0 +1,112 @@
+"""Claims and liveness across processes and hosts (experiments.track: Tracker.claim, claim_marker,
+stale): at most one run per measurement however many claimants race, on SQLite and on a tracking
+server backed by PostgreSQL; a run whose heartbeat stopped is closed KILLED by any host and measured
+again. The heavy race is ``python tools/claim_race.py --processes 8 --trials 20 --postgres``."""
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import track
+from experiments.track import Tracker, claim_marker
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tools import claim_race, tracking_server  # noqa: E402
+
+
+def _other_host(tr, rid, beat_age_s):
+    """Make run ``rid`` look like a run of a process on another host whose last heartbeat was
+    ``beat_age_s`` seconds ago."""
+    tr.open.discard(rid)                  # no heartbeat from this process any more; one under way
+    for _ in range(2):                    # may land after the first write: written twice
+        tr.log(rid, tags={"owner_host": "node-elsewhere", "owner_pid": "4242",
+                          track.HEARTBEAT: f"{time.time() - beat_age_s:.0f}"})
+        time.sleep(0.2)
+
+
+def test_a_run_of_another_host_without_heartbeat_is_closed_and_measured_again(tmp_path):
+    """A job killed on another host left its run RUNNING for ever: a re-run said "being tracked by
+    another process" and tracked nothing."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "live", stale_after=60)
+    fresh = tr.start("fresh", {}, {"run_key": "k-fresh"})
+    _other_host(tr, fresh, 5)
+    assert tr.claim("k-fresh", "again", {}, {}, lambda: None) == ("busy", fresh)   # alive elsewhere
+    dead = tr.start("dead", {}, {"run_key": "k-dead"})
+    _other_host(tr, dead, 120)
+    state, new = tr.claim("k-dead", "again", {}, {}, lambda: None)
+    assert state == "new" and new != dead
+    old = tr.client.get_run(dead)
+    assert old.info.status == "KILLED" and old.data.tags["outcome"] == "interrupted"
+    assert old.data.tags["skip_reason"].startswith("no heartbeat from its process (pid 4242 on node-elsewhere) "
+                                                   "for 12")
+    assert "more than tracking.stale_after_s=60: the process or its node ended" in old.data.tags["skip_reason"]
+    assert tr.client.get_run(fresh).info.status == "RUNNING"
+    assert tr.close_stale() == 0                       # the fresh one stays; the new one is this process's
+
+
+def test_open_runs_get_a_heartbeat(tmp_path):
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "beat", stale_after=2)
+    rid = tr.start("beating", {}, {})
+    first = float(tr.client.get_run(rid).data.tags[track.HEARTBEAT])
+    deadline = time.time() + 20
+    while time.time() < deadline and float(tr.client.get_run(rid).data.tags[track.HEARTBEAT]) <= first:
+        time.sleep(0.3)
+    assert float(tr.client.get_run(rid).data.tags[track.HEARTBEAT]) > first
+    tr.end(rid)
+
+
+def test_a_claim_whose_claimant_died_before_its_run_is_taken_over(tmp_path):
+    """The marker of a claim without a run: busy while young, then the next claim wins."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "markers", stale_after=1)
+    tr.client.create_experiment(claim_marker(tr.experiment_id, "k1", 0),
+                                tags={"owner_host": "node-elsewhere", "owner_pid": "7"})
+    assert tr.claim("k1", "x", {}, {}, lambda: None) == ("busy", "node-elsewhere:7")
+    time.sleep(1.5)
+    state, rid = tr.claim("k1", "x", {}, {}, lambda: None)
+    assert state == "new" and tr.client.get_run(rid).data.tags["claim"] == "1"
+    assert tr.client.get_experiment_by_name(claim_marker(tr.experiment_id, "k1", 1)).lifecycle_stage == "deleted"
+    tr.end(rid, "FAILED", "x")                          # a failed run is measured again: claim 2
+    state, again = tr.claim("k1", "x", {}, {}, lambda: None)
+    assert state == "new" and tr.client.get_run(again).data.tags["claim"] == "2"
+    tr.end(again)
+    assert tr.claim("k1", "x", {}, {}, lambda: None) == ("done", again)
+
+
+def test_simultaneous_claims_on_sqlite_without_its_file_lock_start_one_run(tmp_path):
+    """Processes on several hosts sharing a SQLite file (a network file system) do not share its
+    file lock: the claim marker alone decides."""
+    rows = claim_race.race(f"sqlite:///{tmp_path}/race.db", processes=3, trials=1, no_lock=True)
+    assert [(won, runs) for _, won, runs in rows] == [(1, 1)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """An MLflow tracking server backed by PostgreSQL, both on loopback (tools/tracking_server.py)."""
+    if not (tracking_server.postgres_bin("initdb") and tracking_server.postgres_bin("postgres")):
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    if importlib.util.find_spec("psycopg2") is None:
+        pytest.skip("the psycopg2 driver is not installed (pip install psycopg2-binary)")
+    folder = tmp_path_factory.mktemp("pg")
+    db, pg = tracking_server.start_postgres(folder)
+    try:
+        uri, proc = tracking_server.start_server(db, folder, workers=2)
+    except BaseException:
+        tracking_server.stop(pg)
+        raise
+    yield uri
+    tracking_server.stop(proc, pg)
+
+
+def test_simultaneous_claims_through_a_tracking_server_start_one_run(server):
+    """Four processes claiming one measurement through `mlflow server` each created a run (8 of 8
+    trials): the file lock beside a SQLite store means nothing to a server."""
+    rows = claim_race.race(server, processes=4, trials=2)
+    assert [(won, runs) for _, won, runs in rows] == [(1, 1), (1, 1)]
+    tr = Tracker(server, "stale-on-server", stale_after=30)
+    dead = tr.start("dead", {}, {"run_key": "k-dead"})
+    _other_host(tr, dead, 90)
+    assert tr.claim("k-dead", "again", {}, {}, lambda: None)[0] == "new"
+    assert tr.client.get_run(dead).info.status == "KILLED"

@@ -1,0 +1,169 @@
+"""hydra/launcher=slurm (experiments.slurm): resources checked against sinfo before submitting, and on a
+real one-node Slurm (tools/slurm_one_node.sh; skipped without one): a re-run submits nothing already
+in the store, a job's exit status says whether its runs failed, a task cancelled while the sweep runs
+is one line and the sweep's summary, and the store ends with no run RUNNING, no duplicate measurement
+and no run under a deleted parent."""
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from test_cli import ROOT, all_runs, run_cli, store_args
+
+from experiments import slurm
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+
+
+def _sinfo(monkeypatch, rows: str):
+    """Make check_resources read ``rows`` (lines of ``sinfo -o '%P|%c|%m|%G'``)."""
+    real = subprocess.run
+
+    def fake(cmd, **kw):
+        if cmd[0] == "sinfo":
+            part = cmd[cmd.index("-p") + 1] if "-p" in cmd else None
+            shown = [r if "%P|" in cmd[3] else r.split("|")[0] for r in rows.split()
+                     if part in (None, r.split("|")[0].rstrip("*"))]
+            return subprocess.CompletedProcess(cmd, 0, "\n".join(shown), "")
+        return real(cmd, **kw)
+    monkeypatch.setattr(slurm.subprocess, "run", fake)
+
+
+PRESET = {"cpus_per_task": 2, "mem_gb": 4, "gpus_per_task": 1, "tasks_per_node": 1, "partition": None}
+
+
+def test_resources_no_node_has_are_refused_with_what_the_nodes_have(monkeypatch):
+    """8 CPUs and 32 GB per job on a 2-CPU node: the array pended for ever (Reason=PartitionConfig)."""
+    _sinfo(monkeypatch, "debug*|2|24105|(null)\n")
+    with pytest.raises(SystemExit) as exc:
+        slurm.check_resources({**PRESET, "cpus_per_task": 8, "mem_gb": 32})
+    assert str(exc.value) == (
+        "Slurm cannot run this sweep's jobs on partition debug: each asks for 8 CPU(s), 32768 MB and 1 GPU(s), "
+        "and its largest node has 2 CPU(s), 24105 MB and 0 GPU(s) (sinfo); the jobs would pend for ever. Ask "
+        "for what a node has: hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=23 "
+        "hydra.launcher.gpus_per_task=null (backend=static needs no GPU; backend=gpu needs a partition with "
+        "GPUs); or choose another partition (`sinfo -s`). Nothing was submitted.")
+    slurm.check_resources({**PRESET, "gpus_per_task": None})          # the preset fits a 2-CPU node
+
+
+def test_resources_of_a_gpu_partition(monkeypatch):
+    _sinfo(monkeypatch, "cpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\n")
+    with pytest.raises(SystemExit, match=r"^Slurm has no partition gpus: hydra.launcher.partition= one of cpu, "
+                                         r"gpu \(sinfo; \* is the default"):
+        slurm.check_resources({**PRESET, "partition": "gpus"})
+    slurm.check_resources({**PRESET, "partition": "gpu"})
+    with pytest.raises(SystemExit, match="has 64 CPU.*0 GPU.*gpus_per_task=null"):
+        slurm.check_resources(PRESET)                                  # the default partition: no GPU
+
+
+def _slurm_ready() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "no Slurm here (sudo bash tools/slurm_one_node.sh starts a one-node one)"
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    if out.returncode or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
+        return f"Slurm has no node up: {(out.stderr or out.stdout).strip()}"
+    return None
+
+
+needs_slurm = pytest.mark.skipif(_slurm_ready() is not None, reason=str(_slurm_ready()))
+SMALL = ["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_task=null", "hydra.launcher.mem_gb=1",
+         "precision=int8"]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(ROOT)}   # the jobs import this checkout
+
+
+def _store_is_sound(tmp):
+    """No run RUNNING, no measurement twice, every run's parent there and not deleted."""
+    import mlflow
+    parents, children = all_runs(tmp)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    assert [r.info.run_name for r in parents + children if r.info.status == "RUNNING"] == []
+    keys = [c.data.tags["run_key"] for c in children if c.info.status == "FINISHED"]
+    assert len(keys) == len(set(keys))
+    for c in children:
+        assert client.get_run(c.data.tags["mlflow.parentRunId"]).info.lifecycle_stage == "active"
+    return parents, children
+
+
+def _sacct(job: str) -> dict:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"], capture_output=True,
+                         text=True).stdout
+    return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.split()}
+
+
+@needs_slurm
+def test_a_rerun_of_a_finished_sweep_submits_nothing(tmp_path, need_ptxas):
+    """Each job of a finished sweep was submitted again, and took ~22 s to say "already tracked"."""
+    args = [*SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32,64", *store_args(tmp_path)]
+    rc, out = run_cli(tmp_path, *args, env=_env())
+    assert rc == 0 and "Submitted Slurm job " in out and "2 static" in out, out
+    job = out.split("Submitted Slurm job ")[1].split(":")[0]
+    assert _sacct(job) == {f"{job}_0": ("COMPLETED", "0:0"), f"{job}_1": ("COMPLETED", "0:0")}
+    parents, children = _store_is_sound(tmp_path)
+    assert len(children) == 2 and {c.data.tags["slurm_job_id"] for c in children} == {f"{job}_0", f"{job}_1"}
+    rc, out = run_cli(tmp_path, *args, env=_env())
+    assert rc == 0 and "Submitted Slurm job" not in out, out
+    assert (f"Slurm: 2 of 2 job(s) of this sweep are already in the store (parent run {parents[0].info.run_id}): "
+            "nothing to submit.") in out
+    assert len(_store_is_sound(tmp_path)[1]) == 2
+
+
+@needs_slurm
+def test_failed_runs_fail_their_job_and_a_cancelled_task_is_one_line(tmp_path, need_ptxas):
+    """Jobs whose every run FAILED exited 0 (sacct COMPLETED); a task cancelled with scancel ended the
+    command with submitit's traceback. Two jobs one after another (2 CPUs each); the second is
+    cancelled while it waits."""
+    args = [*SMALL, "hydra.launcher.cpus_per_task=2", "ktile=32,64", "target.ptx_version=9.9",
+            *store_args(tmp_path)]
+    done = {}
+    cmd = threading.Thread(target=lambda: done.update(zip(("rc", "out"), run_cli(tmp_path, *args, env=_env()))))
+    cmd.start()
+    job, deadline = None, time.time() + 120
+    while job is None and time.time() < deadline and cmd.is_alive():
+        queue = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%Z"], capture_output=True, text=True).stdout
+        job = next((line.split("|")[0].split("_")[0] for line in queue.split()
+                    if line.endswith(f"|{tmp_path}")), None)
+        time.sleep(0.5)
+    assert job is not None, done
+    subprocess.run(["scancel", f"{job}_1"], check=True)
+    cmd.join(300)
+    rc, out = done["rc"], done["out"]
+    assert rc == 1 and "Traceback" not in out, out
+    assert f"\nSlurm job {job}_1 (precision=int8 ktile=64 target.ptx_version=9.9) ended CANCELLED" in out
+    assert "1 Slurm job(s) of this sweep ended without finishing" in out
+    assert "1 of 1 run(s) failed: 1 rejected by the assembler" in out.strip().splitlines()[-1]
+    assert _sacct(job)[f"{job}_0"] == ("FAILED", "1:0")
+    parents, children = _store_is_sound(tmp_path)
+    assert [(c.info.status, c.data.tags["failed_stage"]) for c in children] == [("FAILED", "assemble")]
+    assert [p.info.status for p in parents] == ["FAILED"]
+
+
+def test_slurm_signals_close_the_jobs_runs_killed(tmp_path, monkeypatch):
+    """submitit ignores SIGTERM in a job and handles USR2 itself: the handler that marks an
+    interrupted run KILLED never ran under Slurm. The job's handlers close its runs, then hand USR2
+    to submitit's (which requeues) and end the job on SIGTERM."""
+    import signal
+
+    from experiments import track
+    monkeypatch.setattr(track, "_TRACKERS", {})
+    seen = []
+    old = {s: signal.signal(s, lambda num, frame: seen.append(num)) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        stopping = slurm._on_signals("77_3")
+        tr = track.get_tracker(f"sqlite:///{tmp_path}/m.db", "signals")
+        rid = tr.start("in progress", {}, {})
+        os.kill(os.getpid(), signal.SIGUSR2)
+        run = tr.client.get_run(rid)
+        assert run.info.status == "KILLED" and seen == [signal.SIGUSR2] and stopping
+        assert run.data.tags["skip_reason"] == ("Slurm signalled job 77_3 to stop (USR2: preempted or at its time "
+                                                "limit); submitit requeues it and it measures them again")
+        stopping.clear()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
