@@ -92,7 +92,7 @@ class TrackingConf:
     experiment: str = "tensor-core-ablations"
     rerun: bool = False         # True: measure again runs already FINISHED for the same kernel, size, GPU
     wait: float = 30.0          # seconds a write to a SQLite store waits for another process's write lock
-    stale_after_s: float = 300.0    # a RUNNING run without a heartbeat for this long is closed KILLED and redone
+    stale_after_s: float = 300.0    # a RUNNING run without a heartbeat this long: closed KILLED, redone
 
 
 def _make_schema(name: str) -> type:

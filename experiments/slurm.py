@@ -84,7 +84,8 @@ def check_resources(params) -> None:
     if not partition:
         rows = [r for r in rows if r[0].endswith("*")] or rows
     if not rows and partition:
-        known = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout.split()
+        known = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                               timeout=30).stdout.split()
         if known:
             raise SystemExit(f"Slurm has no partition {partition}: hydra.launcher.partition= one of "
                              f"{', '.join(p.rstrip('*') for p in known)} (sinfo; * is the default, also "
@@ -138,7 +139,7 @@ class SlurmLauncher(_Submitit):
         args = [(list(job_overrides[i]), "hydra.sweep.dir", initial_job_idx + i,
                  f"job_id_for_{initial_job_idx + i}", Singleton.get_state()) for i in todo]
         try:
-            jobs = executor.map_array(self, *zip(*args))
+            jobs = executor.map_array(self, *zip(*args, strict=True))
         except (submitit.core.utils.FailedJobError, RuntimeError, OSError) as exc:
             first = next((x.strip() for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
             part = self.params.get("partition")
@@ -156,7 +157,8 @@ class SlurmLauncher(_Submitit):
         return returns
 
     def _tracker(self):
-        return track.get_tracker(os.environ[track.SWEEP_ENV["uri"]], os.environ[track.SWEEP_ENV["experiment"]])
+        env = track.SWEEP_ENV
+        return track.get_tracker(os.environ[env["uri"]], os.environ[env["experiment"]])
 
     def _todo(self, job_overrides) -> list[int]:
         """The indices of the jobs to submit: all with ``tracking.rerun``, else those whose runs the

@@ -612,7 +612,8 @@ class SweepCallback(Callback):
             failed = "\n".join([f"{failure_summary(failures, total)} ({first}); each run's error tag says "
                                  "why, the same command runs them again", *([failed] if failed else [])])
         if lost:
-            failed = "\n".join([f"{len(lost)} Slurm job(s) of this sweep ended without finishing (each said so "
+            failed = "\n".join([f"{len(lost)} Slurm job(s) of this sweep ended without finishing "
+                                 "(each said so "
                                  "above; their runs in progress are KILLED); the same command submits them "
                                  "again", *([failed] if failed else [])])
         if failed:

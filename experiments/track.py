@@ -48,7 +48,8 @@ from .record import MEMBER, NEW, REUSED
 
 __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
            "current_sweep", "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs",
-           "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of", "unwritable", "claim_marker", "OWNER", "STALE_AFTER_S"]
+           "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of", "unwritable", "claim_marker", "OWNER",
+           "STALE_AFTER_S"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 HOST, PID = socket.gethostname(), os.getpid()
@@ -850,7 +851,8 @@ class Tracker:
         if n:
             last = markers[str(n - 1)]
             claimed = self._runs(f"tags.run_key = '{key}' and tags.claim = '{n - 1}'")
-            if any(r.info.status == "FINISHED" or r.info.status == "RUNNING" and not stale(r, self.stale_after)
+            if any(r.info.status == "FINISHED"
+                   or r.info.status == "RUNNING" and not stale(r, self.stale_after)
                    for r in claimed if not self._parent_deleted(r)):
                 return n - 1, ""
             if not claimed and time.time() - last.creation_time / 1000 <= self.stale_after:
@@ -1032,8 +1034,8 @@ def get_tracker(uri: str, experiment: str, wait: float = STORE_WAIT_S, restore: 
 
 def close_runs_of_ended_processes() -> int:
     """In every store this process opened, close (KILLED) the RUNNING runs whose process has ended
-    (the job processes of a parallel launcher, once ended on Ctrl-C; :func:`stale`); returns how many. Errors of an
-    unreachable store are ignored."""
+    (the job processes of a parallel launcher, once ended on Ctrl-C; :func:`stale`); returns how many.
+    Errors of an unreachable store are ignored."""
     n = 0
     for tr in _TRACKERS.values():
         with contextlib.suppress(Exception, StoreUnavailable):

@@ -120,7 +120,7 @@ def test_failed_runs_fail_their_job_and_a_cancelled_task_is_one_line(tmp_path, n
     args = [*SMALL, "hydra.launcher.cpus_per_task=2", "ktile=32,64", "target.ptx_version=9.9",
             *store_args(tmp_path)]
     done = {}
-    cmd = threading.Thread(target=lambda: done.update(zip(("rc", "out"), run_cli(tmp_path, *args, env=_env()))))
+    cmd = threading.Thread(target=lambda: done.update(zip(("rc", "out"), run_cli(tmp_path, *args, env=_env()), strict=True)))
     cmd.start()
     job, deadline = None, time.time() + 120
     while job is None and time.time() < deadline and cmd.is_alive():

@@ -41,8 +41,8 @@ def _as_postgres(cmd: list) -> list:
 
 
 def start_postgres(folder: Path) -> tuple[str, subprocess.Popen]:
-    """Start a new PostgreSQL cluster (its data in a new folder under /tmp) on a free loopback port with a database
-    ``mlflow``; returns (its SQLAlchemy URI, the server process). Raises RuntimeError naming what
+    """Start a new PostgreSQL cluster (its data in a new folder under /tmp) on a free loopback port with a
+    database ``mlflow``; returns (its SQLAlchemy URI, the server process). Raises RuntimeError naming what
     failed (a program missing, initdb's or the server's message)."""
     initdb, server = postgres_bin("initdb"), postgres_bin("postgres")
     if not (initdb and server):
@@ -62,8 +62,8 @@ def start_postgres(folder: Path) -> tuple[str, subprocess.Popen]:
     # (a pipe nobody reads would fill with its log, a line per refused claim, and stop every backend)
     deadline = time.time() + 30
     while time.time() < deadline:
-        ready = subprocess.run([postgres_bin("pg_isready") or "pg_isready", "-h", "127.0.0.1", "-p", str(port)],
-                               capture_output=True)
+        isready = postgres_bin("pg_isready") or "pg_isready"
+        ready = subprocess.run([isready, "-h", "127.0.0.1", "-p", str(port)], capture_output=True)
         if ready.returncode == 0:
             break
         if proc.poll() is not None:
