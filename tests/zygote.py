@@ -115,6 +115,24 @@ def _serve() -> None:
         _send(answers, ("timeout" if timed_out else "done", rc, b"".join(chunks)))
 
 
+def _warm() -> None:
+    """Compute here, once, what each command computes once per process from files that no test changes:
+    MLflow's schema head, the metric table, the tool versions (by path), the compiled kernel templates."""
+    import importlib
+
+    import experiments.metrics
+    import experiments.toolchain
+    import experiments.track
+    from experiments.families import base
+    render = importlib.import_module("experiments.families.mma_sync.render")
+    experiments.track._schema_head()
+    experiments.metrics.table()
+    experiments.toolchain.toolchain_tags()
+    for template in sorted(p.name for p in base.TEMPLATE_DIR.glob("*.j2")):
+        base._env().get_template(template)
+    render._env().get_template(render.FAMILY_TEMPLATE)
+
+
 class Zygote:
     """Client of one zygote process, started on the first ``run`` with environment ``env``."""
 
@@ -159,4 +177,5 @@ if __name__ == "__main__":
     import experiments.worker  # noqa: F401
     from experiments.record import plotting
     plotting()                            # what each sweep imports in a background thread (seconds)
+    _warm()
     _serve()
