@@ -90,6 +90,16 @@ def _empty_store() -> Path:
     return db
 
 
+def empty_store_at(db) -> str:
+    """The URI of a copy of the empty store at ``db`` (a store with MLflow's schema: no migration to
+    run), made unless ``db`` exists; for tests about what is logged, not how a store is made."""
+    db = Path(db)
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_empty_store(), db)
+    return f"sqlite:///{db}"
+
+
 def store_args(tmp, multirun=True, new_store=False):
     """Overrides that put the store (a copy of an empty one unless ``new_store``) and the Hydra
     output folder into ``tmp``."""
