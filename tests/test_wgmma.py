@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_cli import run_cli
+from test_cli import empty_store_at, run_cli
 
 from experiments import families
 from experiments.assemble import PtxasError, assemble, fatal_infos
@@ -549,7 +549,7 @@ def _children(tmp):
 
 def test_static_sweep(tmp_path, need_ptxas):
     rc, out = run_cli(tmp_path, "-m", "family=wgmma", "backend=static", "precision=fp16,int8", "family.stages=4,5",
-                      f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=wgmma-tests",
+                      f"tracking.uri={empty_store_at(tmp_path / 'mlflow.db')}", "tracking.experiment=wgmma-tests",
                       f"hydra.sweep.dir={tmp_path}/out")
     assert rc == 0, out
     runs = _children(tmp_path)
@@ -571,7 +571,7 @@ def test_static_sweep(tmp_path, need_ptxas):
 def test_static_tma_run(tmp_path, need_ptxas):
     """One epilogue=tma kernel through run.py: typed option, run name, spec params, TMA store counts."""
     rc, out = run_cli(tmp_path, "family=wgmma", "backend=static", "precision=int8", "family.epilogue=tma",
-                      f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=wgmma-tests",
+                      f"tracking.uri={empty_store_at(tmp_path / 'mlflow.db')}", "tracking.experiment=wgmma-tests",
                       f"hydra.run.dir={tmp_path}/out")
     assert rc == 0, out
     (name, r), = _children(tmp_path).items()
