@@ -19,6 +19,67 @@ def _gpu_reason():
 _REASON = _gpu_reason()
 
 
+# ptxas -arch=A -v SRC -o OUT and cuobjdump -sass CUBIN as experiments.assemble runs them, answered from
+# a folder shared by the test run's processes (xdist workers, run.py's forks and interpreters) when the
+# same input was done before: key sha256 of the arch and PTX text, or of the cubin. A failure, an output
+# that names the input file, and any other command line run the tool itself.
+_TOOL_CACHE = r"""#!/bin/sh
+real='{real}'; cache='{cache}'
+if [ "{pattern}" = ptxas ] && [ $# -eq 5 ] && [ "$2" = -v ] && [ "$4" = -o ] && [ -f "$3" ]; then
+    case "$1" in -arch=*) ;; *) exec "$real" "$@" ;; esac
+    src=$3; out=$5; key=ptxas-$({{ echo "$1"; cat "$3"; }} | sha256sum | cut -c1-64)
+elif [ "{pattern}" = cuobjdump ] && [ $# -eq 2 ] && [ "$1" = -sass ] && [ -f "$2" ]; then
+    src=$2; out=; key=sass-$(sha256sum < "$2" | cut -c1-64)
+else
+    exec "$real" "$@"
+fi
+if [ -d "$cache/$key" ]; then
+    cat "$cache/$key/stdout"; cat "$cache/$key/stderr" >&2
+    [ -z "$out" ] || cp "$cache/$key/cubin" "$out"
+    exit 0
+fi
+new=$(mktemp -d "$cache/new.XXXXXX")
+"$real" "$@" > "$new/stdout" 2> "$new/stderr"; rc=$?
+cat "$new/stdout"; cat "$new/stderr" >&2
+if [ $rc -eq 0 ] && ! grep -qF "$src" "$new/stdout" "$new/stderr" && \
+   {{ [ -z "$out" ] || cp "$out" "$new/cubin"; }}; then
+    mv -T "$new" "$cache/$key" 2>/dev/null || rm -rf "$new"
+else
+    rm -rf "$new"
+fi
+exit $rc
+"""
+
+
+def pytest_configure(config):
+    """Put the caching ptxas and cuobjdump (_TOOL_CACHE) first on PATH, once per test run: the
+    controller makes them, xdist workers and every command they start inherit PATH."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from experiments.assemble import find_ptxas, find_tool
+    if os.environ.get("TC_TOOL_CACHE") or os.environ.get("PTXAS"):
+        return
+    tools = {"ptxas": find_ptxas(), "cuobjdump": find_tool("cuobjdump", "cuda_cuobjdump")}
+    cache = Path(tempfile.mkdtemp(prefix="tool_cache_"))
+    (cache / "bin").mkdir()
+    for name, real in tools.items():
+        if real:
+            wrapper = cache / "bin" / name
+            wrapper.write_text(_TOOL_CACHE.format(real=real, cache=cache, pattern=name))
+            wrapper.chmod(0o755)
+    os.environ["TC_TOOL_CACHE"] = str(cache)
+    os.environ["PATH"] = f"{cache / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    config._tool_cache = cache
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_tool_cache", None)
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per CPU core without a GPU; none (tests one after another) with one,
     so that two tests never time kernels on the same GPU at once."""

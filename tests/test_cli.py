@@ -36,7 +36,7 @@ _ZYGOTE = []
 _ZYGOTE_LOCK = threading.Lock()
 
 
-def _zygote_run(cwd, args, env, timeout):
+def _zygote_run(cwd, args, env, timeout, prelude=None):
     """(status, output) from this process's zygote (tests/zygote.py), or None when it cannot take
     the command: another thread is using it, or ``env`` differs from its own in a start-up setting."""
     from zygote import Zygote
@@ -49,7 +49,7 @@ def _zygote_run(cwd, args, env, timeout):
         start = _ZYGOTE[0].env
         if any(env.get(k) != start.get(k) for k in {*env, *start} if k.startswith(_START_ENV)):
             return None
-        rc, data = _ZYGOTE[0].run(cwd, args, env, timeout)
+        rc, data = _ZYGOTE[0].run(cwd, args, env, timeout, prelude)
     finally:
         _ZYGOTE_LOCK.release()
     # as subprocess.run(text=True) decodes it
@@ -57,19 +57,28 @@ def _zygote_run(cwd, args, env, timeout):
     return rc, text
 
 
-def run_cli(cwd, *args, env=None, timeout=300, fresh=False):
+def run_cli(cwd, *args, env=None, timeout=300, fresh=False, prelude=None):
     """``python run.py ARGS`` in ``cwd`` with every GPU hidden; stdout and stderr together.
 
     Forked from a process that has run.py's imports done (tests/zygote.py: the same output and
     status, seconds less CPU each); ``fresh``: a new interpreter, for what needs one (signals,
-    interpreter options, the start-up itself)."""
+    interpreter options, the start-up itself). ``prelude``: Python code run first in that process
+    (it patches a module to inject a fault), as ``python -c 'PRELUDE; run run.py' ARGS``."""
     env = _cli_env(env)
-    if not fresh and (done := _zygote_run(cwd, args, env, timeout)) is not None:
+    if not fresh and (done := _zygote_run(cwd, args, env, timeout, prelude)) is not None:
         return done
-    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env,
+    command = [str(ROOT / "run.py")] if prelude is None else ["-c", _prelude_script(prelude)]
+    proc = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
     return proc.returncode, proc.stdout
+
+
+def _prelude_script(prelude: str) -> str:
+    """A ``python -c`` script: ``prelude``, then run.py as ``__main__`` with the script's arguments."""
+    return (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n{prelude}\nimport runpy\n"
+            f"sys.argv = [{str(ROOT / 'run.py')!r}, *sys.argv[1:]]\n"
+            f"runpy.run_path({str(ROOT / 'run.py')!r}, run_name='__main__')\n")
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,6 +88,16 @@ def _empty_store() -> Path:
     db = Path(tempfile.mkdtemp(prefix="empty_store_")) / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()
     return db
+
+
+def empty_store_at(db) -> str:
+    """The URI of a copy of the empty store at ``db`` (a store with MLflow's schema: no migration to
+    run), made unless ``db`` exists; for tests about what is logged, not how a store is made."""
+    db = Path(db)
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_empty_store(), db)
+    return f"sqlite:///{db}"
 
 
 def store_args(tmp, multirun=True, new_store=False):

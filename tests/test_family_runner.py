@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from test_cli import empty_store_at
 
 from experiments import compare, families, record
 from experiments.config import register
@@ -155,7 +156,7 @@ def _run_cli(cwd, *args, hide_gpu=True, timeout=300):
 
 
 def _store(tmp):
-    return [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"tracking.experiment={EXPERIMENT}",
+    return [f"tracking.uri={empty_store_at(f'{tmp}/mlflow.db')}", f"tracking.experiment={EXPERIMENT}",
             f"hydra.sweep.dir={tmp}/out"]
 
 
@@ -211,7 +212,7 @@ def _add(tr, parent, family, precision, thr, size=(512, 512, 512), gpu="NVIDIA H
 
 
 def test_speedups_and_pct_of_peak(tmp_path):
-    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT)
+    tr = Tracker(empty_store_at(tmp_path / "mlflow.db"), EXPERIMENT)
     old = tr.start("sweep old", {}, {"kind": "sweep"})
     new = tr.start("sweep new", {}, {"kind": "sweep"})
     p_old = _add(tr, old, "peak", "int8", 1000.0, size=None, mma="m16n8k32")
@@ -269,7 +270,7 @@ def test_pct_of_peak_divides_by_the_peak_of_the_same_instruction(tmp_path):
     too, as before) to the mma.sync peak, whose runs carry no spec.instruction (as those tracked before
     the option existed); a wgmma run without a wgmma peak gets no pct_of_peak rather than the mma.sync
     one; a peak arriving in a sweep updates only the runs of its own instruction."""
-    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT)
+    tr = Tracker(empty_store_at(tmp_path / "mlflow.db"), EXPERIMENT)
     old = tr.start("sweep old", {}, {"kind": "sweep"})
     new = tr.start("sweep new", {}, {"kind": "sweep"})
     p_mma = _add(tr, old, "peak", "fp16", 640.0, size=None, mma="m16n8k16")
@@ -336,7 +337,7 @@ def _stub_gpu(tmp_path, monkeypatch, us):
     monkeypatch.setattr(job, "_device", lambda g: {"gpu": g["gpu"], "compute_capability": 90,
                                                    "cuda_runtime": "13.0", "cupy": "14.0"})
     monkeypatch.setattr(job, "gpu_lock", lambda *a: contextlib.nullcontext())
-    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.experiment={EXPERIMENT}"]
+    store = [f"tracking.uri={empty_store_at(tmp_path / 'mlflow.db')}", f"tracking.experiment={EXPERIMENT}"]
     worker = _Worker(us)
     monkeypatch.setattr(job, "_WORKER", worker)
     return job, store, worker

@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from experiments.variants import listed
-from test_cli import ROOT, _empty_store, _refusal, _run_module, all_runs, run_cli, store_args
+from test_cli import ROOT, _empty_store, _refusal, _run_module, all_runs, empty_store_at, run_cli, store_args
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -373,7 +373,7 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
     marker; `report --sweep latest` counted the whole store's static runs and dropped --sweep from the
     command it gave."""
     from experiments.track import MEMBER, Tracker
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     sweeps = [tr.start(f"sweep {i}", {}, {"kind": "sweep", "sweep_key": f"k{i}"}) for i in range(2)]
     made = {}
     for kernel, sweep in (("gemm_int8_bk32", 0), ("gemm_int8_bk64", 0), ("gemm_int8_bk128", 1)):

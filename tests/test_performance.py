@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from test_cli import empty_store_at
 
 from experiments import record
 from experiments.config import Config
@@ -270,7 +271,7 @@ RUNS = [("mma_sync", "fp16", 8192, 327.9, 0.018, False, "[256, 128]"),
 
 
 def perf_store(tmp_path, runs=RUNS):
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     parent = tr.start("sweep experiment=h200_performance", {}, {"kind": "sweep", "sweep_key": "k"})
     for fam, prec, n, thr, spread, auto, block in runs:
         params = {"family": fam, "precision": prec, **({"spec.mma": "m16n8k16"} if fam == "peak" else
@@ -362,7 +363,7 @@ def test_performance_out_is_checked_before_the_report(tmp_path, capsys):
     assert main(["--uri", tr.uri, "--experiment", "e", "--sweep", child.info.run_id]) == 2
     assert f"--sweep {child.info.run_id} is a run of the sweep {parent}, not a sweep: give --sweep {parent}" \
         in capsys.readouterr().err
-    empty = Tracker(f"sqlite:///{tmp_path}/empty.db", "e")
+    empty = Tracker(empty_store_at(tmp_path / "empty.db"), "e")
     parent = empty.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
     empty.end(parent)
     assert main(["--uri", empty.uri, "--experiment", "e", "--out", str(tmp_path / "new.md")]) == 2
@@ -404,7 +405,7 @@ def test_performance_check_divides_by_the_mma_sync_peak(tmp_path):
 def _generations_store(tmp_path, rows, name="g"):
     """A generations sweep of fp16 runs: (family, params, throughput), at N = params.pop("N", 8192);
     peaks ignore the size."""
-    tr = Tracker(f"sqlite:///{tmp_path}/{name}.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / f"{name}.db"), "e")
     parent = tr.start("sweep experiment=generations", {}, {"kind": "sweep", "sweep_key": name})
     for fam, opts, thr in rows:
         opts = dict(opts)
@@ -465,7 +466,7 @@ def test_generations_wgmma_share_is_of_the_wgmma_peak(tmp_path):
 
 def test_nothing_measured_leaves_the_results_file_alone(tmp_path, capsys):
     """A sweep of static runs (no GPU) must not overwrite a committed table with an empty one."""
-    tr = Tracker(f"sqlite:///{tmp_path}/s.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "s.db"), "e")
     parent = tr.start("sweep experiment=generations", {}, {"kind": "sweep", "sweep_key": "s"})
     for i in range(3):
         rid = tr.start(f"static {i}", {"family": "wgmma", "precision": "fp16"},

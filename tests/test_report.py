@@ -1,12 +1,13 @@
 """experiments/report.py: the results table groups runs by GPU and only reads the store."""
 import pytest
+from test_cli import empty_store_at
 
 from experiments.report import results_table
 from experiments.track import Tracker
 
 
 def test_results_table_groups_by_gpu(tmp_path):
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     for gpu, us in (("NVIDIA L4", 9000.0), ("NVIDIA H200", 1605.0)):
         rid = tr.start("8192 int8", {"problem.m": 8192, "problem.n": 8192, "problem.k": 8192},
                        {"backend": "gpu", "gpu": gpu, "kernel": "gemm_int8_bk64", "throughput_unit": "TOP/s"})
@@ -19,7 +20,7 @@ def test_results_table_groups_by_gpu(tmp_path):
 
 
 def test_results_table_of_a_store_without_gpu_runs_says_so(tmp_path):
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     for _ in range(2):
         tr.end(tr.start("int8 bk64", {}, {"backend": "static"}))
     assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
@@ -29,7 +30,7 @@ def test_results_table_of_a_store_without_gpu_runs_says_so(tmp_path):
 
 
 def test_results_table_shows_the_sm_clock_of_runs_timed_with_it(tmp_path):
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     for clock in ({"sm_clock_mhz_mean": 1785.0, "throughput_at_max_clock": 364.0}, {}):
         rid = tr.start("8192 fp16", {"problem.m": 8192, "problem.n": 8192, "problem.k": 8192},
                        {"backend": "gpu", "gpu": "NVIDIA H200", "kernel": f"k{len(clock)}",
@@ -45,7 +46,7 @@ def test_results_table_shows_the_sm_clock_of_runs_timed_with_it(tmp_path):
 def test_skipped_runs_are_not_counted_as_static(tmp_path):
     """A static sweep with skipped combinations (their backend is static too) said "N static run(s)" for
     all of them."""
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     for outcome in ("static", "static", "skipped"):
         tr.end(tr.start("wgmma fp16", {}, {"backend": "static", "outcome": outcome}))
     assert results_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 2 static run(s) "
@@ -58,7 +59,7 @@ def test_skipped_runs_are_not_counted_as_static(tmp_path):
 def _static_store(tmp_path):
     """A sweep of static runs: an mma_sync kernel, an emulated int4 one (run twice: the latest counts),
     a library call without PTX, a skipped combination; and another sweep's kernel."""
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     sweeps = [tr.start(f"sweep {i}", {}, {"kind": "sweep", "sweep_key": f"k{i}"}) for i in range(2)]
     asm = {"registers": 186, "spill_stores_bytes": 0, "spill_loads_bytes": 0, "smem_static_bytes": 0,
            "smem_dynamic_bytes": 55296, "theoretical_occupancy": 0.125, "sass_IMMA": 32, "sass_LDSM": 24,
@@ -106,7 +107,7 @@ def test_static_report_command(tmp_path, capsys):
     assert main(["--uri", tr.uri, "--experiment", "e", "--static", "--sweep", sweeps[0], "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| gemm_int8 | sm_90 | 186 |" in printed and out.read_text() == printed.removesuffix("\n")
-    empty = Tracker(f"sqlite:///{tmp_path}/empty.db", "e")
+    empty = Tracker(empty_store_at(tmp_path / "empty.db"), "e")
     empty.end(empty.start("gpu run", {}, {"backend": "gpu", "outcome": "verified"}))
     assert main(["--uri", empty.uri, "--experiment", "e", "--static"]) == 2
     assert capsys.readouterr().err == (f"No static run in {empty.uri}: a sweep without a GPU (or backend=static) "
@@ -119,7 +120,7 @@ def test_static_report_command(tmp_path, capsys):
 def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):
     """It printed a bare header (a new user's static sweep): now one line saying why there is nothing."""
     from experiments.report import families_table
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     for _ in range(3):
         tr.end(tr.start("wgmma fp16", {"family": "wgmma"}, {"backend": "static"}))
     assert families_table(tr.uri, "e") == (f"No run in {tr.uri} was measured on a GPU yet: 3 static run(s) "
@@ -130,7 +131,7 @@ def test_nothing_measured_leaves_the_out_file_alone(tmp_path, capsys):
     """`python -m experiments.report --by-family --out results/h200/baselines.md` on a store of static
     runs replaced the committed table by one line; now it exits 2 and leaves the file."""
     from experiments.report import main
-    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "e")
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     tr.end(tr.start("int8 bk64", {}, {"backend": "static"}))
     out = tmp_path / "baselines.md"
     out.write_text("measured before\n")
@@ -142,7 +143,7 @@ def test_nothing_measured_leaves_the_out_file_alone(tmp_path, capsys):
 
 def _store(path, medians: dict, gpu: str, wall: float, busy: float, gpus: int):
     """A store with one sweep parent (its GPU-time metrics) and verified runs {(kernel, N): (us, spread)}."""
-    tr = Tracker(f"sqlite:///{path}", "e")
+    tr = Tracker(empty_store_at(path), "e")
     parent = tr.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
     tr.log(parent, {"sweep_wall_s": wall, "gpu_busy_s": busy, "gpus": gpus})
     tr.end(parent)

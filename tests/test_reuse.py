@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from test_cli import run_cli
+from test_cli import empty_store_at, run_cli
 from test_family_runner import _compose, _stub_gpu
 
 from analysis.runs import load_runs
@@ -141,7 +141,7 @@ def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, caps
 
 
 def _cli_store(tmp, experiment=EXPERIMENT):
-    return [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"tracking.experiment={experiment}",
+    return [f"tracking.uri={empty_store_at(f'{tmp}/mlflow.db')}", f"tracking.experiment={experiment}",
             f"hydra.sweep.dir={tmp}/out"]
 
 

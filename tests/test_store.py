@@ -66,9 +66,7 @@ def test_failing_job_fails_its_own_run_and_the_sweep_goes_on(tmp_path):
 def test_crash_inside_a_job_fails_that_run_only(tmp_path):
     """An unexpected exception in one job (here: rendering int4) fails that job's run with the
     exception and its traceback; the other jobs finish; the command exits 1 with a summary."""
-    script = textwrap.dedent(f"""
-        import runpy, sys
-        sys.path.insert(0, {str(ROOT)!r})
+    prelude = textwrap.dedent("""
         from experiments import families
         fam = type(families.get(families.DEFAULT))
         real = fam.build
@@ -77,13 +75,9 @@ def test_crash_inside_a_job_fails_that_run_only(tmp_path):
                 raise ZeroDivisionError("boom in render")
             return real(self, spec)
         fam.build = build
-        sys.argv = ["run.py", *sys.argv[1:]]
-        runpy.run_path({str(ROOT / "run.py")!r}, run_name="__main__")
     """)
-    proc = subprocess.run([sys.executable, "-c", script, "-m", "precision=int4,int8", "ktile=64",
-                           *store_args(tmp_path)], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
+    rc, out = run_cli(tmp_path, "-m", "precision=int4,int8", "ktile=64", *store_args(tmp_path), prelude=prelude)
+    assert rc == 1, out
     assert "[1/2] job failed precision=int4 ktile=64: ZeroDivisionError: boom in render" in out
     parents, children = assert_store_is_true(tmp_path)
     assert [p.info.status for p in parents] == ["FAILED"]

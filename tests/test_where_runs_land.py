@@ -8,11 +8,8 @@ sweep runs is restored, so that no run is left under a deleted one.
 
 The commands run ``run.py`` as a user would, without a GPU (static runs), and the tests read the store.
 """
-import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -228,9 +225,8 @@ def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path, module_cli
 def _deleting_run(tmp_path, what: str, when: str) -> tuple[int, str]:
     """A two-job sweep during which ``what`` (parent, experiment) is deleted, as in the MLflow UI:
     ``when`` = mid (before the second job adds its run) or end (after the last job)."""
-    script = textwrap.dedent(f"""
-        import os, runpy, sys
-        sys.path.insert(0, {str(ROOT)!r})
+    prelude = textwrap.dedent(f"""
+        import os
         import mlflow
         import experiments.job as job
         real, jobs = job.run_job, []
@@ -252,16 +248,10 @@ def _deleting_run(tmp_path, what: str, when: str) -> tuple[int, str]:
                 delete()
             return out
         job.run_job = run_job
-        sys.argv = ["run.py", *sys.argv[1:]]
-        runpy.run_path({str(ROOT / "run.py")!r}, run_name="__main__")
     """)
     db = store_at(tmp_path / "mlflow.db")
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.run([sys.executable, "-c", script, "-m", "precision=int4,int8", "ktile=64",
-                           f"tracking.uri=sqlite:///{db}", f"tracking.experiment={EXPERIMENT}",
-                           f"hydra.sweep.dir={tmp_path}/out"], cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""},
-                          capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
+    return run_cli(tmp_path, "-m", "precision=int4,int8", "ktile=64", f"tracking.uri=sqlite:///{db}",
+                   f"tracking.experiment={EXPERIMENT}", f"hydra.sweep.dir={tmp_path}/out", prelude=prelude)
 
 
 @pytest.mark.parametrize("what, when", [("parent", "mid"), ("parent", "end"), ("experiment", "mid"),

@@ -3,7 +3,8 @@
 Run as a script, this is a long-lived process that imports what run.py imports (Hydra, OmegaConf,
 MLflow with its SQL store, ``experiments``, the plotting modules a sweep loads), opens no store and touches no GPU, then serves requests
 read from stdin: for each it forks a child that takes the request's folder, environment and argv,
-sends its fds 1 and 2 into one pipe, runs run.py as ``__main__`` and exits with the status Python
+sends its fds 1 and 2 into one pipe, runs the request's prelude (Python code, as a ``python -c`` script
+that patches a module before it runs run.py) if any, runs run.py as ``__main__`` and exits with the status Python
 would give (``SystemExit`` code; an uncaught exception: its traceback on stderr and 1). The answer,
 (exit status, output bytes) or a timeout, goes back on stdout. ``Zygote.run`` is the client side.
 """
@@ -29,7 +30,7 @@ def _receive(stream):
     return pickle.loads(stream.read(struct.unpack("!Q", head)[0]))
 
 
-def _child(cwd: str, env: dict, args: list, write_fd: int) -> None:
+def _child(cwd: str, env: dict, args: list, prelude: str | None, write_fd: int) -> None:
     """In the forked child: become ``python run.py ARGS`` and never return."""
     import atexit
     import runpy
@@ -49,6 +50,8 @@ def _child(cwd: str, env: dict, args: list, write_fd: int) -> None:
         sys.argv = [RUN, *args]
         sys.path[0] = ROOT
         try:
+            if prelude:
+                exec(compile(prelude, "<string>", "exec"), {"__name__": "__main__"})
             runpy.run_path(RUN, run_name="__main__")
             code = 0
         except SystemExit as exc:
@@ -84,7 +87,7 @@ def _serve() -> None:
         os.dup2(null, fd)
     os.close(null)
     while (request := _receive(requests)) is not None:
-        cwd, env, args, timeout = request
+        cwd, env, args, timeout, prelude = request
         sys.stdout.flush()
         sys.stderr.flush()
         read_fd, write_fd = os.pipe()
@@ -93,7 +96,7 @@ def _serve() -> None:
             requests.close()
             answers.close()
             os.close(read_fd)
-            _child(cwd, env, args, write_fd)
+            _child(cwd, env, args, prelude, write_fd)
         os.close(write_fd)
         chunks, deadline, timed_out = [], time.monotonic() + timeout, False
         while True:                      # as subprocess.run: read to EOF, then wait
@@ -112,6 +115,24 @@ def _serve() -> None:
         _send(answers, ("timeout" if timed_out else "done", rc, b"".join(chunks)))
 
 
+def _warm() -> None:
+    """Compute here, once, what each command computes once per process from files that no test changes:
+    MLflow's schema head, the metric table, the tool versions (by path), the compiled kernel templates."""
+    import importlib
+
+    import experiments.metrics
+    import experiments.toolchain
+    import experiments.track
+    from experiments.families import base
+    render = importlib.import_module("experiments.families.mma_sync.render")
+    experiments.track._schema_head()
+    experiments.metrics.table()
+    experiments.toolchain.toolchain_tags()
+    for template in sorted(p.name for p in base.TEMPLATE_DIR.glob("*.j2")):
+        base._env().get_template(template)
+    render._env().get_template(render.FAMILY_TEMPLATE)
+
+
 class Zygote:
     """Client of one zygote process, started on the first ``run`` with environment ``env``."""
 
@@ -119,14 +140,15 @@ class Zygote:
         self.env = dict(env)
         self.proc = None
 
-    def run(self, cwd, args, env: dict, timeout: float) -> tuple:
-        """(status, output bytes) of ``python run.py ARGS`` in ``cwd`` with environment ``env``;
-        raises subprocess.TimeoutExpired after ``timeout`` seconds (the child is killed)."""
+    def run(self, cwd, args, env: dict, timeout: float, prelude: str | None = None) -> tuple:
+        """(status, output bytes) of ``python run.py ARGS`` in ``cwd`` with environment ``env``, after
+        the Python code ``prelude`` if given; raises subprocess.TimeoutExpired after ``timeout`` seconds
+        (the child is killed)."""
         import subprocess
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], env=self.env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        _send(self.proc.stdin, (str(cwd), dict(env), [str(a) for a in args], timeout))
+        _send(self.proc.stdin, (str(cwd), dict(env), [str(a) for a in args], timeout, prelude))
         answer = _receive(self.proc.stdout)
         if answer is None:
             raise RuntimeError("the zygote process ended")
@@ -155,4 +177,5 @@ if __name__ == "__main__":
     import experiments.worker  # noqa: F401
     from experiments.record import plotting
     plotting()                            # what each sweep imports in a background thread (seconds)
+    _warm()
     _serve()
