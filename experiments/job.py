@@ -316,11 +316,14 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
     timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items()
               if k != "timeout_s"}
     counts = {"finished": 0, "failed": 0, "done_before": 0}
+    data = value(cfg.get("data", "full"))
+    # operand data other than today's is part of the measurement (and its name); full keeps the old keys
+    drawn = () if data == "full" else (("data", data),)
     for shape in kern.shapes:
         m, n, k = shape or (0, 0, 0)
-        name = kern.name(shape)
+        name = kern.name(shape) + "".join(f" data={d}" for _, d in drawn)
         key = track.run_key("gpu", *kern.identity, m, n, k, dev["gpu"], dev["compute_capability"],
-                            gpu["driver"], key_items(timing), cfg.verify.rtol)
+                            gpu["driver"], key_items(timing), cfg.verify.rtol, *drawn)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
         size = {"problem.m": m, "problem.n": n, "problem.k": k} if shape else {}
         params = {**job.params, **size, "verify.seed_used": seed}
@@ -342,7 +345,7 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
                 t0 = time.time()
                 res = _WORKER.call(func, timeout=cfg.timing.timeout_s, **kwargs, m=m, n=n, k=k,
                                    timing=timing, rtol=cfg.verify.rtol, seed=seed,
-                                   pci_bus_id=gpu.get("pci_bus_id"))
+                                   pci_bus_id=gpu.get("pci_bus_id"), **dict(drawn))
                 t1 = time.time()
         except WorkerError as exc:
             job.tr.log(rid, kern.static)

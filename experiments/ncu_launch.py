@@ -184,7 +184,7 @@ def plan_item(client, run, workdir: Path) -> dict:
     the default family for runs tracked before it existed): the spec rebuilt from the run
     (``Family.spec_of_run``: its params, or its ``config.yaml`` artifact), its source (the PTX the run
     logged where the family profiles that, ``Family.profiles_logged``, else built again and checked
-    against tag ptx_sha256), problem size and verification seed. Raises ValueError saying what is
+    against tag ptx_sha256), problem size, verification seed and operand data. Raises ValueError saying what is
     missing or inconsistent, or for a library call (cuBLAS, memcpy: the library picks its kernels,
     which ncu's name filter cannot name)."""
     from .families import DEFAULT, Build, get
@@ -210,7 +210,8 @@ def plan_item(client, run, workdir: Path) -> dict:
             "precision": spec.precision, "arch": spec.arch, "params": [list(x) for x in spec.params],
             "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
                       "options": list(build.options)},
-            "m": size[0], "n": size[1], "k": size[2], "seed": int(p.get("verify.seed_used", "0"))}
+            "m": size[0], "n": size[1], "k": size[2], "seed": int(p.get("verify.seed_used", "0")),
+            "data": p.get("data", "full")}
 
 
 def profile_items(ncu, items, mset, arch, settings, workdir, timeout, echo=print) -> tuple[dict, dict, list]:
@@ -285,9 +286,10 @@ def _family_parts(it: dict):
 
 def _family_launch(it: dict):
     """The launch closure of an item, made by the family's ``prepare`` (operands from the run's
-    seed; the compiled kernel comes from CuPy's cache after :func:`_family_load`)."""
+    seed and data; the compiled kernel comes from CuPy's cache after :func:`_family_load`)."""
     fam, spec, build = _family_parts(it)
-    return fam.prepare(spec, build, it["m"], it["n"], it["k"], it["seed"]).launch
+    data = {"data": it["data"]} if it.get("data", "full") != "full" else {}
+    return fam.prepare(spec, build, it["m"], it["n"], it["k"], it["seed"], **data).launch
 
 
 def _family_load(it: dict) -> None:

@@ -68,7 +68,8 @@ def device_info() -> dict:
 
 
 def measure_family(family: str, precision: str, arch: str, params: list, build: dict, m: int, n: int,
-                   k: int, timing: dict, rtol: float, seed: int, pci_bus_id: str | None = None) -> dict:
+                   k: int, timing: dict, rtol: float, seed: int, pci_bus_id: str | None = None,
+                   data: str = "full") -> dict:
     """Verify, then time, one kernel of a registered family (``experiments.families``; worker side).
 
     ``params`` are the resolved spec's (key, value) pairs and ``build`` the fields of its
@@ -78,8 +79,9 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     kernel is timed with :func:`experiments.timing.time_launches` with the ``timing`` settings (regime,
     replicates; the SM clock, power and energy read on the GPU ``pci_bus_id`` during the timed batches,
     where NVML reads them, and the SMs' own clock over the timed window). ``rtol`` reaches families whose
-    ``prepare`` takes it (float results). Returns verified (bool), verify_* fields (verify_rtol: the
-    tolerance used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
+    ``prepare`` takes it (float results); ``data`` (the root key, when not ``full``) reaches ``prepare``,
+    which draws the operands as it says (``Family.data_kinds``). Returns verified (bool), verify_* fields
+    (verify_rtol: the tolerance used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
     ``Prepared.info`` (fields the family reports itself: the default family's JIT seconds and
     resources), and when verified the timing dict and the GPU state before/after; where the kernel
     records its own cycles (``Prepared.clocks``), the timing dict holds them too.
@@ -95,6 +97,8 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     spec = fam.respec(precision, arch, params)
     b = Build(build["kind"], build["source"], build["entry"], tuple(build.get("options", ())))
     extra = {"rtol": rtol} if "rtol" in inspect.signature(fam.prepare).parameters else {}
+    if data != "full":
+        extra["data"] = data
     t0 = time.perf_counter()
     prep = fam.prepare(spec, b, m, n, k, seed, **extra)
     jit_s = time.perf_counter() - t0

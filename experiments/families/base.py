@@ -23,6 +23,7 @@ import jinja2
 from ..dtypes import DType, tolerance
 from ..hardware import ARCHS
 from ..spec import SpecError, check_no_tails, resolve_arch
+from ..verify import Data
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
            "TEMPLATE_DIR", "sm_of", "parse_pair", "ptx_sha256", "config_options", "markdown_values"]
@@ -160,7 +161,10 @@ class Family:
     ``key_defaults``, axes added after runs were tracked, at the value those runs had, left out of the
     run key (:meth:`identity`); ``param_drop``, config keys (a trailing dot: a group) a run of this family
     does not log as params (:meth:`run_params`); ``auto_keys``, the config keys tile=auto sets per
-    problem size (() where the family has no tile=auto: :meth:`auto_tile`).
+    problem size (() where the family has no tile=auto: :meth:`auto_tile`); ``data_kinds``, the values of
+    the root key ``data`` (:class:`experiments.verify.Data`) its ``prepare`` draws operands for (a
+    ``data`` keyword: every kind; a family whose kernels fix their own operands: ``full`` only), with
+    ``data_why`` saying why where it takes fewer.
     """
     name: str = ""
     title: str = ""
@@ -178,6 +182,8 @@ class Family:
                          "tile.", "loader.", "pipeline.", "cache.")
     auto_keys: tuple = ()
     profiles_logged: bool = False   # the profiler takes the source a run logged (True), or builds it again
+    data_kinds: tuple = tuple(Data.__members__)
+    data_why: str = ""
 
     # ------------------------------------------------------------------ from the config and the store
     def root_fields(self) -> list:

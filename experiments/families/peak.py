@@ -300,6 +300,8 @@ class PeakFamily(Family):
                   _wgmma_rule))
     sized = False
     tensor_cores = True
+    data_kinds = ("full",)
+    data_why = "its kernels hold fixed operand words (A = 1, B = 1/K or 1) so that every result is known"
 
     def spec(self, precision: str, options: dict, arch: str) -> FamilySpec:
         """As :meth:`Family.spec`; with ``instruction=wgmma`` target.arch auto and sm_90 resolve to
