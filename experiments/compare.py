@@ -37,7 +37,8 @@ from .track import sweeps_of
 
 __all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION", "data_of", "Verdict", "verdict",
-           "replicates", "noise_of", "REPLICATES", "VERDICTS", "NOISE_FLOOR", "NOISE_TIMES", "CLOCK_TOLERANCE", "LEVEL"]
+           "replicates", "noise_of", "REPLICATES", "VERDICTS", "NOISE_FLOOR", "NOISE_TIMES",
+           "CLOCK_TOLERANCE", "LEVEL", "NO_REPLICATES"]
 
 # family -> the instruction of the peak its pct_of_peak divides by (experiments/families/peak.py,
 # option instruction); every family not named here divides by the mma.sync peak, whose instruction
@@ -284,9 +285,10 @@ def verdict(first: list, second: list, *, clocks: tuple = (None, None), noise: f
     x, y = [math.log(v) for v in a], [math.log(v) for v in b]
     if min(reps) < 2:
         ratio = _median(b) / _median(a)
-        which = " and ".join(n for n, r in zip(("first", "second"), reps, strict=True) if r < 2)
-        return Verdict("ambiguous", f"{NO_REPLICATES}: the {which} run has R = 1; {ratio - 1:+.1%} is not "
-                       f"told from noise{note}", ratio, replicates=reps, clocks=clocks, normalised=normalised)
+        which = ("both runs have" if max(reps) < 2 else
+                 f"the {'first' if reps[0] < 2 else 'second'} run has")
+        return Verdict("ambiguous", f"{NO_REPLICATES}: {which} R = 1; {ratio - 1:+.1%} is not told from "
+                       f"noise{note}", ratio, replicates=reps, clocks=clocks, normalised=normalised)
     pooled = math.sqrt(((reps[0] - 1) * _sd(x) ** 2 + (reps[1] - 1) * _sd(y) ** 2) / (sum(reps) - 2))
     noise = pooled if noise is None else noise
     margin = max(floor, times * noise)

@@ -184,8 +184,8 @@ def plan_item(client, run, workdir: Path) -> dict:
     the default family for runs tracked before it existed): the spec rebuilt from the run
     (``Family.spec_of_run``: its params, or its ``config.yaml`` artifact), its source (the PTX the run
     logged where the family profiles that, ``Family.profiles_logged``, else built again and checked
-    against tag ptx_sha256), problem size, verification seed and operand data. Raises ValueError saying what is
-    missing or inconsistent, or for a library call (cuBLAS, memcpy: the library picks its kernels,
+    against tag ptx_sha256), problem size, verification seed and operand data. Raises ValueError saying
+    what is missing or inconsistent, or for a library call (cuBLAS, memcpy: the library picks its kernels,
     which ncu's name filter cannot name)."""
     from .families import DEFAULT, Build, get
     from .families.base import ptx_sha256
