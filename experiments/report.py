@@ -591,7 +591,8 @@ def verdict_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
     out = [f"{name} against {ref_name}; store: {uri}", f"Compared on: {on}.",
            "A verdict is of the run against its reference (the run agreeing in every other param, same GPU "
            "model).", "",
-           "| kernel | against | M x N x K | reference us | us | R, R of reference | difference | verdict | reason |",
+           "| kernel | against | M x N x K | reference us | us | R, R of reference | difference | verdict "
+           "| reason |",
            "| --- | --- | --- | ---: | ---: | --- | ---: | --- | --- |"]
     verdicts = []
     for ref, r in sorted(pairs, key=lambda p: (p[1].data.tags.get("kernel", ""), _size_order(p[1]))):

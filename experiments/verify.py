@@ -33,7 +33,7 @@ class Data(Enum):
     normal = ("floats from N(0, 1), rounded to the type; integers round(N(0, s)) clipped to the range, "
               "s = 32 (int8), 2 (int4)")
     zeros = "every element 0 (C exactly 0)"
-    sparse = "as full, with each element zero with probability 1/2 (independently)"
+    sparse = "the full operands of the seed, each element zeroed with probability 1/2 (independently)"
     constant = "every element 1"
 
 
@@ -176,12 +176,8 @@ def fp8_codes(values, precision: str):
 
 
 def _operand(d: DType, data: Data, shape: tuple, rs, xp):
-    """One operand of ``shape`` drawn from ``rs`` as ``data`` says: (what the kernel reads before int4
-    packing, its float64 values). ``full`` draws exactly as it always has (same values for a seed)."""
-    if data is Data.sparse:
-        vals, ref = _operand(d, Data.full, shape, rs, xp)
-        keep = rs.random_sample(shape) >= 0.5
-        return xp.where(keep, vals, xp.zeros((), vals.dtype)), xp.where(keep, ref, 0.0)
+    """One operand of ``shape`` drawn from ``rs`` as ``data`` says (not ``sparse``: :func:`_holes`): (what
+    the kernel reads before int4 packing, its float64 values). ``full`` draws exactly as it always has."""
     if d.is_fp8 and data is Data.full:
         codes = xp.asarray(fp8_finite_codes(d.name))
         bits = codes[rs.randint(0, len(codes), shape)]
@@ -215,6 +211,12 @@ def _operand(d: DType, data: Data, shape: tuple, rs, xp):
     return v, v.astype(np.float64)
 
 
+def _holes(vals, ref, rs, xp):
+    """``vals`` and ``ref`` with each element zeroed with probability 1/2 (``data=sparse``)."""
+    keep = rs.random_sample(vals.shape) >= 0.5
+    return xp.where(keep, vals, xp.zeros((), vals.dtype)), xp.where(keep, ref, 0.0)
+
+
 def make_operands(precision: str, m: int, n: int, k: int, seed: int, xp=None,
                   b_layout: str = "col", data="full") -> Operands:
     """Fresh A (M x K) and B (N x K values, stored as ``b_layout`` says) for ``precision``, drawn as
@@ -230,8 +232,11 @@ def make_operands(precision: str, m: int, n: int, k: int, seed: int, xp=None,
         raise ValueError(f"b_layout={b_layout!r} is not valid; valid values: col, row")
     d, kind = dtype(precision), data_kind(data)
     rs = xp.random.RandomState(seed)
-    a, a_ref = _operand(d, kind, (m, k), rs, xp)
-    b, b_ref = _operand(d, kind, (n, k), rs, xp)
+    drawn = Data.full if kind is Data.sparse else kind
+    a, a_ref = _operand(d, drawn, (m, k), rs, xp)
+    b, b_ref = _operand(d, drawn, (n, k), rs, xp)
+    if kind is Data.sparse:                  # the full operands of the seed, then their holes
+        (a, a_ref), (b, b_ref) = _holes(a, a_ref, rs, xp), _holes(b, b_ref, rs, xp)
     if b_layout == "row":
         b = xp.ascontiguousarray(b.T)
     if d.bits == 4:
