@@ -78,8 +78,8 @@ def _gpu_runs(tr: Tracker, where: str, sweep: str | None) -> tuple[list, str | N
 def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
     """Markdown table of every GPU run (FINISHED and FAILED) in the store, or of one ``sweep`` (a
     parent run id or "latest"; its status column says "reused" of the runs the sweep reused from
-    earlier sweeps), grouped by GPU, sorted by kernel and size; throughput is TFLOP/s for float types
-    and TOP/s for integer types.
+    earlier sweeps), grouped by GPU, sorted by kernel and size (a kernel followed by ``data=<kind>`` for
+    operand data other than full); throughput is TFLOP/s for float types and TOP/s for integer types.
 
     Read-only: raises StoreError when the store, the experiment or the sweep does not exist."""
     tr = Tracker(uri, experiment, create=False)
@@ -92,7 +92,7 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
         size = (int(p["problem.m"]), int(p["problem.n"]), int(p["problem.k"]))
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
         status += ", reused" if reused_in(r, parent) else ""
-        rows.append((t.get("kernel", "?"), size, m.get("median_us"), m.get("throughput"),
+        rows.append((_with_data(t.get("kernel", "?"), r), size, m.get("median_us"), m.get("throughput"),
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:

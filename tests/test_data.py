@@ -5,7 +5,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from test_family_runner import _children, _compose, _stub_gpu
+from test_family_runner import EXPERIMENT, _children, _compose, _stub_gpu
 
 from experiments.dtypes import DType
 from experiments.verify import (Data, check, data_kind, data_tolerance, fp8_finite_codes, fp8_values,
@@ -132,6 +132,15 @@ def test_data_is_a_param_of_every_run_and_in_the_key_only_when_not_full(tmp_path
     assert job.run_job(_compose("family=dp4a", "precision=int8", sizes, *store)) == {
         "finished": 0, "failed": 0, "done_before": 1}
     assert len(worker.calls) == 2
+    # the tables keep the two apart: the results table, the sweep's best kernel per precision and data
+    from experiments.record import sweep_note
+    from experiments.report import results_table
+    kern = full.data.tags["kernel"]
+    rows = [line.split(" | ")[1] for line in results_table(store[0].split("=", 1)[1], EXPERIMENT).splitlines()
+            if line.startswith("| NVIDIA H200")]
+    assert sorted(rows) == [kern, f"{kern} data=zeros"]
+    note = sweep_note("cmd", [full, zeros]).splitlines()
+    assert [line.split(" | ")[0] for line in note if line.startswith("| int8")] == ["| int8", "| int8 data=zeros"]
 
 
 def test_a_family_with_fixed_operands_takes_full_only(tmp_path, monkeypatch, run_checks):
