@@ -200,7 +200,8 @@ NO_REPLICATES = "no replicates (timing.repeats)"
 class Verdict:
     """How a second run compares with a first (:func:`verdict`). call: same | faster | slower |
     ambiguous (:data:`VERDICTS`); reason: why, with the numbers; ratio: second / first (times, or cycles
-    where ``normalised``); low, high: its interval at :data:`LEVEL` (None without replicates); margin:
+    where ``normalised``; of the geometric means of the replicate medians, of the medians without
+    replicates); low, high: its interval at :data:`LEVEL` (None without replicates); margin:
     the equivalence margin (relative); noise: the replicate noise it came from (relative standard
     deviation of one replicate); replicates: (R of the first, R of the second); clocks: the two mean
     SM clocks (MHz) where known; normalised: times were multiplied by their clocks (cycles compared)."""

@@ -156,6 +156,21 @@ def test_a_family_with_fixed_operands_takes_full_only(tmp_path, monkeypatch, run
     assert not (tmp_path / "x.db").exists()
 
 
+def test_a_sweep_over_families_skips_the_one_with_fixed_operands(tmp_path, need_ptxas):
+    """family=wmma,peak data=zeros without a GPU: wmma's static run with param data=zeros, peak's a skipped
+    run with the reason; the sweep is not a failure."""
+    from test_cli import all_runs, run_cli, store_args
+    rc, out = run_cli(tmp_path, "-m", "family=wmma,peak", "precision=int8", "data=zeros", *store_args(tmp_path))
+    assert rc == 0, out
+    _, children = all_runs(tmp_path)
+    by_family = {r.data.params["family"]: r for r in children}
+    assert by_family["wmma"].data.tags["outcome"] == "static" and by_family["wmma"].data.params["data"] == "zeros"
+    peak = by_family["peak"]
+    assert peak.data.tags["outcome"] == "skipped" and peak.data.params["data"] == "zeros"
+    assert peak.data.tags["skip_reason"].startswith("data=zeros is not valid for family=peak: its kernels hold "
+                                                    "fixed operand words")
+
+
 @pytest.mark.parametrize("args", [("data=ones",), ("-m", "data=zeros,ones")])
 def test_an_invalid_value_stops_before_any_work(tmp_path, run_checks, args):
     rc, out = run_checks(tmp_path, *args, f"tracking.uri=sqlite:///{tmp_path}/x.db")
