@@ -38,7 +38,7 @@ from .track import sweeps_of
 __all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION", "data_of", "Verdict", "verdict",
            "replicates", "noise_of", "REPLICATES", "VERDICTS", "NOISE_FLOOR", "NOISE_TIMES",
-           "CLOCK_TOLERANCE", "LEVEL", "NO_REPLICATES"]
+           "CLOCK_TOLERANCE", "LEVEL", "NO_REPLICATES", "clock_of"]
 
 # family -> the instruction of the peak its pct_of_peak divides by (experiments/families/peak.py,
 # option instruction); every family not named here divides by the mma.sync peak, whose instruction
@@ -187,7 +187,8 @@ def relate(tr, rid: str) -> dict:
 
 # ----------------------------------------------------------------------------- verdicts
 REPLICATES = "replicate_median_us"   # one value per replicate of timing.repeats, MLflow steps 0..R-1
-CLOCK = "sm_clock_mhz_mean"          # the mean SM clock during a run's timed batches (NVML)
+# a run's SM clock while it was timed: the SMs' own count over the timed windows, else NVML's mean
+CLOCKS = ("sm_clock_mhz_window", "sm_clock_mhz_mean")
 VERDICTS = ("same", "faster", "slower", "ambiguous")
 LEVEL = 0.90            # the interval of the ratio: two one-sided tests at 5 % each
 NOISE_TIMES = 3.0       # the equivalence margin: this many times the replicate noise ...
@@ -265,7 +266,8 @@ def verdict(first: list, second: list, *, clocks: tuple = (None, None), noise: f
     by chance are not trusted beyond the noise of the others. same: the interval lies within the margin;
     slower (faster): it lies wholly above (below) it; ambiguous otherwise, and whenever a run has fewer
     than two replicates (reason "no replicates (timing.repeats)"): one run's batches, taken within a
-    second, say nothing of how far a re-measurement moves. ``clocks`` (MHz, the runs' mean SM clocks):
+    second, say nothing of how far a re-measurement moves. ``clocks`` (MHz, the runs' SM clocks while
+    timed, :func:`clock_of`):
     where both are known and differ by more than ``clock_tolerance`` (relative; None: never), each
     time is multiplied by its run's clock and cycles are compared (a clock the kernel itself lowers, by
     its power, is then normalised away too), and the reason says so.
@@ -280,7 +282,7 @@ def verdict(first: list, second: list, *, clocks: tuple = (None, None), noise: f
     note = ""
     if normalised:
         a, b = [v * ca for v in a], [v * cb for v in b]
-        note = (f"; normalised by the mean SM clock ({ca:.0f} MHz first, {cb:.0f} MHz second, "
+        note = (f"; normalised by the SM clock ({ca:.0f} MHz first, {cb:.0f} MHz second, "
                 f"{cb / ca - 1:+.1%}: cycles compared)")
     reps = (len(a), len(b))
     x, y = [math.log(v) for v in a], [math.log(v) for v in b]
@@ -317,6 +319,12 @@ def verdict(first: list, second: list, *, clocks: tuple = (None, None), noise: f
 def _median(xs: list) -> float:
     s, n = sorted(xs), len(xs)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def clock_of(run) -> float | None:
+    """A run's SM clock while it was timed (MHz): ``sm_clock_mhz_window`` (the SMs' own count over the
+    timed windows) where it was measured, else ``sm_clock_mhz_mean`` (NVML's samples); None without."""
+    return next((run.data.metrics[c] for c in CLOCKS if run.data.metrics.get(c)), None)
 
 
 def replicates(tr, run) -> list:

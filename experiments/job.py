@@ -34,7 +34,7 @@ from .sweep import current_sweep
 from .timing import key_items, key_params
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
-__all__ = ["run_job", "JobError", "git_commit", "warm_process"]
+__all__ = ["run_job", "JobError", "git_commit", "warm_process", "skipped_key"]
 
 console = Console(highlight=False, soft_wrap=True)
 _WORKER = GpuWorker()         # one GPU process per sweep process, kept across its jobs
@@ -111,7 +111,7 @@ def run_job(cfg) -> dict:
         if not job.multirun:
             raise
         # the combination, once per store
-        key = track.run_key("skipped", sorted(key_params(job.params).items()))
+        key = skipped_key(job.params)
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
             console.print(f"{job.label} skipped {job.overrides}: already recorded "
@@ -131,6 +131,14 @@ def run_job(cfg) -> dict:
         if not job.multirun:
             raise
         return {"crashed": 1}
+
+
+def skipped_key(params: dict) -> str:
+    """The run key of a skipped combination (once per store): its params as a run key holds them
+    (:func:`experiments.timing.key_params`), ``data=full`` (today's operands) left out as before the
+    key existed."""
+    kept = {k: v for k, v in key_params(params).items() if (k, v) != ("data", "full")}
+    return track.run_key("skipped", sorted(kept.items()))
 
 
 def warm_process(gpu: bool) -> int:

@@ -53,7 +53,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .compare import NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, VERDICTS, data_of, noise_of, replicates, verdict
+from .compare import (NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, VERDICTS, clock_of, data_of, noise_of,
+                      replicates, verdict)
 from .metrics import PCT_OF_PEAK, label
 from .record import reused_in
 from .track import StoreError, Tracker, resolve_uri, sqlite_path
@@ -304,9 +305,9 @@ class _Replicates:
         return (statistics.median(found) if found else None), len(found)
 
     def verdict(self, tr_first: Tracker, first, tr_second: Tracker, second):
-        """experiments.compare.verdict of ``second`` against ``first`` with their mean SM clocks and the
-        noise of every run read."""
-        clocks = (first.data.metrics.get(CLOCK), second.data.metrics.get(CLOCK))
+        """experiments.compare.verdict of ``second`` against ``first`` with their SM clocks
+        (experiments.compare.clock_of) and the noise of every run read."""
+        clocks = (clock_of(first), clock_of(second))
         return verdict(self(tr_first, first), self(tr_second, second), clocks=clocks, noise=self.noise()[0])
 
     def tally(self, verdicts: list) -> str:

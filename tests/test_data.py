@@ -110,7 +110,10 @@ def test_data_is_a_param_of_every_run_and_in_the_key_only_when_not_full(tmp_path
     """On a (stated) GPU with the worker replaced: data=full runs as before (no data for the worker, the
     run key of before, the name of before) with param data=full; data=zeros is a run of its own (key and
     name) whose worker draws zeros; running data=full again finds its run measured."""
+    from omegaconf import OmegaConf
+
     from experiments import kernel, track
+    from experiments.timing import key_items
     job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
     sizes = "problem.sizes=[512]"
     assert job.run_job(_compose("family=dp4a", "precision=int8", sizes, *store))["finished"] == 1
@@ -122,13 +125,12 @@ def test_data_is_a_param_of_every_run_and_in_the_key_only_when_not_full(tmp_path
     # the key data=full gets is the one of every run before the data axis existed
     cfg = _compose("family=dp4a", "precision=int8", sizes, *store)
     kern = kernel.make_kernel(cfg, tmp_path, 90, True, {}, print)
-    timing = {k: v for k, v in dict(cfg.timing).items() if k != "timeout_s"}
-    before = track.run_key("gpu", *kern.identity, 512, 512, 512, "NVIDIA H200", 90, "580.1", sorted(timing.items()),
+    timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items() if k != "timeout_s"}
+    before = track.run_key("gpu", *kern.identity, 512, 512, 512, "NVIDIA H200", 90, "580.1", key_items(timing),
                            cfg.verify.rtol)
     assert full.data.tags["run_key"] == before
     assert zeros.data.tags["run_key"] == track.run_key("gpu", *kern.identity, 512, 512, 512, "NVIDIA H200", 90,
-                                                       "580.1", sorted(timing.items()), cfg.verify.rtol,
-                                                       ("data", "zeros"))
+                                                       "580.1", key_items(timing), cfg.verify.rtol, ("data", "zeros"))
     assert job.run_job(_compose("family=dp4a", "precision=int8", sizes, *store)) == {
         "finished": 0, "failed": 0, "done_before": 1}
     assert len(worker.calls) == 2
@@ -169,6 +171,15 @@ def test_a_sweep_over_families_skips_the_one_with_fixed_operands(tmp_path, need_
     assert peak.data.tags["outcome"] == "skipped" and peak.data.params["data"] == "zeros"
     assert peak.data.tags["skip_reason"].startswith("data=zeros is not valid for family=peak: its kernels hold "
                                                     "fixed operand words")
+
+
+def test_a_skipped_combination_keeps_its_key_with_data_full():
+    from experiments import job, track
+    from experiments.timing import key_params
+    params = {"precision": "int8", "mma": "m16n8k64", "ktile": 64, "timing.batches": 10, "timing.repeats": 1}
+    before = track.run_key("skipped", sorted(key_params(params).items()))
+    assert job.skipped_key({**params, "data": "full"}) == before
+    assert job.skipped_key({**params, "data": "zeros"}) != before
 
 
 @pytest.mark.parametrize("args", [("data=ones",), ("-m", "data=zeros,ones")])

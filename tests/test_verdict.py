@@ -96,7 +96,7 @@ def test_clocks_further_apart_than_one_percent_are_compared_as_cycles():
     assert raw.call == "slower" and not raw.normalised
     v = verdict(a, b, clocks=(1980.0, 1782.0), noise=SD)
     assert v.call == "same" and v.normalised and abs(v.ratio - 1) < 0.02
-    assert "normalised by the mean SM clock (1980 MHz first, 1782 MHz second, -10.0%: cycles compared)" in v.reason
+    assert "normalised by the SM clock (1980 MHz first, 1782 MHz second, -10.0%: cycles compared)" in v.reason
     # within 1 % the times are compared as they are
     v = verdict(a, a, clocks=(1980.0, 1970.0), noise=SD)
     assert not v.normalised and "normalised" not in v.reason
@@ -231,3 +231,12 @@ def test_speedup_columns_show_the_verdict_where_both_runs_have_replicates(tmp_pa
     assert cells == {("2048x2048x2048", "mma_sync"): "1.30", ("2048x2048x2048", "cublas"): "-",
                      ("4096x4096x4096", "mma_sync"): "1.25 faster", ("4096x4096x4096", "cublas"): "-",
                      ("4096x4096x4096", "mma_sync data=zeros"): "-"}, rows
+
+
+def test_the_clock_of_a_run_is_the_window_clock_where_measured():
+    from types import SimpleNamespace as NS
+
+    from experiments.compare import clock_of
+    run = lambda **m: NS(data=NS(metrics=m))  # noqa: E731
+    assert clock_of(run(sm_clock_mhz_window=1755.0, sm_clock_mhz_mean=1800.0)) == 1755.0
+    assert clock_of(run(sm_clock_mhz_mean=1800.0)) == 1800.0 and clock_of(run()) is None
