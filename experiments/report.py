@@ -571,7 +571,9 @@ def verdict_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
     runs, name, parent = _side(tr, sweep)
     refs, ref_name, _ = _side(tr, against, parent)
     if {r.info.run_id for r in runs} & {r.info.run_id for r in refs}:
-        raise StoreError(f"{name} and {ref_name} hold the same runs: give two sweeps (or runs) to compare")
+        raise StoreError(f"{name} and {ref_name} hold the same runs: give two sweeps (or runs) to compare "
+                         "(a sweep that finds its runs measured reuses them: tracking.rerun=true measures "
+                         "again)")
     timed = lambda rs: [r for r in rs if math.isfinite(_us(r)) and _us(r) > 0]   # noqa: E731
     runs, refs = timed(runs), timed(refs)
     axes = _compared(runs, refs)
