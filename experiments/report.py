@@ -53,8 +53,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .compare import (NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, VERDICTS, clock_of, data_of, noise_of,
-                      replicates, verdict)
+from .compare import (CLOCK_TOLERANCE, NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, VERDICTS, clock_of, data_of,
+                      noise_of, replicates, verdict)
 from .metrics import PCT_OF_PEAK, label
 from .record import reused_in
 from .track import StoreError, Tracker, resolve_uri, sqlite_path
@@ -321,7 +321,8 @@ class _Replicates:
             line += (f"; replicate noise {noise:.2%} (median of {n} run{'s' * (n != 1)}), margin "
                      f"+-{max(NOISE_FLOOR, NOISE_TIMES * noise):.1%}")
         if cycles := sum(v.normalised for v in verdicts):
-            line += f"; {cycles} pair{'s' * (cycles != 1)} compared as cycles (mean SM clocks apart)"
+            line += (f"; {cycles} pair{'s' * (cycles != 1)} compared as cycles (SM clocks more than "
+                     f"{CLOCK_TOLERANCE:.0%} apart)")
         return line + "."
 
 
