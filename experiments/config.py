@@ -13,8 +13,9 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from .dtypes import DType
+from .verify import Data
 
-__all__ = ["Precision", "Backend", "Regime", "Config", "register", "family_schema"]
+__all__ = ["Precision", "Backend", "Regime", "Data", "Config", "register", "family_schema"]
 
 
 def _precisions() -> dict:
@@ -144,6 +145,8 @@ def _make_config() -> type:
         ("precision", Precision, field(default=Precision.fp16)),
         *scalars,
         ("backend", Backend, field(default=Backend.auto)),
+        # what A and B hold (experiments.verify.Data); full: today's operands
+        ("data", Data, field(default=Data.full)),
         # the published kernel a variant reproduces (docs/l4_mapping.md)
         ("study_kernel", Optional[str], field(default=None)),
         *sections,

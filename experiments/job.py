@@ -33,7 +33,7 @@ from .spec import SpecError, sm_count, value
 from .timing import key_items, key_params
 from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
-__all__ = ["run_job", "JobError", "git_commit", "warm_process"]
+__all__ = ["run_job", "JobError", "git_commit", "warm_process", "skipped_key"]
 
 console = Console(highlight=False, soft_wrap=True)
 _WORKER = GpuWorker()         # one GPU process per sweep process, kept across its jobs
@@ -111,7 +111,7 @@ def run_job(cfg) -> dict:
         if not job.multirun:
             raise
         # the combination, once per store
-        key = track.run_key("skipped", sorted(key_params(job.params).items()))
+        key = skipped_key(job.params)
         state, rid = job.claim(key, f"skipped {job.overrides}", {"backend": _backend_tag(cfg)})
         if state != "new":
             console.print(f"{job.label} skipped {job.overrides}: already recorded "
@@ -131,6 +131,14 @@ def run_job(cfg) -> dict:
         if not job.multirun:
             raise
         return {"crashed": 1}
+
+
+def skipped_key(params: dict) -> str:
+    """The run key of a skipped combination (once per store): its params as a run key holds them
+    (:func:`experiments.timing.key_params`), ``data=full`` (today's operands) left out as before the
+    key existed."""
+    kept = {k: v for k, v in key_params(params).items() if (k, v) != ("data", "full")}
+    return track.run_key("skipped", sorted(kept.items()))
 
 
 def warm_process(gpu: bool) -> int:
@@ -316,11 +324,14 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
     timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items()
               if k != "timeout_s"}
     counts = {"finished": 0, "failed": 0, "done_before": 0}
+    data = value(cfg.get("data", "full"))
+    # operand data other than today's is part of the measurement (and its name); full keeps the old keys
+    drawn = () if data == "full" else (("data", data),)
     for shape in kern.shapes:
         m, n, k = shape or (0, 0, 0)
-        name = kern.name(shape)
+        name = kern.name(shape) + "".join(f" data={d}" for _, d in drawn)
         key = track.run_key("gpu", *kern.identity, m, n, k, dev["gpu"], dev["compute_capability"],
-                            gpu["driver"], key_items(timing), cfg.verify.rtol)
+                            gpu["driver"], key_items(timing), cfg.verify.rtol, *drawn)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
         size = {"problem.m": m, "problem.n": n, "problem.k": k} if shape else {}
         params = {**job.params, **size, "verify.seed_used": seed}
@@ -342,7 +353,7 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
                 t0 = time.time()
                 res = _WORKER.call(func, timeout=cfg.timing.timeout_s, **kwargs, m=m, n=n, k=k,
                                    timing=timing, rtol=cfg.verify.rtol, seed=seed,
-                                   pci_bus_id=gpu.get("pci_bus_id"))
+                                   pci_bus_id=gpu.get("pci_bus_id"), **dict(drawn))
                 t1 = time.time()
         except WorkerError as exc:
             job.tr.log(rid, kern.static)

@@ -24,9 +24,10 @@ from .hardware import ARCHS
 from .metrics import rounded
 from .spec import SpecError, _parse_version
 from .toolchain import toolchain_tags
+from .verify import Data
 
 __all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit", "tile_is_auto", "auto_tile_plans",
-           "value_problem", "VALUE_KEYS"]
+           "value_problem", "VALUE_KEYS", "data_problem"]
 
 
 @dataclass
@@ -73,7 +74,7 @@ def shapes_of(cfg) -> list[tuple[int, int, int]]:
 
 
 # value_problem's keys
-VALUE_KEYS = ("precision", "target.arch", "target.ptx_version", "problem.sizes", "problem.shapes")
+VALUE_KEYS = ("precision", "target.arch", "target.ptx_version", "problem.sizes", "problem.shapes", "data")
 
 
 def value_problem(key: str, v, families: list | None = None) -> str | None:
@@ -83,8 +84,12 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
     value that only some combinations cannot take is left to the family's spec (a skipped run in a
     sweep). Checked: precision (the families' precisions), target.arch (auto, or an arch on which
     some precision of the families has a kernel with its default options), target.ptx_version (auto or
-    MAJOR.MINOR), problem.sizes (positive integers) and problem.shapes ([M, N, K] of positive integers)."""
+    MAJOR.MINOR), problem.sizes (positive integers), problem.shapes ([M, N, K] of positive integers) and
+    data (the operand data some family draws: :func:`data_problem`)."""
     families = list(families or family_names())
+    if key == "data":
+        valid = {d: None for f in families for d in get_family(f).data_kinds}
+        return None if str(v) in valid else data_problem(get_family(families[0]), v, tuple(valid))
     if key == "precision":
         valid = {p: None for f in families for p in _precisions(f)}
         if str(v) in valid:
@@ -120,6 +125,17 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
         return (f"problem.shapes={_shown(v)} is not valid: entry {_shown(bad)} is not [M, N, K] of positive "
                 "integers; e.g. 'problem.shapes=[[4096,4096,1024],[512,2048,512]]'")
     return None
+
+
+def data_problem(fam, v, valid: tuple | None = None) -> str | None:
+    """Why the family ``fam`` cannot run with operand data ``v`` (the root key ``data``), naming the valid
+    values (``valid``, default the family's ``data_kinds``); None when it can."""
+    valid = valid or fam.data_kinds
+    v = getattr(v, "name", v)
+    if v in valid:
+        return None
+    why = f": {fam.data_why}" if fam.data_why and v in Data.__members__ else ""
+    return f"data={v} is not valid for family={fam.name}{why}; valid: {', '.join(valid)}"
 
 
 def _shown(v) -> str:
@@ -256,6 +272,8 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
     prints a line for the job. Raises SpecError (an impossible combination or size, naming key, value
     and valid values) or SourceRejected (ptxas or nvcc failed)."""
     fam, spec = family_spec(cfg, gpu_cc)
+    if problem := data_problem(fam, cfg.get("data", Data.full)):
+        raise SpecError(problem)
     shapes = family_shapes(fam, spec, shapes_of(cfg) if fam.sized else [])
     build = fam.build(spec)
     sha = ptx_sha256(build.source)

@@ -184,8 +184,8 @@ def plan_item(client, run, workdir: Path) -> dict:
     the default family for runs tracked before it existed): the spec rebuilt from the run
     (``Family.spec_of_run``: its params, or its ``config.yaml`` artifact), its source (the PTX the run
     logged where the family profiles that, ``Family.profiles_logged``, else built again and checked
-    against tag ptx_sha256), problem size, verification seed and the shared memory its launch added
-    (metric smem_padding_bytes: launch.blocks_per_sm). Raises ValueError saying what is
+    against tag ptx_sha256), problem size, verification seed, operand data and the shared memory its
+    launch added (metric smem_padding_bytes: launch.blocks_per_sm). Raises ValueError saying what is
     missing or inconsistent, or for a library call (cuBLAS, memcpy: the library picks its kernels,
     which ncu's name filter cannot name)."""
     from .families import DEFAULT, Build, get
@@ -212,7 +212,7 @@ def plan_item(client, run, workdir: Path) -> dict:
             "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
                       "options": list(build.options)},
             "m": size[0], "n": size[1], "k": size[2], "seed": int(p.get("verify.seed_used", "0")),
-            "smem_pad": int(run.data.metrics.get("smem_padding_bytes", 0))}
+            "smem_pad": int(run.data.metrics.get("smem_padding_bytes", 0)), "data": p.get("data", "full")}
 
 
 def profile_items(ncu, items, mset, arch, settings, workdir, timeout, echo=print) -> tuple[dict, dict, list]:
@@ -287,10 +287,12 @@ def _family_parts(it: dict):
 
 def _family_launch(it: dict):
     """The launch closure of an item, made by the family's ``prepare`` (operands from the run's
-    seed; the compiled kernel comes from CuPy's cache after :func:`_family_load`; the run's
+    seed and data; the compiled kernel comes from CuPy's cache after :func:`_family_load`; the run's
     launch.blocks_per_sm padding, where it had one)."""
     fam, spec, build = _family_parts(it)
     extra = {"smem_pad": it["smem_pad"]} if it.get("smem_pad") else {}
+    if it.get("data", "full") != "full":
+        extra["data"] = it["data"]
     return fam.prepare(spec, build, it["m"], it["n"], it["k"], it["seed"], **extra).launch
 
 

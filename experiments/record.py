@@ -213,9 +213,10 @@ def reused_count(runs: list, parent: str | None) -> int:
 
 def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
     """The parent run's description (markdown): the command, the outcome counts (and how many of the
-    runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision and
-    size (marked "reused" where the sweep reused it), the skipped combinations with their reasons, and
-    the units of the metrics the runs logged (experiments.metrics.units_line)."""
+    runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision,
+    operand data (``data=<kind>`` after the precision where not full) and size (marked "reused" where
+    the sweep reused it), the skipped combinations with their reasons, and the units of the metrics the
+    runs logged (experiments.metrics.units_line)."""
     import collections
     counts = collections.Counter(outcome_of(r) for r in runs)
     reused = reused_count(runs, parent)
@@ -227,8 +228,8 @@ def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
         if outcome_of(r) != "verified" or "throughput" not in m:
             continue
         p = r.data.params
-        key = (p.get("precision", "?"), int(p.get("problem.m", 0)), int(p.get("problem.n", 0)),
-               int(p.get("problem.k", 0)))
+        prec = p.get("precision", "?") + ("" if p.get("data", "full") == "full" else f" data={p['data']}")
+        key = (prec, int(p.get("problem.m", 0)), int(p.get("problem.n", 0)), int(p.get("problem.k", 0)))
         if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
             best[key] = r
     if best:

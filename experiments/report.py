@@ -5,6 +5,15 @@
     python -m experiments.report --sweep latest|RUN_ID [--by-family]
     python -m experiments.report --static [--sweep latest|RUN_ID]
     python -m experiments.report --uri ONE_GPU_STORE --against ALL_GPUS_STORE [--repeat ONE_GPU_AGAIN ...]
+    python -m experiments.report [--sweep latest|RUN_ID] --against previous|RUN_ID
+
+``--against RUN_ID`` (a sweep's parent run id, ``previous`` = the sweep before, or one run's id): the runs
+of ``--sweep`` (default latest; or one run's id) of the same store against those runs, each run paired
+with the reference run that agrees with it in every param but those on which the two sides differ
+throughout (the compared axes, e.g. family.stages 2 against 4) and on the same GPU model: per pair both
+medians, the difference and the verdict of the run against its reference (same, faster, slower,
+ambiguous; experiments.compare.verdict: from the runs' replicates, ``timing.repeats``) with its reason,
+then the tally.
 
 ``--against URI``: the same sweep measured twice (e.g. on one GPU and spread over all GPUs of a
 node): per kernel and size both medians, the GPU each ran on (paired on the same GPU where the first
@@ -13,13 +22,15 @@ store's latest sweep wall time and GPU time. The spread of one run is that of it
 within a fraction of a second; ``--repeat URI`` (once or more) names a store that holds the first
 sweep run again the same way, and the largest distance of its medians from the first store's, the
 single-GPU spread of the sweep, becomes the spread of every pair where it is larger
-(:func:`against_table` says why one number).
+(:func:`against_table` says why one number). Each pair also gets the verdict of the second run against
+the first from their replicates (experiments.compare.verdict), with its reason, and the tally.
 
 Runs timed with NVML's SM clock samples add two columns: the mean SM clock during timing (MHz) and
 the throughput at the GPU's highest clock (``throughput_at_max_clock``); older runs show "-".
 
-``--by-family``: per GPU, precision and size, each family's best verified throughput, its
-pct_of_peak and its speedups over the baselines (experiments.compare), and the peak runs.
+``--by-family``: per GPU, precision, size and operand data, each family's best verified throughput, its
+pct_of_peak and its speedups over the baselines (experiments.compare; with the verdict of the run against
+the baseline's where both have replicates), and the peak runs.
 
 ``--sweep``: the runs of one sweep only (a parent run id, or latest), those it reused from earlier
 sweeps included and marked reused (experiments.track.sweep_runs).
@@ -36,11 +47,14 @@ import collections
 import itertools
 import math
 import os
+import re
 import shlex
 import statistics
 import sys
 from pathlib import Path
 
+from .compare import (CLOCK_TOLERANCE, NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, VERDICTS, clock_of, data_of,
+                      noise_of, replicates, verdict)
 from .metrics import PCT_OF_PEAK, label
 from .record import reused_in
 from .track import StoreError, Tracker, resolve_uri, sqlite_path
@@ -48,7 +62,7 @@ from .track import StoreError, Tracker, resolve_uri, sqlite_path
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # experiments.metrics
 CLOCK_HEAD = label(CLOCK, "SM clock")
 __all__ = ["results_table", "families_table", "static_table", "static_command", "against_table", "sweep_run",
-           "main"]
+           "verdict_table", "main"]
 
 
 def _gpu_runs(tr: Tracker, where: str, sweep: str | None) -> tuple[list, str | None]:
@@ -65,8 +79,8 @@ def _gpu_runs(tr: Tracker, where: str, sweep: str | None) -> tuple[list, str | N
 def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
     """Markdown table of every GPU run (FINISHED and FAILED) in the store, or of one ``sweep`` (a
     parent run id or "latest"; its status column says "reused" of the runs the sweep reused from
-    earlier sweeps), grouped by GPU, sorted by kernel and size; throughput is TFLOP/s for float types
-    and TOP/s for integer types.
+    earlier sweeps), grouped by GPU, sorted by kernel and size (a kernel followed by ``data=<kind>`` for
+    operand data other than full); throughput is TFLOP/s for float types and TOP/s for integer types.
 
     Read-only: raises StoreError when the store, the experiment or the sweep does not exist."""
     tr = Tracker(uri, experiment, create=False)
@@ -79,7 +93,7 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
         size = (int(p["problem.m"]), int(p["problem.n"]), int(p["problem.k"]))
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
         status += ", reused" if reused_in(r, parent) else ""
-        rows.append((t.get("kernel", "?"), size, m.get("median_us"), m.get("throughput"),
+        rows.append((_with_data(t.get("kernel", "?"), r), size, m.get("median_us"), m.get("throughput"),
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
@@ -217,12 +231,15 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
                 peaks[key] = r
         elif "problem.m" in p:
             size = tuple(int(p[f"problem.{d}"]) for d in "mnk")
-            key = (gpu, p.get("precision", "?"), size, fam)
+            key = (gpu, p.get("precision", "?"), size, _with_data(fam, r))
             if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
                 best[key] = r
     if not best and not peaks:
         return _nothing_measured(tr, uri, "", ": nothing to compare.", parent)
     order = {f: i for i, f in enumerate((DEFAULT,) + BASELINES)}
+    reps = _Replicates()
+    for r in best.values():             # every run a speedup's verdict may read, for the replicate noise
+        reps(tr, r)
     out = [f"Families by precision and size; store: {uri}" + (f"; sweep {parent}" if parent else ""), ""]
     for gpu in sorted({k[0] for k in best} | {k[0] for k in peaks}):
         out += [f"## {gpu or 'unknown GPU'}", "", "| peak | shape | throughput |", "| --- | --- | ---: |"]
@@ -243,7 +260,8 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
                      r.data.tags.get("kernel", "?") + (" (reused)" if reused_in(r, parent) else ""),
                      f"{m['throughput']:.1f} {r.data.tags.get('throughput_unit', '')}",
                      _fmt(m.get(PCT_OF_PEAK), ".1f")]
-            cells += [_fmt(m.get(SPEEDUP.format(b)), ".2f") for b in BASELINES]
+            cells += [_speedup_cell(m.get(SPEEDUP.format(b)), tr, r, best.get((*key[:3], _with_data(b, r))),
+                                    reps) for b in BASELINES]
             if clocked:
                 cells += [_fmt(m.get(CLOCK), ".0f"), _fmt(m.get(AT_MAX), ".1f")]
             out.append("| " + " | ".join(cells) + " |")
@@ -251,12 +269,69 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
     return "\n".join(out).rstrip() + "\n"
 
 
+def _with_data(family: str, run) -> str:
+    """The families table's family column of ``family`` for runs of ``run``'s operand data."""
+    return family if data_of(run) == "full" else f"{family} data={data_of(run)}"
+
+
+def _speedup_cell(speedup, tr: Tracker, run, base, reps) -> str:
+    """A speedup cell of the families table: the stored speedup_vs_<b> (2 decimals), followed by the
+    verdict of ``run`` against ``base`` (the baseline's best run the table shows) where both have
+    replicates (experiments.compare.verdict: same, faster, slower or ambiguous)."""
+    if speedup is None:
+        return "-"
+    if base is None or len(reps(tr, run)) < 2 or len(reps(tr, base)) < 2:
+        return f"{speedup:.2f}"
+    return f"{speedup:.2f} {reps.verdict(tr, base, tr, run).call}"
+
+
+class _Replicates:
+    """The replicate medians of runs (experiments.compare.replicates), read once per report: calling it
+    with a tracker and a run gives that run's; :meth:`noise` is the median replicate noise of the runs
+    read so far that have replicates; :meth:`verdict` judges a second run against a first with it."""
+
+    def __init__(self):
+        self.seen: dict = {}
+
+    def __call__(self, tr: Tracker, run) -> list:
+        key = (tr.uri, run.info.run_id)
+        if key not in self.seen:
+            self.seen[key] = replicates(tr, run)
+        return self.seen[key]
+
+    def noise(self) -> tuple[float | None, int]:
+        """(median replicate noise, how many runs it is the median of)."""
+        found = [n for v in self.seen.values() if (n := noise_of(v)) is not None]
+        return (statistics.median(found) if found else None), len(found)
+
+    def verdict(self, tr_first: Tracker, first, tr_second: Tracker, second):
+        """experiments.compare.verdict of ``second`` against ``first`` with their SM clocks
+        (experiments.compare.clock_of) and the noise of every run read."""
+        clocks = (clock_of(first), clock_of(second))
+        return verdict(self(tr_first, first), self(tr_second, second), clocks=clocks, noise=self.noise()[0])
+
+    def tally(self, verdicts: list) -> str:
+        """One line: how many pairs got each verdict, the noise and margin they were judged with."""
+        counts = collections.Counter(v.call for v in verdicts)
+        line = "Verdicts: " + ", ".join(f"{counts[c]} {c}" for c in VERDICTS)
+        if bare := sum(NO_REPLICATES in v.reason for v in verdicts):
+            line += f" ({bare} without replicates: sweep with timing.repeats=5 to give each run its own)"
+        noise, n = self.noise()
+        if noise is not None:
+            line += (f"; replicate noise {noise:.2%} (median of {n} run{'s' * (n != 1)}), margin "
+                     f"+-{max(NOISE_FLOOR, NOISE_TIMES * noise):.1%}")
+        if cycles := sum(v.normalised for v in verdicts):
+            line += (f"; {cycles} pair{'s' * (cycles != 1)} compared as cycles (SM clocks more than "
+                     f"{CLOCK_TOLERANCE:.0%} apart)")
+        return line + "."
+
+
 def _verified(tr: Tracker) -> dict:
-    """{(kernel, M x N x K, GPU UUID): run} of the store's verified GPU runs (the latest of each)."""
+    """{(kernel, M x N x K, GPU UUID): run} of the store's verified GPU runs (the latest of each; the
+    kernel followed by ``data=<kind>`` for operand data other than full)."""
     runs = tr.client.search_runs([tr.experiment_id], "tags.backend = 'gpu' and tags.outcome = 'verified'",
                                  max_results=50000, order_by=["attributes.start_time ASC"])
-    return {(r.data.tags.get("kernel", "?"), "x".join(r.data.params[f"problem.{d}"] for d in "mnk"),
-             r.data.tags.get("gpu_uuid", "")): r
+    return {(_with_data(r.data.tags.get("kernel", "?"), r), _size(r), r.data.tags.get("gpu_uuid", "")): r
             for r in runs if "median_us" in r.data.metrics and "problem.m" in r.data.params}
 
 
@@ -335,8 +410,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
     first run's batches ((max - min) / median), or, where larger, the single-GPU spread of the sweep:
     the largest of :func:`repeat_distances` over the ``repeats`` (stores holding the first sweep run
     again the same way). Then a summary: pairs within (on the same GPU, on another), the largest
-    difference, the median |difference| beside the repeats' median distance (and :func:`_larger_p`),
-    each store's latest sweep (parent metrics sweep_wall_s, gpu_busy_s, gpus) and their ratio.
+    difference, the median |difference| beside the repeats' median distance (and :func:`_larger_p`), the
+    tally of the pairs' verdicts (experiments.compare.verdict of the second run against the first, from
+    their replicates, in the table with its reason), each store's latest sweep (parent metrics
+    sweep_wall_s, gpu_busy_s, gpus) and their ratio.
 
     Why one number for the whole sweep: a kernel's median can take one of two values for seconds at an
     unchanged SM clock, and kernels sensitive to where their operands lie move from one allocation to
@@ -376,10 +453,13 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
                    f"{single:.2%}: the largest distance between a median of the first store and the same "
                    f"kernel, size and GPU in {', '.join(repeats)} "
                    f"({len(dist)} pair{'' if len(dist) == 1 else 's'}).")
-    out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
-            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]
+    out += ["", "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within "
+                "| verdict | reason |",
+            "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- | --- | --- |"]
     within = collections.Counter()      # (same GPU, within the spread) -> pairs
-    diffs = []
+    diffs, verdicts, reps = [], [], _Replicates()
+    for _, x, y in pairs:
+        reps(a, x), reps(b, y)
     for (kern, size), x, y in pairs:
         batch, diff = x.data.metrics.get("spread"), _us(y) / _us(x) - 1
         spread = None if batch is None and not repeats else max(batch or 0.0, single)
@@ -387,8 +467,10 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
         diffs.append((abs(diff), diff, kern, size))
         gx, gy = x.data.tags.get("gpu_uuid", ""), y.data.tags.get("gpu_uuid", "")
         within[(gx == gy, ok)] += 1
+        verdicts.append(v := reps.verdict(a, x, b, y))
         out.append(f"| {kern} | {size} | {_us(x):.2f} | {gx[-8:]} | {_us(y):.2f} | {gy[-8:]} | {diff:+.2%} | "
-                   + (f"{spread:.2%} | {'yes' if ok else 'no'} |" if spread is not None else "- | - |"))
+                   + (f"{spread:.2%} | {'yes' if ok else 'no'} |" if spread is not None else "- | - |")
+                   + f" {v.cell()} | {v.reason} |")
     _, worst, wkern, wsize = max(diffs)
     matched = {(kern, size) for (kern, size), _, _ in pairs}
     alone = (f" ({len(firsts.keys() - matched)} only in the first store, "
@@ -402,11 +484,136 @@ def against_table(uri: str, other: str, experiment: str = "tensor-core-ablations
                 + (f", the repeats' median distance from the first {statistics.median(dist):.2%} (one-sided "
                    "Mann-Whitney U, differences larger than those distances: "
                    f"p = {_larger_p(diffs, dist):.2f})." if dist else "."),
+            reps.tally(verdicts) + " A verdict is of the second run against the first.",
             f"First sweep: {_sweep_times(sa := _latest_sweep(a))}. "
             f"Second sweep: {_sweep_times(sb := _latest_sweep(b))}."]
     if sa.get("sweep_wall_s", 0) > 0 and "sweep_wall_s" in sb:
         out.append(f"Wall time ratio, second / first: {sb['sweep_wall_s'] / sa['sweep_wall_s']:.2f}.")
     return "\n".join(out) + "\n"
+
+
+RUN_ID = re.compile(r"[0-9a-f]{32}")        # an MLflow run id
+# params that differ between any two runs and say nothing of the kernel: never a compared axis
+PER_RUN = ("verify.seed_used",)
+_VERIFIED_GPU = "tags.backend = 'gpu' and tags.outcome = 'verified' and attributes.status = 'FINISHED'"
+
+
+def is_run_ref(text: str) -> bool:
+    """Whether ``--against`` names runs of the same store (``previous`` or a run id), not another store."""
+    return text == "previous" or bool(RUN_ID.fullmatch(text))
+
+
+def _side(tr: Tracker, ident: str, after: str | None = None) -> tuple[list, str, str | None]:
+    """(the verified GPU runs of ``ident``, how the table names them, the sweep's parent run id or None):
+    a sweep's (its parent run id; latest; previous = the sweep that started last before the sweep
+    ``after``) or one run's (its id). Raises StoreError for an unknown id, no such sweep, or a run that
+    was not verified on a GPU (it has no time)."""
+    if ident == "previous":
+        start = tr.client.get_run(after).info.start_time if after else None
+        sweeps = tr.client.search_runs([tr.experiment_id], "tags.kind = 'sweep'", max_results=50000,
+                                       order_by=["attributes.start_time DESC"])
+        found = [r for r in sweeps if start is not None and r.info.start_time < start]
+        if not found:
+            raise StoreError(f"no sweep before {after} in {tr.uri}: --against previous needs an earlier "
+                             "sweep (or give a sweep's parent run id)")
+        ident = found[0].info.run_id
+    if ident == "latest":
+        ident = sweep_run(tr)
+    try:
+        run = tr.client.get_run(ident)
+    except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
+        raise StoreError(f"{ident!r} is not a run id in {tr.uri}; give a sweep's parent run id, one run's "
+                         "id, latest or previous") from exc
+    if run.data.tags.get("kind") == "sweep":
+        return tr.sweep_runs(ident, _VERIFIED_GPU), f"sweep {ident}", ident
+    t = run.data.tags
+    if t.get("backend") != "gpu" or t.get("outcome") != "verified" or "median_us" not in run.data.metrics:
+        raise StoreError(f"run {ident} ({run.info.run_name}) was not verified on a GPU (outcome "
+                         f"{t.get('outcome', run.info.status.lower())}): it has no time to compare")
+    return [run], f"run {ident} ({t.get('kernel', run.info.run_name)})", None
+
+
+def _compared(xs: list, ys: list) -> dict:
+    """The params on which the runs ``xs`` and ``ys`` differ throughout (no value in common; a missing
+    param counts as a value), those of :data:`PER_RUN` aside: {param: (values of xs, values of ys)}."""
+    out = {}
+    for key in sorted({k for r in xs + ys for k in r.data.params} - set(PER_RUN)):
+        vx = {r.data.params.get(key) for r in xs}
+        vy = {r.data.params.get(key) for r in ys}
+        if vx.isdisjoint(vy):
+            out[key] = (vx, vy)
+    return out
+
+
+def _pair_key(run, shared: list) -> tuple:
+    return (run.data.tags.get("gpu", ""), *(run.data.params.get(k) for k in shared))
+
+
+def _size(run) -> str:
+    p = run.data.params
+    return "x".join(p[f"problem.{d}"] for d in "mnk") if "problem.m" in p else "-"
+
+
+def verdict_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str = "latest",
+                  against: str = "previous") -> str:
+    """Markdown of the verified GPU runs of ``sweep`` (a parent run id, latest, or one run's id) against
+    those of ``against`` (a parent run id, previous = the sweep before, or one run's id) in one store.
+
+    The params on which the two sides differ throughout are the compared axes (:func:`_compared`, e.g.
+    family.stages 2 against 4; none when a sweep is run again); each run is paired with the latest
+    reference run of the same GPU model that agrees with it in every other param. Per pair: both kernels,
+    the size, both medians (us), the replicates of each, the difference and the verdict of the run
+    against its reference (experiments.compare.verdict, with the median replicate noise of the pairs'
+    runs) with its reason; then the pairs left unmatched and the tally.
+
+    Read-only: raises StoreError for an unknown store, experiment, sweep or run, the same runs on both
+    sides, or a run that was not verified on a GPU."""
+    tr = Tracker(uri, experiment, create=False)
+    runs, name, parent = _side(tr, sweep)
+    refs, ref_name, _ = _side(tr, against, parent)
+    if {r.info.run_id for r in runs} & {r.info.run_id for r in refs}:
+        raise StoreError(f"{name} and {ref_name} hold the same runs: give two sweeps (or runs) to compare "
+                         "(a sweep that finds its runs measured reuses them: tracking.rerun=true measures "
+                         "again)")
+    timed = lambda rs: [r for r in rs if math.isfinite(_us(r)) and _us(r) > 0]   # noqa: E731
+    runs, refs = timed(runs), timed(refs)
+    axes = _compared(runs, refs)
+    shared = sorted({k for r in runs + refs for k in r.data.params} - set(axes) - set(PER_RUN))
+    latest = {}
+    for r in sorted(refs, key=lambda r: r.info.start_time):
+        latest[_pair_key(r, shared)] = r
+    pairs = [(latest[key], r) for r in runs if (key := _pair_key(r, shared)) in latest]
+    if not pairs:
+        return (f"{NOTHING_MEASURED}{name} has a match in {ref_name} of {uri} (a run of the same GPU model "
+                f"that agrees in every param but the compared ones: {', '.join(axes) or 'none'}): they hold "
+                f"{len(runs)} and {len(refs)} verified GPU run(s).\n")
+    on = "; ".join(f"{k} ({', '.join(sorted(map(str, a)))} against {', '.join(sorted(map(str, b)))})"
+                   for k, (a, b) in axes.items()) or "no param differs (the same kernels measured again)"
+    reps = _Replicates()
+    for ref, r in pairs:
+        reps(tr, ref), reps(tr, r)
+    out = [f"{name} against {ref_name}; store: {uri}", f"Compared on: {on}.",
+           "A verdict is of the run against its reference (the run agreeing in every other param, same GPU "
+           "model).", "",
+           "| kernel | against | M x N x K | reference us | us | R, R of reference | difference | verdict "
+           "| reason |",
+           "| --- | --- | --- | ---: | ---: | --- | ---: | --- | --- |"]
+    verdicts = []
+    for ref, r in sorted(pairs, key=lambda p: (p[1].data.tags.get("kernel", ""), _size_order(p[1]))):
+        verdicts.append(v := reps.verdict(tr, ref, tr, r))
+        kern, ref_kern = _with_data(r.data.tags.get("kernel", "?"), r), ref.data.tags.get("kernel", "?")
+        out.append(f"| {kern} | {ref_kern} | {_size(r)} | {_us(ref):.2f} | {_us(r):.2f} | "
+                   f"{v.replicates[1]}, {v.replicates[0]} | "
+                   f"{_us(r) / _us(ref) - 1:+.2%} | {v.cell()} | {v.reason} |")
+    used = {id(ref) for ref, _ in pairs}
+    out += ["", f"{len(pairs)} pair(s); {len(runs) - len(pairs)} run(s) of {name} without a reference, "
+                f"{sum(id(r) not in used for r in latest.values())} reference run(s) unmatched.",
+            reps.tally(verdicts)]
+    return "\n".join(out) + "\n"
+
+
+def _size_order(run) -> list:
+    return [int(x) for x in _size(run).split("x")] if "problem.m" in run.data.params else []
 
 
 def _is_database(path: Path) -> bool:
@@ -437,8 +644,11 @@ def main(argv=None) -> int:
                          "(results/h200/baselines.md)")
     ap.add_argument("--static", action="store_true",
                     help="the runs made without a GPU: registers, spills, shared memory, occupancy, SASS mix")
-    ap.add_argument("--against", default=None, metavar="URI",
-                    help="compare with the same sweep in another store (e.g. one GPU against all GPUs)")
+    ap.add_argument("--against", default=None, metavar="URI|previous|RUN_ID",
+                    help="another store's URI: the same sweep measured there (e.g. one GPU against all "
+                         "GPUs); previous or a run id of this store (a sweep's parent, or one run): the runs "
+                         "of --sweep (default latest) against those, with a verdict per pair (same, faster, "
+                         "slower, ambiguous: from the runs' replicates, timing.repeats)")
     ap.add_argument("--repeat", action="append", default=None, metavar="URI",
                     help="with --against: a store holding the first sweep run again (may be given more "
                          "than once); the largest distance of its medians from the first store's is the "
@@ -449,7 +659,11 @@ def main(argv=None) -> int:
     if args.static and (args.by_family or args.against is not None):
         ap.error("--static tables the runs made without a GPU; --by-family and --against read GPU runs: "
                  "give one")
-    if args.against is not None and args.sweep is not None:
+    runs_of_this_store = args.against is not None and is_run_ref(args.against.strip())
+    if runs_of_this_store and args.repeat is not None:
+        ap.error("--repeat widens the spread of a comparison of two stores; --against previous or a run id "
+                 "compares runs of this store by their replicates: drop --repeat")
+    if args.against is not None and args.sweep is not None and not runs_of_this_store:
         ap.error("--against compares two stores' latest measurements run by run; --sweep selects one "
                  "sweep of one store: give one")
     if args.against is not None and args.by_family:
@@ -470,7 +684,9 @@ def main(argv=None) -> int:
     table = families_table if args.by_family else results_table
     try:
         uri = resolve_uri(args.uri, create=False)
-        if args.against is not None:
+        if runs_of_this_store:
+            text = verdict_table(uri, args.experiment, args.sweep or "latest", args.against.strip())
+        elif args.against is not None:
             other = resolve_uri(args.against, create=False)
             if other == uri or _same_file(other, uri):
                 ap.error(f"--against names the same store as --uri ({uri}): give the store of the other "

@@ -1,7 +1,8 @@
 """Operands, reference and comparison for verifying a GEMM before it is timed.
 
-Data are fresh random values (never zeros); C is poisoned before the launch (NaN for f32 and f16,
-INT32_MIN for s32) so unwritten elements fail. The reference is a float64 GEMM (cuBLAS DGEMM
+Data are fresh random values drawn as the root key ``data`` says (:class:`Data`; ``full``, the default:
+every value of the type); C is poisoned before the launch (NaN for f32 and f16, INT32_MIN for s32) so
+unwritten elements fail. The reference is a float64 GEMM (cuBLAS DGEMM
 through CuPy), exact for the integer types (|C| < 2**53), and the float types are checked
 element-wise against the bound ``rtol * (|A| |B|)_ij`` of a K-term dot product (rtol per accumulation:
 :func:`experiments.dtypes.tolerance`). FP8 operands are random finite bit patterns, decoded exactly
@@ -10,13 +11,55 @@ element-wise against the bound ``rtol * (|A| |B|)_ij`` of a K-term dot product (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
 from .dtypes import DType, dtype
 
 __all__ = ["pack_int4", "unpack_int4", "make_operands", "Operands", "check", "VerifyResult",
-           "bf16_bits", "bf16_values", "fp8_values", "fp8_finite_codes", "poison"]
+           "bf16_bits", "bf16_values", "fp8_values", "fp8_finite_codes", "fp8_codes", "poison", "Data",
+           "data_kind", "data_tolerance"]
+
+
+class Data(Enum):
+    """What A and B hold (the root key ``data``; param ``data`` of every run, in its run key when not
+    ``full``): the values can change a GEMM's speed (switching activity, power, the clock the GPU holds),
+    never its work. Each member's value says what it draws; :func:`make_operands` draws them."""
+    full = ("every value of the type: floats uniform in [-1, 1) (fp8: uniform over every finite code), "
+            "integers uniform over the whole range")
+    uniform = ("floats uniform in [-1, 1) rounded to the type (fp8: to the nearest code, so 1 occurs); "
+               "integers in [-8, 7] (int4: [-2, 1])")
+    normal = ("floats from N(0, 1), rounded to the type; integers round(N(0, s)) clipped to the range, "
+              "s = 32 (int8), 2 (int4)")
+    zeros = "every element 0 (C exactly 0)"
+    sparse = "the full operands of the seed, each element zeroed with probability 1/2 (independently)"
+    constant = "every element 1"
+
+
+# integers of data=uniform: values of this many bits (signed), per element bits
+UNIFORM_INT_BITS = {8: 4, 4: 2}
+# integers of data=normal: standard deviation per element bits
+NORMAL_INT_SD = {8: 32.0, 4: 2.0}
+
+
+def data_kind(name) -> Data:
+    """The :class:`Data` member called ``name`` (a member, its name, or an Enum whose name it is). Raises
+    ValueError naming the valid values for another name."""
+    key = getattr(name, "name", name)
+    try:
+        return Data[key]
+    except KeyError:
+        raise ValueError(f"data={key!r} is not valid; valid values: " + ", ".join(Data.__members__)) from None
+
+
+def data_tolerance(data, bound: float) -> float:
+    """The bound :func:`check` applies to C computed from operands of ``data`` (relative to
+    (|A| |B|)_ij, so it already scales with the operands' magnitudes, as
+    :func:`experiments.dtypes.tolerance` derives it for any operands): 0 (exact) for ``zeros``, where every
+    product and every partial sum is 0 in any precision; ``bound`` (the precision's and accumulation's)
+    otherwise. Raises ValueError for an unknown data kind."""
+    return 0.0 if data_kind(data) is Data.zeros else bound
 
 
 def pack_int4(vals):
@@ -118,38 +161,82 @@ class Operands:
     b_ref: object
 
 
+def fp8_codes(values, precision: str):
+    """float32 values -> the uint8 codes of the nearest finite ``precision`` values (ties to the code
+    of the smaller value; values beyond the largest finite magnitude -> that magnitude). NumPy or CuPy."""
+    xp = _xp(values)
+    codes = fp8_finite_codes(precision)
+    vals = fp8_values(codes, precision)
+    order = np.argsort(vals, kind="stable")
+    sv, sc = xp.asarray(vals[order]), xp.asarray(codes[order])
+    i = xp.clip(xp.searchsorted(sv, values), 1, len(sv) - 1)
+    lo, hi = sv[i - 1], sv[i]
+    pick = xp.where(values - lo <= hi - values, i - 1, i)
+    return sc[pick]
+
+
+def _operand(d: DType, data: Data, shape: tuple, rs, xp):
+    """One operand of ``shape`` drawn from ``rs`` as ``data`` says (not ``sparse``: :func:`_holes`): (what
+    the kernel reads before int4 packing, its float64 values). ``full`` draws exactly as it always has."""
+    if d.is_fp8 and data is Data.full:
+        codes = xp.asarray(fp8_finite_codes(d.name))
+        bits = codes[rs.randint(0, len(codes), shape)]
+        return bits, fp8_values(bits, d.name).astype(np.float64)
+    if d.is_float:
+        if data is Data.full or data is Data.uniform:
+            v32 = rs.uniform(-1, 1, shape).astype(np.float32)
+        elif data is Data.normal:
+            v32 = rs.standard_normal(shape).astype(np.float32)
+        else:
+            v32 = xp.full(shape, 0.0 if data is Data.zeros else 1.0, dtype=np.float32)
+        if d.is_fp8:
+            bits = fp8_codes(v32, d.name)
+            return bits, fp8_values(bits, d.name).astype(np.float64)
+        if d is DType.fp16:
+            v = v32.astype(np.float16)
+            return v, v.astype(np.float64)
+        bits = bf16_bits(v32)
+        return bits, bf16_values(bits).astype(np.float64)
+    lo, hi = -(1 << (d.bits - 1)), 1 << (d.bits - 1)          # signed integers of d.bits bits
+    if data is Data.full:
+        v = rs.randint(lo, hi, shape)
+    elif data is Data.uniform:
+        half = 1 << (UNIFORM_INT_BITS[d.bits] - 1)
+        v = rs.randint(-half, half, shape)
+    elif data is Data.normal:
+        v = xp.clip(xp.rint(rs.standard_normal(shape) * NORMAL_INT_SD[d.bits]), lo, hi - 1)
+    else:
+        v = xp.full(shape, 0 if data is Data.zeros else 1)
+    v = v.astype(np.int8)
+    return v, v.astype(np.float64)
+
+
+def _holes(vals, ref, rs, xp):
+    """``vals`` and ``ref`` with each element zeroed with probability 1/2 (``data=sparse``)."""
+    keep = rs.random_sample(vals.shape) >= 0.5
+    return xp.where(keep, vals, xp.zeros((), vals.dtype)), xp.where(keep, ref, 0.0)
+
+
 def make_operands(precision: str, m: int, n: int, k: int, seed: int, xp=None,
-                  b_layout: str = "col") -> Operands:
-    """Fresh random A (M x K) and B (N x K values, stored as ``b_layout`` says) for ``precision``
-    (fp16, bf16: uniform [-1, 1); int8: uniform [-128, 127]; int4: uniform [-8, 7]; fp8: uniform over
-    the finite bit patterns). A and B are drawn independently; xp is NumPy or CuPy (default CuPy).
-    Raises ValueError for an unknown precision or b_layout.
+                  b_layout: str = "col", data="full") -> Operands:
+    """Fresh A (M x K) and B (N x K values, stored as ``b_layout`` says) for ``precision``, drawn as
+    ``data`` (a :class:`Data` member or its name) says; ``full``: fp16, bf16 uniform [-1, 1); int8
+    uniform [-128, 127]; int4 uniform [-8, 7]; fp8 uniform over the finite bit patterns. A and B are
+    drawn independently (A first) from one generator seeded with ``seed``: the same arguments give the
+    same operands. xp is NumPy or CuPy (default CuPy). Raises ValueError for an unknown precision,
+    b_layout or data kind.
     """
     if xp is None:
         import cupy as xp
     if b_layout not in ("col", "row"):
         raise ValueError(f"b_layout={b_layout!r} is not valid; valid values: col, row")
-    d = dtype(precision)
+    d, kind = dtype(precision), data_kind(data)
     rs = xp.random.RandomState(seed)
-    if d.is_fp8:
-        codes = xp.asarray(fp8_finite_codes(precision))
-        a, b = codes[rs.randint(0, len(codes), (m, k))], codes[rs.randint(0, len(codes), (n, k))]
-        a_ref = fp8_values(a, precision).astype(np.float64)
-        b_ref = fp8_values(b, precision).astype(np.float64)
-    elif d.is_float:
-        a32 = rs.uniform(-1, 1, (m, k)).astype(np.float32)
-        b32 = rs.uniform(-1, 1, (n, k)).astype(np.float32)
-        if d is DType.fp16:
-            a, b = a32.astype(np.float16), b32.astype(np.float16)
-            a_ref, b_ref = a.astype(np.float64), b.astype(np.float64)
-        else:
-            a, b = bf16_bits(a32), bf16_bits(b32)
-            a_ref, b_ref = bf16_values(a).astype(np.float64), bf16_values(b).astype(np.float64)
-    else:                                    # signed integers of d.bits bits
-        lo, hi = -(1 << (d.bits - 1)), 1 << (d.bits - 1)
-        a = rs.randint(lo, hi, (m, k)).astype(np.int8)
-        b = rs.randint(lo, hi, (n, k)).astype(np.int8)
-        a_ref, b_ref = a.astype(np.float64), b.astype(np.float64)
+    drawn = Data.full if kind is Data.sparse else kind
+    a, a_ref = _operand(d, drawn, (m, k), rs, xp)
+    b, b_ref = _operand(d, drawn, (n, k), rs, xp)
+    if kind is Data.sparse:                  # the full operands of the seed, then their holes
+        (a, a_ref), (b, b_ref) = _holes(a, a_ref, rs, xp), _holes(b, b_ref, rs, xp)
     if b_layout == "row":
         b = xp.ascontiguousarray(b.T)
     if d.bits == 4:
@@ -183,13 +270,19 @@ def poison(c) -> None:
 
 def check(c, ops: Operands, is_float: bool, rtol: float) -> VerifyResult:
     """Compare C (M x N, float32, float16 or int32) with the float64 reference A_ref @ B_ref.T:
-    integers exactly, floats element-wise within ``rtol * (|A| |B|)_ij``. Raises ValueError for an
-    ``rtol`` that is negative or not finite (a NaN bound would pass every result)."""
+    integers exactly, floats element-wise within ``rtol * (|A| |B|)_ij``, or exactly where ``rtol`` is 0
+    (:func:`data_tolerance`: max_error is then max |C - ref|). Raises ValueError for an ``rtol`` that is
+    negative or not finite (a NaN bound would pass every result)."""
     if is_float and not (np.isfinite(rtol) and rtol >= 0):
         raise ValueError(f"rtol={rtol} is not a finite tolerance >= 0")
     xp = _xp(c)
     ref = ops.a_ref @ ops.b_ref.T
-    if is_float:
+    if is_float and rtol == 0:
+        err = xp.abs(c.astype(np.float64) - ref)
+        err = xp.where(xp.isfinite(err), err, np.inf)
+        bad = err != 0
+        tol = 0.0
+    elif is_float:
         bound = xp.abs(ops.a_ref) @ xp.abs(ops.b_ref).T
         err = xp.abs(c.astype(np.float64) - ref) / xp.maximum(bound, np.finfo(np.float64).tiny)
         err = xp.where(xp.isfinite(err), err, np.inf)

@@ -69,7 +69,7 @@ def device_info() -> dict:
 
 def measure_family(family: str, precision: str, arch: str, params: list, build: dict, m: int, n: int,
                    k: int, timing: dict, rtol: float, seed: int, pci_bus_id: str | None = None,
-                   smem_pad: int = 0) -> dict:
+                   smem_pad: int = 0, data: str = "full") -> dict:
     """Verify, then time, one kernel of a registered family (``experiments.families``; worker side).
 
     ``params`` are the resolved spec's (key, value) pairs and ``build`` the fields of its
@@ -80,9 +80,10 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     replicates; the SM clock, power and energy read on the GPU ``pci_bus_id`` during the timed batches,
     where NVML reads them, and the SMs' own clock over the timed window). ``rtol`` reaches families whose
     ``prepare`` takes it (float results); ``smem_pad`` (bytes of dynamic shared memory added to each
-    block's launch: launch.blocks_per_sm, experiments.kernel) reaches ``prepare`` when not 0. Returns
-    verified (bool), verify_* fields (verify_rtol: the tolerance used), jit_s (seconds of prepare),
-    ``note`` (what is not like-for-like) and
+    block's launch: launch.blocks_per_sm, experiments.kernel) reaches ``prepare`` when not 0; ``data``
+    (the root key, when not ``full``) reaches ``prepare``, which draws the operands as it says
+    (``Family.data_kinds``). Returns verified (bool), verify_* fields (verify_rtol: the tolerance
+    used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
     ``Prepared.info`` (fields the family reports itself: the default family's JIT seconds and
     resources), and when verified the timing dict and the GPU state before/after; where the kernel
     records its own cycles (``Prepared.clocks``), the timing dict holds them too.
@@ -100,6 +101,8 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     extra = {"rtol": rtol} if "rtol" in inspect.signature(fam.prepare).parameters else {}
     if smem_pad:
         extra["smem_pad"] = smem_pad
+    if data != "full":
+        extra["data"] = data
     t0 = time.perf_counter()
     prep = fam.prepare(spec, b, m, n, k, seed, **extra)
     jit_s = time.perf_counter() - t0

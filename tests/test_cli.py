@@ -188,8 +188,8 @@ def test_headline_again_tracks_nothing_new(headline):
     ("precision=int5", ["precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, "
                         "fp8_e4m3, fp8_e5m2, copy"]),
     ("precsion=int8", ["Unknown key 'precsion' ('precsion=int8'); valid top-level keys: family, precision, "
-                       "ktile, mma, acc, b_layout, smem_layout, backend, study_kernel, tile, loader, pipeline, cache, "
-                       "problem, target, timing, launch, verify, tracking (python run.py --help)"]),
+                       "ktile, mma, acc, b_layout, smem_layout, backend, data, study_kernel, tile, loader, pipeline, "
+                       "cache, problem, target, timing, launch, verify, tracking (python run.py --help)"]),
     ("+foo=1", ["Unknown key 'foo' (added with '+'); valid top-level keys: family, precision, ktile,"]),
     ("pipeline.stage=3", ["Unknown key 'pipeline.stage' ('pipeline.stage=3'); valid keys of pipeline: "
                           "pipeline.stages (python run.py --help)"]),

@@ -509,8 +509,8 @@ def test_parent_counts_each_measurement_once(tmp_path):
 @pytest.mark.parametrize("args, message", [
     # a key the config does not have, at the top and in a node
     (["ktil=32"], "Unknown key 'ktil' ('ktil=32'); valid top-level keys: family, precision, ktile, mma, acc, "
-                  "b_layout, smem_layout, backend, study_kernel, tile, loader, pipeline, cache, problem, target, "
-                  "timing, launch, verify, tracking (python run.py --help)"),
+                  "b_layout, smem_layout, backend, data, study_kernel, tile, loader, pipeline, cache, problem, "
+                  "target, timing, launch, verify, tracking (python run.py --help)"),
     (["pipeline.stage=3"], "Unknown key 'pipeline.stage' ('pipeline.stage=3'); valid keys of pipeline: "
                            "pipeline.stages (python run.py --help)"),
     # a value of the wrong type, outside an Enum, a scalar for a list

@@ -165,14 +165,16 @@ def test_against_compares_medians_within_the_first_spread(tmp_path):
                                        ("other", 512): (1.0, 0.0)}, "GPU-bbbb2222", 14.0, 9.7, 2)
     lines = against_table(one, two, "e").splitlines()
     assert lines[3:7] == [
-        "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within |",
-        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- |",
-        "| k32 | 512x512x512 | 5.71 | aaaa1111 | 5.59 | bbbb2222 | -2.10% | 0.21% | no |",
-        "| k32 | 8192x8192x8192 | 7598.90 | aaaa1111 | 7602.00 | bbbb2222 | +0.04% | 0.10% | yes |"]
-    assert lines[-3:] == [
+        "| kernel | M x N x K | first us | GPU | second us | GPU | difference | spread | within | verdict | reason |",
+        "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | --- | --- | --- |",
+        "| k32 | 512x512x512 | 5.71 | aaaa1111 | 5.59 | bbbb2222 | -2.10% | 0.21% | no | ambiguous -2.1% | no replicates (timing.repeats): both runs have R = 1; -2.1% is not told from noise |",
+        "| k32 | 8192x8192x8192 | 7598.90 | aaaa1111 | 7602.00 | bbbb2222 | +0.04% | 0.10% | yes | ambiguous +0.0% | no replicates (timing.repeats): both runs have R = 1; +0.0% is not told from noise |"]
+    assert lines[-4:] == [
         "2 (kernel, size) pairs (1 only in the first store, 1 only in the second); 1 within the "
         "spread (on the same GPU: 0 of 0; on another GPU: 1 of 2); the largest difference -2.10% "
         "(k32 512x512x512); median |difference| 1.07%.",
+        "Verdicts: 0 same, 0 faster, 0 slower, 2 ambiguous (2 without replicates: sweep with timing.repeats=5 to "
+        "give each run its own). A verdict is of the second run against the first.",
         "First sweep: 19.4 s wall, GPU time 8.0 s on 1 GPU(s). Second sweep: 14.0 s wall, GPU time 9.7 s on "
         "2 GPU(s).",
         "Wall time ratio, second / first: 0.72."]
@@ -202,10 +204,10 @@ def test_repeats_give_the_single_gpu_spread_and_pairs_are_matched_on_their_gpu(t
                         "the largest distance between a median of the first store and the same kernel, size "
                         f"and GPU in {again}, {again2} (3 pairs).")
     assert lines[6:9] == [
-        "| k32 | 512x512x512 | 5.30 | bbbb2222 | 5.31 | bbbb2222 | +0.19% | 1.00% | yes |",
-        "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 1.00% | yes |",
-        "| wmma | 1024x1024x1024 | 20.00 | aaaa1111 | 20.03 | aaaa1111 | +0.15% | 1.00% | yes |"]
-    assert lines[-3].startswith(
+        "| k32 | 512x512x512 | 5.30 | bbbb2222 | 5.31 | bbbb2222 | +0.19% | 1.00% | yes | ambiguous +0.2% | no replicates (timing.repeats): both runs have R = 1; +0.2% is not told from noise |",
+        "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 1.00% | yes | ambiguous +0.8% | no replicates (timing.repeats): both runs have R = 1; +0.8% is not told from noise |",
+        "| wmma | 1024x1024x1024 | 20.00 | aaaa1111 | 20.03 | aaaa1111 | +0.15% | 1.00% | yes | ambiguous +0.2% | no replicates (timing.repeats): both runs have R = 1; +0.2% is not told from noise |"]
+    assert lines[-4].startswith(
         "3 (kernel, size) pairs (0 only in the first store, 0 only in the second); 3 within the spread (on the "
         "same GPU: 3 of 3; on another GPU: 0 of 0); the largest difference +0.79% (k32 8192x8192x8192); "
         "median |difference| 0.19%, the repeats' median distance from the first 0.38% (one-sided "
@@ -213,8 +215,9 @@ def test_repeats_give_the_single_gpu_spread_and_pairs_are_matched_on_their_gpu(t
     assert main(["--uri", one, "--against", two, "--repeat", again, "--repeat", again2, "--experiment", "e"]) == 0
     # without repeats a pair's spread is its batch spread: k32 8192 (+0.79 % against 0.10 %) is outside
     lines = against_table(one, two, "e").splitlines()
-    assert lines[6] == "| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 0.10% | no |"
-    assert lines[-3].endswith("; median |difference| 0.19%.")
+    assert lines[6] == ("| k32 | 8192x8192x8192 | 7600.00 | aaaa1111 | 7660.00 | aaaa1111 | +0.79% | 0.10% | no"
+                        " | ambiguous +0.8% | no replicates (timing.repeats): both runs have R = 1; +0.8% is not told from noise |")
+    assert lines[-4].endswith("; median |difference| 0.19%.")
 
 
 def test_medians_that_are_not_times_and_a_repeat_of_another_sweep_are_refused(tmp_path, capsys):

@@ -24,6 +24,7 @@ import jinja2
 from ..dtypes import DType, tolerance
 from ..hardware import ARCHS
 from ..spec import SpecError, check_no_tails, resolve_arch
+from ..verify import Data
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
            "TEMPLATE_DIR", "sm_of", "axis_docs_markdown", "parse_pair", "ptx_sha256", "config_options",
@@ -174,7 +175,10 @@ class Family:
     family does not log as params, besides the other families' root keys (:meth:`dropped_params`,
     :meth:`run_params`); ``axis_docs``, what each key changes in the kernel and its restrictions
     (docs/axes.md, :meth:`axes_markdown`); ``auto_keys``, the config keys tile=auto sets per
-    problem size (() where the family has no tile=auto: :meth:`auto_tile`).
+    problem size (() where the family has no tile=auto: :meth:`auto_tile`); ``data_kinds``, the values
+    of the root key ``data`` (:class:`experiments.verify.Data`) its ``prepare`` draws operands for (a
+    ``data`` keyword: every kind; a family whose kernels fix their own operands: ``full`` only), with
+    ``data_why`` saying why where it takes fewer.
     """
     name: str = ""
     title: str = ""
@@ -194,6 +198,8 @@ class Family:
     pads_launch: bool = False
     auto_keys: tuple = ()
     profiles_logged: bool = False   # the profiler takes the source a run logged (True), or builds it again
+    data_kinds: tuple = tuple(Data.__members__)
+    data_why: str = ""
 
     # ------------------------------------------------------------------ from the config and the store
     def root_fields(self) -> list:

@@ -226,22 +226,23 @@ class CublasFamily(Family):
         return Build("none", "", spec.entry)
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3) -> Prepared:
-        """Operands as verify.make_operands makes them, C poisoned; launch = one cublasGemmEx (fp8:
-        cublasLtMatmul) on the current CuPy stream (capturable in a CUDA graph). fp16 and bf16 are
+                *, rtol: float = 1e-3, data: str = "full") -> Prepared:
+        """Operands as verify.make_operands draws them for ``data``, C poisoned; launch = one cublasGemmEx
+        (fp8: cublasLtMatmul) on the current CuPy stream (capturable in a CUDA graph). fp16 and bf16 are
         checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's bound
-        (:meth:`tolerance`), int8 exactly. Raises RuntimeError with cuBLAS's status when a call fails."""
-        from ..verify import check, make_operands
+        (:meth:`tolerance`), int8 (and data=zeros) exactly. Raises RuntimeError with cuBLAS's status
+        when a call fails."""
+        from ..verify import check, data_tolerance, make_operands
         from . import gpu
         self.check_problem(spec, m, n, k)
         d = TYPES[spec.precision]
         acc = Accum[d.acc]
         c_dtype = s_dtype = acc.np_dtype
-        ops = make_operands(spec.precision, m, n, k, seed)
+        ops = make_operands(spec.precision, m, n, k, seed, data=data)
         c = gpu.poisoned((m, n), c_dtype)
+        tol = data_tolerance(data, self.tolerance(spec, k, rtol))
         if spec.precision in LT:
             lt = _LtGemm(d.cuda, m, n, k, ops.a.data.ptr, ops.b.data.ptr, c.data.ptr)
-            tol = self.tolerance(spec, k, rtol)
             return Prepared(launch=lt, verify=lambda: check(c, ops, True, tol),
                             note=f"cuBLASLt picks its own kernel (first heuristic); FP8 TN, f32 C; verified "
                                  f"within rtol={tol:.3g}")
@@ -257,5 +258,5 @@ class CublasFamily(Family):
         is_float = not acc.exact
         note = ("cuBLAS picks its own kernel (CUBLAS_GEMM_DEFAULT); computes in f32 and writes f32 C"
                 if is_float else "cuBLAS picks its own kernel (CUBLAS_GEMM_DEFAULT); int8 TN, int32 C")
-        return Prepared(launch=launch, verify=lambda: check(c, ops, is_float, self.tolerance(spec, k, rtol)),
+        return Prepared(launch=launch, verify=lambda: check(c, ops, is_float, tol),
                         note=note)

@@ -41,15 +41,16 @@ class Dp4aFamily(Family):
         return Build("cuda", src, spec.entry)     # NVRTC's default C++ dialect suffices
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, smem_pad: int = 0) -> Prepared:
-        """Operands as verify.make_operands makes them, C (int32) poisoned, checked exactly; launched with
-        ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own is static)."""
+                *, smem_pad: int = 0, data: str = "full") -> Prepared:
+        """Operands as verify.make_operands draws them for ``data``, C (int32) poisoned, checked exactly;
+        launched with ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own is
+        static)."""
         from ..verify import check, make_operands
         from . import gpu
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)
         bm, bn = parse_pair(spec.p["block"])
-        ops = make_operands("int8", m, n, k, seed)
+        ops = make_operands("int8", m, n, k, seed, data=data)
         c = gpu.poisoned((m, n), np.int32)
         kern = gpu.compile_cuda(build)
         grid, block = (n // bn, m // bm, 1), (THREADS, 1, 1)

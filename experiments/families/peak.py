@@ -300,6 +300,8 @@ class PeakFamily(Family):
                   _wgmma_rule))
     sized = False
     tensor_cores = True
+    data_kinds = ("full",)
+    data_why = "its kernels hold fixed operand words (A = 1, B = 1/K or 1) so that every result is known"
 
     def padding_refusal(self, spec: FamilySpec) -> str:
         """Its grids are sized to the blocks resident at once (launch.blocks_per_sm)."""

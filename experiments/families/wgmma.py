@@ -439,28 +439,28 @@ class WgmmaFamily(Family):
         return Build("ptx", src, spec.entry)
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
-        """Operands as verify.make_operands makes them (B as N x K), C poisoned, tensor maps encoded
-        (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
+                *, rtol: float = 1e-3, smem_pad: int = 0, data: str = "full") -> Prepared:
+        """Operands as verify.make_operands draws them for ``data`` (B as N x K), C poisoned, tensor maps
+        encoded (cuda-bindings, else ctypes on libcuda), the PTX loaded through the driver JIT with the
         dynamic shared memory allowed; with epilogue=tma a third map for C (f32 / s32, box
         :data:`C_BOX_COLS` x 64, no swizzle) replaces the C pointer; with cluster=2 B's box is BN / 2
         rows, with cluster=4 A's BM / 2 rows as well, and a persistent grid is whole clusters, as many
         as run at once (:func:`persistent_grid`, :func:`~experiments.families.gpu.max_active_clusters`); with
         schedule=streamk a zeroed workspace (flags, then a slot per block) follows C. fp16 and bf16
         are checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's
-        bound (:meth:`tolerance`), int8 exactly. ``smem_pad``: bytes of dynamic shared memory added to
-        each block's launch after the kernel's own (launch.blocks_per_sm). Raises SpecError (a size that
-        does not fit, a GPU older than sm_90)."""
+        bound (:meth:`tolerance`), int8 (and data=zeros) exactly. ``smem_pad``: bytes of dynamic shared
+        memory added to each block's launch after the kernel's own (launch.blocks_per_sm). Raises
+        SpecError (a size that does not fit, a GPU older than sm_90)."""
         import cupy
 
-        from ..verify import check, make_operands
+        from ..verify import check, data_tolerance, make_operands
         from . import gpu
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)
         p, g = spec.p, geometry(spec.precision, spec.p)
         d = TYPES[spec.precision]
         nbytes, acc, dtype = d.bits // 8, Accum[d.acc], d.tma
-        ops = make_operands(spec.precision, m, n, k, seed)
+        ops = make_operands(spec.precision, m, n, k, seed, data=data)
         c = gpu.poisoned((m, n), acc.np_dtype)
         smem = smem_bytes(spec.precision, p) + smem_pad
         kern = gpu.load_ptx(build, dyn_smem=smem)
@@ -490,7 +490,7 @@ class WgmmaFamily(Family):
         def launch():
             kern((grid, 1, 1), block, args, shared_mem=smem)
 
-        tol = self.tolerance(spec, k, rtol)
+        tol = data_tolerance(data, self.tolerance(spec, k, rtol))
 
         def verify():
             return check(c, ops, not acc.exact, tol)

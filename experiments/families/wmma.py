@@ -96,24 +96,24 @@ class WmmaFamily(Family):
         return Build("cuda", src, spec.entry)     # NVRTC's default C++ dialect suffices
 
     def prepare(self, spec: FamilySpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
-        """Operands as verify.make_operands makes them, C poisoned, kernel compiled with NVRTC, launched
-        with ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own is static).
-        C is checked within the accumulation's bound (:meth:`tolerance`): exactly for s32,
-        within ``rtol`` for f32, within the f16 accumulation's bound for f16."""
-        from ..verify import check, make_operands
+                *, rtol: float = 1e-3, smem_pad: int = 0, data: str = "full") -> Prepared:
+        """Operands as verify.make_operands draws them for ``data``, C poisoned, kernel compiled with
+        NVRTC, launched with ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own
+        is static). C is checked within the accumulation's bound (:meth:`tolerance`): exactly for s32
+        (and data=zeros), within ``rtol`` for f32, within the f16 accumulation's bound for f16."""
+        from ..verify import check, data_tolerance, make_operands
         from . import gpu
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)
         g = _geometry(spec.precision, spec.p)
         acc = Accum[spec.p["acc"]]
-        ops = make_operands(spec.precision, m, n, k, seed)
+        ops = make_operands(spec.precision, m, n, k, seed, data=data)
         c = gpu.poisoned((m, n), acc.np_dtype)
         kern = gpu.compile_cuda(build)
         grid, block = (n // g["BN"], m // g["BM"], 1), (g["T"], 1, 1)
         args = (ops.a, ops.b, c, np.uint32(m), np.uint32(n), np.uint32(k))
         is_float = not acc.exact
-        tol = self.tolerance(spec, k, rtol)
+        tol = data_tolerance(data, self.tolerance(spec, k, rtol))
         notes = []
         if acc is Accum.f16:
             notes.append(f"C accumulated and stored in f16 (verified within rtol={tol:.3g})")

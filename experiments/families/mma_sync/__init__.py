@@ -208,19 +208,21 @@ class MmaSyncFamily(Family):
         return tflops(m, n, k, us)
 
     def prepare(self, spec: KernelSpec, build: Build, m: int, n: int, k: int, seed: int,
-                *, rtol: float = 1e-3, smem_pad: int = 0) -> Prepared:
-        """The PTX JIT-loaded through the driver (once per kernel in this process), operands with B laid
-        out as ``b_layout`` says, C (the accumulator's dtype) poisoned. ``verify()`` checks integers
-        exactly and floats within :func:`experiments.dtypes.tolerance` (``rtol``, or the
-        f16-accumulation bound for K), then frees the float64 reference before timing. ``smem_pad``: bytes
-        of dynamic shared memory added to each block's launch (launch.blocks_per_sm). ``info``: the
-        JIT's seconds, registers and local bytes, and the tolerance used."""
+                *, rtol: float = 1e-3, smem_pad: int = 0, data: str = "full") -> Prepared:
+        """The PTX JIT-loaded through the driver (once per kernel in this process), operands drawn as
+        ``data`` says with B laid out as ``b_layout`` says, C (the accumulator's dtype) poisoned.
+        ``verify()`` checks integers exactly and floats within :func:`experiments.dtypes.tolerance`
+        (``rtol``, or the f16-accumulation bound for K; data=zeros exactly:
+        :func:`experiments.verify.data_tolerance`), then frees the float64 reference before timing.
+        ``smem_pad``: bytes of dynamic shared memory added to each block's launch
+        (launch.blocks_per_sm). ``info``: the JIT's seconds, registers and local bytes, and the
+        tolerance used."""
         import cupy
         import numpy as np
 
         from ...launch import GemmLaunch
         from ...dtypes import tolerance
-        from ...verify import check, make_operands, poison
+        from ...verify import check, data_tolerance, make_operands, poison
         from ..gpu import allow_smem, load_ptx
         key = (spec.entry, build.source)
         if key not in _LOADED:
@@ -228,13 +230,13 @@ class MmaSyncFamily(Family):
             kern = load_ptx(build, spec.smem_bytes)
             _LOADED[key] = (kern, time.perf_counter() - t0)
         kern, jit_s = _LOADED[key]
-        ops = make_operands(spec.precision, m, n, k, seed, b_layout=spec.b_layout)
+        ops = make_operands(spec.precision, m, n, k, seed, b_layout=spec.b_layout, data=data)
         c = cupy.empty((m, n), dtype=np.dtype(spec.accum.c_dtype))
         poison(c)
         if smem_pad:
             allow_smem(kern, spec.smem_bytes + smem_pad)
         launch = GemmLaunch(kern, spec, ops.a, ops.b, c, m, n, k, smem_pad)
-        tol = tolerance(spec.precision, spec.acc, k, rtol)
+        tol = data_tolerance(data, tolerance(spec.precision, spec.acc, k, rtol))
 
         def verify():
             res = check(c, ops, spec.prec.is_float, tol)
