@@ -13,10 +13,10 @@ import hydra._internal.utils as hydra_utils
 from omegaconf import OmegaConf
 
 from experiments.config import register
-from experiments.variants import KEY as VARIANTS_KEY
-from experiments.variants import VariantError, listed, names, swept_params
-from experiments.variants import register as register_variants
-from experiments.worker import JOBS_PER_GPU, gpu_count
+from experiments.runner.variants import KEY as VARIANTS_KEY
+from experiments.runner.variants import VariantError, listed, names, swept_params
+from experiments.runner.variants import register as register_variants
+from experiments.gpu.worker import JOBS_PER_GPU, gpu_count
 
 register()
 try:
@@ -37,7 +37,7 @@ _run_and_report = hydra_utils.run_and_report
 def presets(group: str, dirs: tuple = (CONF,)) -> dict:
     """The presets of config group ``group`` in the config folders ``dirs``: name -> file (the first
     folder that has it wins, as Hydra's search path); for ``variant`` also those the presets of
-    ``experiment/`` list (experiments.variants): name -> the preset's file."""
+    ``experiment/`` list (experiments.runner.variants): name -> the preset's file."""
     found: dict = {}
     for d in dirs:
         for f in sorted((Path(d) / group).glob("*.yaml")):
@@ -49,7 +49,7 @@ def presets(group: str, dirs: tuple = (CONF,)) -> dict:
 
 def _preset_yaml(group: str, name: str, dirs: tuple) -> dict:
     """The config of preset ``name`` of ``group`` in ``dirs`` as its file holds it (loaded), or for a
-    variant a preset lists, as experiments.variants makes it. Raises KeyError for no such preset,
+    variant a preset lists, as experiments.runner.variants makes it. Raises KeyError for no such preset,
     OSError or yaml.YAMLError for a file that cannot be read."""
     import yaml
     if group == "variant" and (entry := listed(dirs).get(name)) is not None:
@@ -83,7 +83,7 @@ OmegaConf.register_new_resolver("family_options", family_options, use_cache=True
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg) -> None:
-    from experiments.job import JobError, run_job
+    from experiments.runner.job import JobError, run_job
     from experiments.spec import SpecError
     try:
         return run_job(cfg)      # the counts of its runs' outcomes (a Slurm job's exit status says them)
@@ -231,12 +231,12 @@ def check_preset_sweep(argv: list) -> str | None:
 
 def _reported(func):
     """Hydra's ``run_and_report`` with its errors about the config (composing it, reading or expanding
-    an override) as one line (experiments.validate.one_line; for a value Hydra's lexer takes only
-    quoted, the quoted override to give): raises experiments.validate.Invalid (exit 2)."""
+    an override) as one line (experiments.runner.validate.one_line; for a value Hydra's lexer takes only
+    quoted, the quoted override to give): raises experiments.runner.validate.Invalid (exit 2)."""
     from hydra.errors import HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
-    from experiments.validate import Invalid, one_line
+    from experiments.runner.validate import Invalid, one_line
     try:
         return func()
     except (HydraException, OmegaConfBaseException) as exc:
@@ -257,11 +257,12 @@ def _terminate(signum, frame):
 
 
 if __name__ == "__main__":
-    from experiments.sweep import release_job_processes
-    from experiments.track import StoreUnavailable, abort_open_runs, close_runs_of_ended_processes, trackers
-    from experiments.validate import Invalid
+    from experiments.runner.sweep import release_job_processes
+    from experiments.store.track import (StoreUnavailable, abort_open_runs, close_runs_of_ended_processes,
+                                         trackers)
+    from experiments.runner.validate import Invalid
     signal.signal(signal.SIGTERM, _terminate)
-    from experiments.sweep import compose_once
+    from experiments.runner.sweep import compose_once
     compose_once()                       # Hydra's repeated compositions of the same config, done once
     hydra_utils.run_and_report = _reported
     try:        # the variants that presets of a --config-dir list, beside conf/'s
@@ -280,7 +281,7 @@ if __name__ == "__main__":
         print(problem, flush=True)
     try:
         main()
-    except Invalid as exc:                # the config, refused before any work (experiments.validate)
+    except Invalid as exc:                # the config, refused before any work (experiments.runner.validate)
         print(exc, file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:

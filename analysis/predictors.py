@@ -56,7 +56,8 @@ CIRCULARITY = ("DRAM bandwidth utilisation (ncu.dram_active_pct, DRAM active cyc
 OCCUPANCY_LEVERS = ("launch.blocks_per_sm",)
 TRAFFIC_LEVERS = ("tile.group_m", "tile.order", "cache.l2_hint_a", "cache.l2_hint_b", "cache.l2_prefetch")
 LEVER_DEFAULTS = {"launch.blocks_per_sm": 0}          # a run logged before the lever existed ran with it
-# params of a run that are not in its run key (experiments/job.py) and so do not tell kernels apart, and
+# params of a run that are not in its run key (experiments/runner/job.py) and so do not tell kernels
+# apart, and
 # the entry name some families log (spec.entry: it spells every setting, the lever's too)
 NOT_IDENTITY = ("verify.seed", "verify.seed_used", "problem.sizes", "problem.shapes", "timing.timeout_s",
                 "study_kernel", "variant", "spec.entry")

@@ -124,7 +124,7 @@ def load_into_mlflow(uri: str, ref_dir: str | Path = DEFAULT_DIR, claims: str | 
     check and the loading hold the store's lock). Raises StoreError for a store that cannot be used."""
     from mlflow.entities import Metric, Param, RunTag
 
-    from experiments.track import Tracker, store_lock
+    from experiments.store.track import Tracker, store_lock
     spec = load_spec(claims)
     ref = spec["reference"]
     recs = study_records(ref_dir, spec)
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
     ap.add_argument("--claims", default=str(DEFAULT_CLAIMS),
                     help="claims file whose `reference` section applies")
     args = ap.parse_args(argv)
-    from experiments.track import StoreError, StoreUnavailable, resolve_uri
+    from experiments.store.track import StoreError, StoreUnavailable, resolve_uri
     uri = resolve_uri(args.uri)
     if not (Path(args.dir) / "durations.csv").is_file():
         raise SystemExit(f"no study CSVs (durations.csv, ablation_int4_k64.csv) in {args.dir}; "

@@ -238,7 +238,7 @@ def main(argv=None) -> Report:
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")                    # files only: no display needed
-    from experiments.track import StoreError
+    from experiments.store.track import StoreError
     try:
         df = read_table(args.table) if args.table else load_runs(args.uri, args.experiment, args.sweep,
                                                                  args.filter)
@@ -266,7 +266,7 @@ def main(argv=None) -> Report:
             reference = read_study(args.reference_dir, load_spec(STUDIES.get(study, study))) \
                 if Path(args.reference_dir).is_dir() else None
     name = args.sweep and df.attrs["sweep"] or _slug(args.experiment)
-    from experiments.track import PROJECT_ROOT
+    from experiments.store.track import PROJECT_ROOT
     out = Path(args.out) if args.out else PROJECT_ROOT / "outputs" / "reports" / str(name)
     single = out.suffix == ".md"            # --out results/h200/l4_claims.md: figures in l4_claims/
     folder = out.with_suffix("") if single else out

@@ -1,7 +1,7 @@
 """Tidy table of tracked runs: one row per (kernel, problem size, GPU), from an MLflow store.
 
 This module is the one place that names what the analysis reads from a run record: :data:`COLUMNS`
-maps each canonical column of the table to the tag, param or metric the tracking (experiments/job.py)
+maps each canonical column of the table to the tag, param or metric the tracking (experiments/runner/job.py)
 and the Nsight Compute step write; the units and meanings of the metric columns come from the metric
 declarations (experiments/metrics.py), and metrics without a column are kept under their own names
 (pct_of_peak, speedup_vs_<family>, power_w_mean, ...), none dropped. Columns that no run has are
@@ -194,7 +194,7 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     ``uri``: tracking URI (default: as run.py resolves it). ``experiment``: name(s); None = every
     experiment of the store. ``sweep``: a parent run id, or "latest" (the newest run tagged
     ``kind=sweep``); only its runs are read, those it reused from earlier sweeps included (column
-    ``reused`` True; experiments.track.sweep_runs). ``filter_string``: an MLflow search filter,
+    ``reused`` True; experiments.store.track.sweep_runs). ``filter_string``: an MLflow search filter,
     e.g. ``"params.precision = 'int8'"``. ``backends``: keep runs with these ``backend`` tags
     (None keeps all, static runs included). Parent runs are never rows.
 
@@ -205,8 +205,8 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     """
     import mlflow
 
-    from experiments.record import reused_in
-    from experiments.track import StoreError, check_schema, resolve_uri, sweep_runs
+    from experiments.store.record import reused_in
+    from experiments.store.track import StoreError, check_schema, resolve_uri, sweep_runs
     uri = resolve_uri(uri, create=False)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise RunsError(f"no MLflow store at {uri}: run a sweep first (python run.py ...) or pass --uri")
@@ -299,7 +299,7 @@ def unmeasured_note(runs: pd.DataFrame) -> str | None:
     that tables their registers, spills, occupancy and SASS. None when the table has rows."""
     if not runs.empty:
         return None
-    from experiments.report import static_command
+    from experiments.reports.report import static_command
     a = runs.attrs
     every = load_runs(a["uri"], a["experiments"], a.get("sweep"), a.get("filter"), backends=None)
     held = every["outcome"].value_counts().to_dict() if not every.empty else {}

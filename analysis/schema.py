@@ -1,4 +1,4 @@
-"""Params back to their types: the run record stores every param as a string (experiments/track.py
+"""Params back to their types: the run record stores every param as a string (experiments/store/track.py
 ``flatten``); the typed Hydra schema (experiments/config.py) says what each one was."""
 from __future__ import annotations
 

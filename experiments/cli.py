@@ -1,5 +1,5 @@
-"""What the report commands (experiments.report, experiments.performance, experiments.profile,
-analysis.report) share as command lines."""
+"""What the report commands (experiments.reports.report, experiments.reports.performance,
+experiments.ncu.profile, analysis.report) share as command lines."""
 import os
 import sys
 

@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from .dtypes import DType
-from .verify import Data
+from .gpu.verify import Data
 
 __all__ = ["Precision", "Backend", "Regime", "Data", "Config", "register", "family_schema"]
 
@@ -65,7 +65,7 @@ class TimingConf:
     l2_flush: bool = False      # overwrite a buffer of twice the L2 size before each batch
     timeout_s: float = 600.0    # per problem size, verification + timing; then the run fails
     # sustained: the batches above (a long GEMM runs at the power-capped clock); burst: wait for the GPU
-    # to idle back, then a short window (experiments.timing); in the run key only when burst
+    # to idle back, then a short window (experiments.gpu.timing); in the run key only when burst
     regime: Regime = Regime.sustained
     repeats: int = 1            # replicates of the whole timed measurement, apart in time (run key: when > 1)
     repeat_pause_s: float = 1.0  # idle GPU before each replicate after the first (sustained)
@@ -109,7 +109,7 @@ def _make_schema(name: str) -> type:
             continue
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             # a number: typed int, shown as one (bn: 256); the values are checked at the sweep's start
-            # (experiments.validate) and by the family's spec (SpecError naming them) for every config
+            # (experiments.runner.validate) and by the family's spec (SpecError naming them) for every config
             fields.append((axis, int, field(default=int(default))))
             continue
         enum = Enum(f"{name}_{axis}", {str(v): v for v in values}, module=__name__)
@@ -125,7 +125,8 @@ def family_schema(name: str) -> type:
     """Typed options of family ``name``, derived from its declared axes (``experiments.families``):
     a dataclass with ``name`` and one field per axis other than precision, default as the family
     declares it. A true/false axis is a bool, an axis of integers an int (``family.bn=128``; its values
-    are checked by ``experiments.validate`` and the family's ``spec``), any other an Enum of its values,
+    are checked by ``experiments.runner.validate`` and the family's ``spec``), any other an Enum of its
+    values,
     so that ``family.block=99x99`` stops before any work with the valid values. The classes are made once,
     when this module is imported. Raises KeyError for an unknown family."""
     return _SCHEMAS[name]
@@ -145,7 +146,7 @@ def _make_config() -> type:
         ("precision", Precision, field(default=Precision.fp16)),
         *scalars,
         ("backend", Backend, field(default=Backend.auto)),
-        # what A and B hold (experiments.verify.Data); full: today's operands
+        # what A and B hold (experiments.gpu.verify.Data); full: today's operands
         ("data", Data, field(default=Data.full)),
         # the published kernel a variant reproduces (docs/l4_mapping.md)
         ("study_kernel", Optional[str], field(default=None)),

@@ -18,9 +18,9 @@ __all__ = ["Metric", "DECLARED", "SPEEDUP", "PCT_OF_PEAK", "CLOCK_FIELDS", "KERN
            "REPLICATE_FIELDS",
            "table", "lookup", "rounded", "label", "describe", "undeclared", "units_line"]
 
-SPEEDUP = "speedup_vs_{}"        # this run's throughput / the best baseline run's (experiments.compare)
-PCT_OF_PEAK = "pct_of_peak"      # 100 * this run's throughput / the peak run's (experiments.compare)
-# timing fields of experiments.timing.time_launches logged under the same names (NVML samples)
+SPEEDUP = "speedup_vs_{}"        # this run's throughput / the best baseline run's (reports.compare)
+PCT_OF_PEAK = "pct_of_peak"      # 100 * this run's throughput / the peak run's (experiments.reports.compare)
+# timing fields of experiments.gpu.timing.time_launches logged under the same names (NVML samples)
 CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm_clock_samples",
                 "sm_clock_mhz_max_possible", "power_w_mean", "power_w_max", "power_limit_w",
                 "sm_clock_mhz_window", "window_cycles", "window_sms", "energy_j", "energy_j_per_launch",
@@ -29,7 +29,7 @@ CLOCK_FIELDS = ("sm_clock_mhz_mean", "sm_clock_mhz_min", "sm_clock_mhz_max", "sm
 REPLICATE_FIELDS = ("replicate_median_us", "replicates", "replicate_spread")
 # fields of experiments.families.peak.kernel_clock (a kernel's own cycle record) logged under the same names
 KERNEL_CLOCK_FIELDS = ("mma_per_sm_cycle", "sm_clock_mhz_kernel", "kernel_cycles")
-# experiments.timing.gpu_state's readings, logged as <field>_before and <field>_after the timing
+# experiments.gpu.timing.gpu_state's readings, logged as <field>_before and <field>_after the timing
 GPU_STATE = {"sm_clock_mhz": ("MHz", "SM clock", "NVML nvmlDeviceGetClockInfo(NVML_CLOCK_SM)"),
              "temperature_c": ("C", "GPU temperature", "NVML nvmlDeviceGetTemperature")}
 
@@ -54,13 +54,13 @@ class Metric:
 
 
 _M = Metric
-_TIMED = "CUDA events over the timed batches (experiments.timing.time_launches)"
-_NVML = "NVML samples every ~5 ms during the timed batches (experiments.timing)"
-_PTXAS = "ptxas -v (experiments.assemble)"
+_TIMED = "CUDA events over the timed batches (experiments.gpu.timing.time_launches)"
+_NVML = "NVML samples every ~5 ms during the timed batches (experiments.gpu.timing)"
+_PTXAS = "ptxas -v (experiments.build.assemble)"
 _THR = "throughput's unit (tag throughput_unit)"
 
 DECLARED: tuple[Metric, ...] = (
-    # -- timing and result (experiments.job)
+    # -- timing and result (experiments.runner.job)
     _M("throughput", "TFLOP/s, TOP/s or GB/s (tag throughput_unit)",
        "the family's work (2MNK for a GEMM) / median_us", _TIMED, 2),
     _M("median_us", "us", "median time per launch over the batches (all batches of all replicates, "
@@ -75,11 +75,11 @@ DECLARED: tuple[Metric, ...] = (
     _M("replicates", "replicates", "replicates of the timed measurement, apart in time (timing.repeats)",
        _TIMED),
     _M("replicate_spread", "(max - min) / median", "spread of the replicates' medians (R >= 2)", _TIMED, 4),
-    # -- verification and the JIT (experiments.worker)
+    # -- verification and the JIT (experiments.gpu.worker)
     _M("verify_max_error", "|C - C_ref|", "largest error against the float64 reference",
-       "experiments.verify against a float64 reference"),
-    _M("verify_mismatches", "elements", "output elements outside the tolerance", "experiments.verify"),
-    _M("verify_rtol", "tolerance", "the tolerance verification used (0 = exact)", "experiments.verify"),
+       "experiments.gpu.verify against a float64 reference"),
+    _M("verify_mismatches", "elements", "output elements outside the tolerance", "experiments.gpu.verify"),
+    _M("verify_rtol", "tolerance", "the tolerance verification used (0 = exact)", "experiments.gpu.verify"),
     _M("jit_registers", "registers/thread", "registers of the loaded kernel", "CuPy RawModule num_regs"),
     _M("jit_local_bytes", "bytes/thread", "local memory of the loaded kernel",
        "CuPy RawModule local_size_bytes"),
@@ -96,25 +96,25 @@ DECLARED: tuple[Metric, ...] = (
     _M("power_limit_w", "W", "the enforced power limit", "NVML nvmlDeviceGetEnforcedPowerLimit", 1),
     _M("sm_clock_mhz_window", "MHz", "mean SM clock over the timed windows, counted by the SMs: their "
        "cycles / their ns between a probe before the first batch and one after the last",
-       "probe kernel's %clock64 and %globaltimer per %smid (experiments.timing.window_clock)", 1),
+       "probe kernel's %clock64 and %globaltimer per %smid (experiments.gpu.timing.window_clock)", 1),
     _M("window_cycles", "cycles", "an SM's cycles over the timed windows (mean over SMs)",
-       "probe kernel's %clock64 (experiments.timing.window_clock)"),
+       "probe kernel's %clock64 (experiments.gpu.timing.window_clock)"),
     _M("window_sms", "SMs", "SMs the window probes recorded before and after",
-       "probe kernel's %smid (experiments.timing.window_clock)"),
+       "probe kernel's %smid (experiments.gpu.timing.window_clock)"),
     _M("throughput_per_ghz", f"{_THR} per GHz", "throughput / (SM clock / 1000): sm_clock_mhz_window where "
-       "measured, else sm_clock_mhz_mean", "derived (experiments.record.clock_metrics)", 2),
+       "measured, else sm_clock_mhz_mean", "derived (experiments.store.record.clock_metrics)", 2),
     _M("throughput_at_max_clock", _THR, "throughput x sm_clock_mhz_max_possible / SM clock (as in "
        "throughput_per_ghz): what the run would reach at the full clock if it scaled with it",
-       "derived (experiments.record.clock_metrics)", 2),
+       "derived (experiments.store.record.clock_metrics)", 2),
     _M("energy_j", "J", "energy the board drew over the timed batches (all replicates; tag energy_source)",
-       "NVML nvmlDeviceGetTotalEnergyConsumption, else power samples integrated (experiments.timing)", 3),
-    _M("energy_j_per_launch", "J", "energy_j / launches timed", "derived (experiments.timing)", 6),
-    _M("power_w_avg", "W", "energy_j / the timed windows' seconds", "derived (experiments.timing)", 1),
+       "NVML nvmlDeviceGetTotalEnergyConsumption, else power samples integrated (experiments.gpu.timing)", 3),
+    _M("energy_j_per_launch", "J", "energy_j / launches timed", "derived (experiments.gpu.timing)", 6),
+    _M("power_w_avg", "W", "energy_j / the timed windows' seconds", "derived (experiments.gpu.timing)", 1),
     _M("throughput_per_w", f"{_THR} per W", "throughput / power_w_avg (else power_w_mean): TFLOP/J for "
-       "TFLOP/s", "derived (experiments.record.clock_metrics)", 3),
+       "TFLOP/s", "derived (experiments.store.record.clock_metrics)", 3),
     # -- the burst regime (timing.regime=burst): the GPU idled back before the window
     _M("idle_wait_s", "s", "time waited for the GPU to idle back before the timed window(s)",
-       "NVML power samples (experiments.timing.wait_idle)", 3),
+       "NVML power samples (experiments.gpu.timing.wait_idle)", 3),
     _M("sm_clock_mhz_start", "MHz", "SM clock as the timed window started", "NVML nvmlDeviceGetClockInfo"),
     _M("power_w_start", "W", "power draw when the wait for idle ended", "NVML power samples", 1),
     # -- the kernel's own cycle record of its last timed launch (the peak family's MMA loops)
@@ -124,15 +124,15 @@ DECLARED: tuple[Metric, ...] = (
        "the kernel's clock64 and globaltimer (experiments.families.peak.kernel_clock)", 1),
     _M("kernel_cycles", "cycles", "the longest SM's span of the last timed launch",
        "the kernel's clock64 (experiments.families.peak.kernel_clock)"),
-    # -- the GPU's state before and after the timing (experiments.timing.gpu_state)
+    # -- the GPU's state before and after the timing (experiments.gpu.timing.gpu_state)
     *(_M(f"{field}_{when}", unit, f"{what} {when} the timing", source)
       for field, (unit, what, source) in GPU_STATE.items() for when in ("before", "after")),
-    # -- relations between runs (experiments.compare)
+    # -- relations between runs (experiments.reports.compare)
     _M(SPEEDUP.format("<family>"), "x", "throughput / the best verified run's of baseline family <family> "
-       "(wmma, dp4a, cublas), same GPU, size and precision", "experiments.compare.speedups", 4),
+       "(wmma, dp4a, cublas), same GPU, size and precision", "experiments.reports.compare.speedups", 4),
     _M(PCT_OF_PEAK, "%", "100 x throughput / the peak family's, same GPU, driver, precision and instruction "
-       "(tag peak_run)", "experiments.compare", 2),
-    # -- static: the assembled kernel (experiments.kernel)
+       "(tag peak_run)", "experiments.reports.compare", 2),
+    # -- static: the assembled kernel (experiments.runner.kernel)
     _M("threads", "threads/block", "threads per block", "the kernel's spec"),
     _M("smem_dynamic_bytes", "bytes/block", "dynamic shared memory per block", "the kernel's spec"),
     _M("smem_static_bytes", "bytes/block", "static shared memory per block", _PTXAS),
@@ -142,17 +142,17 @@ DECLARED: tuple[Metric, ...] = (
     _M("stack_frame_bytes", "bytes/thread", "stack frame", _PTXAS),
     _M("theoretical_occupancy", "fraction of the SM's warps", "resident warps / max, 0..1, that the launch "
        "allows (with launch.blocks_per_sm's padding)",
-       "ptxas -v and the GPU's limits (experiments.assemble)"),
+       "ptxas -v and the GPU's limits (experiments.build.assemble)"),
     _M("blocks_per_sm", "blocks", "resident blocks per SM that the launch allows (with "
-       "launch.blocks_per_sm's padding)", "ptxas -v and the GPU's limits (experiments.assemble)"),
+       "launch.blocks_per_sm's padding)", "ptxas -v and the GPU's limits (experiments.build.assemble)"),
     _M("smem_padding_bytes", "bytes/block", "dynamic shared memory added to each block's launch to cap the "
-       "resident blocks per SM (launch.blocks_per_sm)", "experiments.assemble.smem_padding"),
+       "resident blocks per SM (launch.blocks_per_sm)", "experiments.build.assemble.smem_padding"),
     _M("sass_instructions", "instructions", "instructions in the kernel's SASS", "cuobjdump -sass"),
-    _M("sass_<op>", "instructions", "SASS instructions of class <op> (experiments.assemble.SASS_OPS)",
+    _M("sass_<op>", "instructions", "SASS instructions of class <op> (experiments.build.assemble.SASS_OPS)",
        "cuobjdump -sass"),
-    # -- Nsight Compute (experiments.profile); ncu.<name> itself comes from conf/ncu/metrics.yaml
-    _M("ncu_over_event_time", "ratio", "ncu.duration_us / median_us", "derived (experiments.profile)"),
-    # -- a sweep's parent run (experiments.sweep.gpu_time)
+    # -- Nsight Compute (experiments.ncu.profile); ncu.<name> itself comes from conf/ncu/metrics.yaml
+    _M("ncu_over_event_time", "ratio", "ncu.duration_us / median_us", "derived (experiments.ncu.profile)"),
+    # -- a sweep's parent run (experiments.runner.sweep.gpu_time)
     _M("sweep_wall_s", "s", "the sweep's wall time", "time.time", 2),
     _M("gpu_busy_s", "s", "seconds the sweep's runs held a GPU, summed over GPUs", "tags gpu_start_unix, "
        "gpu_end_unix", 2),
@@ -160,7 +160,7 @@ DECLARED: tuple[Metric, ...] = (
     _M("gpus", "GPUs", "GPUs the sweep's runs held", "tags gpu_uuid, pci_bus_id"),
     _M("gpu_overlaps", "pairs", "pairs of runs that held one GPU at the same time (0 expected)",
        "tags gpu_start_unix, gpu_end_unix"),
-    _M("runs_reused", "runs", "runs the sweep found measured by an earlier sweep", "experiments.track"),
+    _M("runs_reused", "runs", "runs the sweep found measured by an earlier sweep", "experiments.store.track"),
 )
 
 _BY_NAME = {m.name: m for m in DECLARED}

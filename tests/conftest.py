@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from experiments.worker import nvml_gpu
+from experiments.gpu.worker import nvml_gpu
 
 
 def _gpu_reason():
@@ -19,7 +19,7 @@ def _gpu_reason():
 _REASON = _gpu_reason()
 
 
-# ptxas -arch=A -v SRC -o OUT and cuobjdump -sass CUBIN as experiments.assemble runs them, answered from
+# ptxas -arch=A -v SRC -o OUT and cuobjdump -sass CUBIN as experiments.build.assemble runs them, answered from
 # a folder shared by the test run's processes (xdist workers, run.py's forks and interpreters) when the
 # same input was done before: key sha256 of the arch and PTX text, or of the cubin. A failure, an output
 # that names the input file, and any other command line run the tool itself.
@@ -58,7 +58,7 @@ def pytest_configure(config):
     import tempfile
     from pathlib import Path
 
-    from experiments.assemble import find_ptxas, find_tool
+    from experiments.build.assemble import find_ptxas, find_tool
     if os.environ.get("TC_TOOL_CACHE") or os.environ.get("PTXAS"):
         return
     tools = {"ptxas": find_ptxas(), "cuobjdump": find_tool("cuobjdump", "cuda_cuobjdump")}
@@ -97,7 +97,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def need_ptxas():
-    from experiments.assemble import find_ptxas
+    from experiments.build.assemble import find_ptxas
     if find_ptxas() is None:
         pytest.skip("ptxas not found (CUDA toolkit or pip install nvidia-cuda-nvcc)")
     return shutil.which("ptxas")
@@ -129,7 +129,7 @@ def _fresh_hydra():
 def run_checks(capsys):
     """``run_checks(cwd, *args)``: ``python run.py ARGS`` for a command refused before any work, run in
     this process (no interpreter start-up): run.py's checks, Hydra's composition and the sweep's start
-    up to its config check (experiments.validate.check); (exit status, stdout + stderr) as ``run_cli``
+    up to its config check (experiments.runner.validate.check); (exit status, stdout + stderr) as ``run_cli``
     returns them. A command that gets past the config check fails the test."""
     import runpy
     import signal
@@ -139,7 +139,7 @@ def run_checks(capsys):
     import hydra._internal.utils as hydra_utils
     from hydra.core.global_hydra import GlobalHydra
 
-    import experiments.sweep
+    import experiments.runner.sweep
 
     class Past(SystemExit):
         pass
@@ -147,7 +147,7 @@ def run_checks(capsys):
     def checked(config, multirun):
         check(config, multirun)
         raise Past("run.py went past its checks: run it with run_cli")
-    check = experiments.sweep.check
+    check = experiments.runner.sweep.check
 
     def run(cwd, *args):
         script = Path(__file__).resolve().parent.parent / "run.py"
@@ -156,7 +156,7 @@ def run_checks(capsys):
         with pytest.MonkeyPatch.context() as mp:
             _cli_env(mp, cwd)
             mp.setattr(sys, "argv", [str(script), *args])
-            mp.setattr(experiments.sweep, "check", checked)
+            mp.setattr(experiments.runner.sweep, "check", checked)
             mp.setattr(hydra_utils, "run_and_report", hydra_utils.run_and_report)
             try:
                 runpy.run_path(str(script), run_name="__main__")

@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from experiments.families.mma_sync.render import L2_POLICY
-from experiments.verify import bf16_values, fp8_values, make_operands
+from experiments.gpu.verify import bf16_values, fp8_values, make_operands
 
 __all__ = ["Interpreter", "run_gemm"]
 
@@ -287,7 +287,7 @@ class Interpreter:
 
 
 def run_gemm(spec, ptx: str, m: int, n: int, k: int, seed: int):
-    """Run the rendered kernel on fresh operands (:func:`experiments.verify.make_operands`, B laid
+    """Run the rendered kernel on fresh operands (:func:`experiments.gpu.verify.make_operands`, B laid
     out as the spec says) with C poisoned (0xFF bytes); returns (C as NumPy, Operands)."""
     ops = make_operands(spec.precision, m, n, k, seed, xp=np, b_layout=spec.b_layout)
     a = np.ascontiguousarray(ops.a).view(np.uint8).reshape(-1)

@@ -138,7 +138,7 @@ def test_report_errors_name_the_problem(store, tmp_path):
 
 def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_path, capsys):
     """It said 'No runs in experiment ... (sweep latest)' of a sweep that had static runs."""
-    from experiments.track import Tracker
+    from experiments.store.track import Tracker
     tr = Tracker(f"sqlite:///{tmp_path}/m.db", "tensor-core-ablations")
     parent = tr.start("sweep", {}, {"kind": "sweep", "sweep_key": "k"})
     for i in range(2):
@@ -151,7 +151,7 @@ def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_
     assert said.strip() == (
         f"Nothing to report: sweep {parent} of experiment 'tensor-core-ablations' in {tr.uri} holds no run "
         "measured on a GPU (2 static): static runs are rendered and assembled only; their table: python -m "
-        f"experiments.report --static --uri {tr.uri} --sweep {parent}. Run the sweep on a GPU, then report.")
+        f"experiments.reports.report --static --uri {tr.uri} --sweep {parent}. Run the sweep on a GPU, then report.")
     # a plain path to the store: the advice, not a traceback
     with pytest.raises(SystemExit, match=r"Cannot read the runs: .* as a SQLite store it is sqlite:///"):
         report.main(["--uri", str(tmp_path / "m.db"), "--out", str(tmp_path / "r")])

@@ -123,10 +123,10 @@ def test_params_cast_back_to_schema_types():
 
 
 def test_record_names_match_the_run_record_and_the_ncu_metric_table():
-    """Every name COLUMNS reads is declared by the run record (experiments/record.py), the metric
+    """Every name COLUMNS reads is declared by the run record (experiments/store/record.py), the metric
     declarations (experiments/metrics.py) or the ncu metric table (conf/ncu/metrics.yaml): a rename
     there fails here, pointing at analysis/runs.py; a metric column's doc is its declared unit and meaning."""
-    record = pytest.importorskip("experiments.record")
+    record = pytest.importorskip("experiments.store.record")
     from experiments import metrics
     import yaml
     table = Path(__file__).resolve().parents[1] / "conf" / "ncu" / "metrics.yaml"
@@ -143,7 +143,7 @@ def test_record_names_match_the_run_record_and_the_ncu_metric_table():
             decl = metrics.lookup(c.key)
             assert decl is not None and decl.name == c.key, f"{c.key} is not declared in experiments/metrics.py"
         else:
-            assert c.key in record.TAGS, f"{c.key} is not in experiments/record.py"
+            assert c.key in record.TAGS, f"{c.key} is not in experiments/store/record.py"
         if c.source == "metric":
             unit = metrics.lookup(c.key).unit
             assert c.doc == metrics.describe(c.key) and c.doc.startswith(unit + ": "), c
@@ -179,7 +179,7 @@ def test_store_experiments_keep_artifacts_beside_the_database(store):
     folder (MLflow's default): the test suite left an mlruns/ folder in the checkout."""
     import mlflow
 
-    from experiments.track import sqlite_path
+    from experiments.store.track import sqlite_path
     client = mlflow.MlflowClient(store["uri"])
     beside = (sqlite_path(store["uri"]).parent / "artifacts").as_uri()
     made = [e for e in client.search_experiments() if e.name != "Default"]     # MLflow's own, never used

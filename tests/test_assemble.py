@@ -1,4 +1,4 @@
-"""experiments/assemble.py: ptxas report parsing, occupancy, SASS mix and summary, errors, and a
+"""experiments/build/assemble.py: ptxas report parsing, occupancy, SASS mix and summary, errors, and a
 covering subset of the whole kernel space assembled by ptxas for sm_80, sm_89, sm_90 and sm_120."""
 import hashlib
 import itertools
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.assemble import (PTXAS_HINT, SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble,
+from experiments.build.assemble import (PTXAS_HINT, SASS_OPS, Assembly, PtxasError, PtxasMissing, assemble,
                                   disassemble, find_ptxas, find_tool, misaligned_descriptors,
                                   parse_ptxas_report, sass_mix, sass_opcodes, sass_summary,
                                   theoretical_occupancy)

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from test_cli import all_runs, run_cli, store_args
 
 from experiments import families
-from experiments.assemble import smem_padding, theoretical_occupancy
+from experiments.build.assemble import smem_padding, theoretical_occupancy
 from experiments.config import Config, family_schema
 from experiments.families.runner import launch_padding
 from experiments.spec import SpecError
@@ -89,7 +89,7 @@ def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_
 def test_the_run_key_names_a_cap_only_when_one_is_set(tmp_path):
     """The kernel's identity (the run key's part) is the one it had before the setting existed unless a
     cap is set; the worker gets the padding then, and only then."""
-    from experiments.kernel import make_kernel
+    from experiments.runner.kernel import make_kernel
     make = lambda *dotlist: make_kernel(_config("mma_sync", "int8", {}, ["tile.block=[64,64]",  # noqa: E731
                                                                           "tile.warps=[2,2]", *dotlist]),
                                         tmp_path, None, False, {}, print)
@@ -114,14 +114,14 @@ def _config(family: str, precision: str, options: dict, dotlist: list):
     ("dp4a", "int8", {"name": "dp4a", "block": "64x64"}, [], 2)])
 def test_the_padded_launch_verifies_and_the_driver_agrees_on_the_blocks(tmp_path, family, precision, options,
                                                                          dotlist, cap):
-    """The worker's path (experiments.kernel.make_kernel, then worker.measure_family) with the cap: C
+    """The worker's path (experiments.runner.kernel.make_kernel, then worker.measure_family) with the cap: C
     verified (integers exactly), and cuOccupancyMaxActiveBlocksPerMultiprocessor with the launch's
     shared memory gives the blocks_per_sm the run logs."""
     import shutil
 
     from experiments.families import Build, gpu
-    from experiments.kernel import make_kernel
-    from experiments.worker import measure_family
+    from experiments.runner.kernel import make_kernel
+    from experiments.gpu.worker import measure_family
     if family in ("wmma", "dp4a") and shutil.which("nvcc") is None:
         pytest.skip("the padding of a CUDA C++ kernel needs its registers from nvcc -ptx and ptxas")
     cc = gpu.device_sm()
@@ -149,7 +149,7 @@ def test_the_profiler_launches_a_capped_run_with_its_padding(tmp_path):
     memory its launch added (metric smem_padding_bytes), an uncapped run's none."""
     from types import SimpleNamespace as NS
 
-    from experiments.ncu_launch import plan_item
+    from experiments.ncu.launch import plan_item
     fam = families.get("dp4a")
     spec = fam.spec("int8", {"block": "64x64"}, "sm_90")
     params = {"family": "dp4a", "precision": "int8", "family.block": "64x64", "spec.arch": "sm_90",

@@ -1,4 +1,4 @@
-"""Claims and liveness across processes and hosts (experiments.track: Tracker.claim, claim_marker,
+"""Claims and liveness across processes and hosts (experiments.store.track: Tracker.claim, claim_marker,
 stale): at most one run per measurement however many claimants race, on SQLite and on a tracking
 server backed by PostgreSQL; a run whose heartbeat stopped is closed KILLED by any host and measured
 again. The heavy race is ``python tools/claim_race.py --processes 8 --trials 20 --postgres``."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import track
-from experiments.track import Tracker, claim_marker
+from experiments.store import track
+from experiments.store.track import Tracker, claim_marker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

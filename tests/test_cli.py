@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.variants import listed
+from experiments.runner.variants import listed
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "cli-tests"
@@ -333,12 +333,12 @@ def _run_module():
 def _refusal(argv):
     """The line ``python run.py ARGV`` is refused with before any work (None: it is not): Hydra composes
     the config in this process as run.py's Hydra does (a sweep: each job's values, at the sweep's
-    start), through run.py's error report and experiments.validate.check."""
+    start), through run.py's error report and experiments.runner.validate.check."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from experiments.validate import Invalid, check
+    from experiments.runner.validate import Invalid, check
     multirun = "-m" in argv
     overrides = [a for a in argv if not a.startswith("-")]
 
@@ -360,7 +360,7 @@ def _compose(*overrides):
     from hydra import compose, initialize_config_dir
 
     from experiments.config import register
-    from experiments.variants import register as register_variants
+    from experiments.runner.variants import register as register_variants
     register()
     register_variants()                 # the variants conf/experiment/ lists (variant=gen_wgmma, ...)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
@@ -383,7 +383,7 @@ def test_integer_family_options_keep_params_and_kernel_names():
     and run key's kernel part the same as when the options were Enum members."""
     from experiments import families
     from experiments.families.runner import family_options, family_spec
-    from experiments.track import flatten
+    from experiments.store.track import flatten
     cfg = _compose("family=wgmma", "family.bn=0128", "family.stages=3", "family.persistent=true")
     options = family_options(cfg)
     assert {k: options[k] for k in ("bn", "consumers", "producer", "stages", "swizzle", "persistent", "order")} == {
@@ -650,7 +650,7 @@ def test_forked_command_says_what_a_fresh_interpreter_says(tmp_path, args):
 
 
 def test_hydra_composes_each_config_once_per_command(monkeypatch):
-    """experiments.sweep.compose_once: a repeated composition (Hydra's mode check, its sweeper's check
+    """experiments.runner.sweep.compose_once: a repeated composition (Hydra's mode check, its sweeper's check
     of each job, its launcher) is a copy of the first; what it reads (overrides, mode, folder,
     environment) composes anew, and Hydra's override checks still run on each call."""
     from hydra import initialize_config_dir
@@ -660,7 +660,7 @@ def test_hydra_composes_each_config_once_per_command(monkeypatch):
     from hydra.types import RunMode
 
     from experiments.config import register
-    from experiments.sweep import compose_once
+    from experiments.runner.sweep import compose_once
     register()
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", ConfigLoaderImpl.load_configuration)  # undone after
     impl, calls = ConfigLoaderImpl._load_configuration_impl, []

@@ -4,7 +4,7 @@ A run that FAILED (rejected by ptxas, a wrong result, a GPU fault) fails the com
 sweep's parent run (FAILED, with the count as its reason), after the sweep ran to its end; a skipped
 combination fails nothing. A sweep Hydra expands otherwise than it is written is recorded with the
 values that ran. Values longer than MLflow keeps are kept whole as artifacts. Job folders fit the
-file system. Each test runs ``run.py`` (or ``experiments.profile``) as a user would, on the static path.
+file system. Each test runs ``run.py`` (or ``experiments.ncu.profile``) as a user would, on the static path.
 """
 import os
 from pathlib import Path
@@ -73,7 +73,7 @@ def test_a_sort_of_a_range_is_recorded_with_the_values_that_ran(tmp_path):
     ("s=3", None), ("s=glob(*)", None),
 ])
 def test_values_as_run(text, expected):
-    from experiments.sweep import values_as_run
+    from experiments.runner.sweep import values_as_run
     assert values_as_run([text]) == ({text: expected} if expected else {})
 
 
@@ -174,7 +174,7 @@ def test_slurm_launcher_without_slurm_is_one_line(tmp_path):
 
 def test_import_into_a_file_store_is_one_line(tmp_path, module_cli):
     report = ROOT / "tests" / "data" / "ncu" / "text_report_synthetic.txt"
-    rc, out, err = module_cli("experiments.profile", "--import-text", str(report), "--uri", f"file:{tmp_path}/mlruns",
+    rc, out, err = module_cli("experiments.ncu.profile", "--import-text", str(report), "--uri", f"file:{tmp_path}/mlruns",
                               cwd=ROOT)
     assert rc == 2 and out == "", out + err
     assert err.splitlines() == [
@@ -196,7 +196,7 @@ def test_job_folders_fit_the_file_system(tmp_path):
 
 
 def test_job_dir_name():
-    from experiments.sweep import NAME_MAX, job_dir_name
+    from experiments.runner.sweep import NAME_MAX, job_dir_name
     assert job_dir_name(3, "precision=int8,ktile=64") == "3_precision=int8,ktile=64"
     long = "x=" + "é" * 300                     # two bytes each: cut on a character's boundary
     a, b = job_dir_name(0, long), job_dir_name(0, long + "y")
@@ -209,7 +209,7 @@ def test_failure_summary_counts_each_stage():
     """Wrong results and GPU faults (GPU runs) fail the sweep as a rejection does."""
     from types import SimpleNamespace
 
-    from experiments.record import failure_summary
+    from experiments.store.record import failure_summary
     runs = [SimpleNamespace(data=SimpleNamespace(tags={"failed_stage": s})) for s in ("verify", "gpu", "verify", "job")]
     assert failure_summary(runs, 9) == ("4 of 9 run(s) failed: 1 GPU fault(s), 1 job(s) could not run, "
                                         "2 wrong result(s)")

@@ -1,4 +1,4 @@
-"""Operand data as an axis (root key ``data``, experiments.verify.Data): what each kind draws, exactly
+"""Operand data as an axis (root key ``data``, experiments.gpu.verify.Data): what each kind draws, exactly
 today's operands for ``full``, the tolerance each is verified with, the param and the run key of a run,
 and the values refused before any work. The GPU check of each kind is ``test_data_kinds_verify_on_the_gpu``."""
 import hashlib
@@ -8,7 +8,7 @@ import pytest
 from test_family_runner import EXPERIMENT, _children, _compose, _stub_gpu
 
 from experiments.dtypes import DType
-from experiments.verify import (Data, check, data_kind, data_tolerance, fp8_finite_codes, fp8_values,
+from experiments.gpu.verify import (Data, check, data_kind, data_tolerance, fp8_finite_codes, fp8_values,
                                 make_operands)
 
 PRECISIONS = [d.name for d in DType]
@@ -112,8 +112,9 @@ def test_data_is_a_param_of_every_run_and_in_the_key_only_when_not_full(tmp_path
     name) whose worker draws zeros; running data=full again finds its run measured."""
     from omegaconf import OmegaConf
 
-    from experiments import kernel, track
-    from experiments.timing import key_items
+    from experiments.runner import kernel
+    from experiments.store import track
+    from experiments.gpu.timing import key_items
     job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
     sizes = "problem.sizes=[512]"
     assert job.run_job(_compose("family=dp4a", "precision=int8", sizes, *store))["finished"] == 1
@@ -135,8 +136,8 @@ def test_data_is_a_param_of_every_run_and_in_the_key_only_when_not_full(tmp_path
         "finished": 0, "failed": 0, "done_before": 1}
     assert len(worker.calls) == 2
     # the tables keep the two apart: the results table, the sweep's best kernel per precision and data
-    from experiments.record import sweep_note
-    from experiments.report import results_table
+    from experiments.store.record import sweep_note
+    from experiments.reports.report import results_table
     kern = full.data.tags["kernel"]
     rows = [line.split(" | ")[1] for line in results_table(store[0].split("=", 1)[1], EXPERIMENT).splitlines()
             if line.startswith("| NVIDIA H200")]
@@ -174,8 +175,9 @@ def test_a_sweep_over_families_skips_the_one_with_fixed_operands(tmp_path, need_
 
 
 def test_a_skipped_combination_keeps_its_key_with_data_full():
-    from experiments import job, track
-    from experiments.timing import key_params
+    from experiments.runner import job
+    from experiments.store import track
+    from experiments.gpu.timing import key_params
     params = {"precision": "int8", "mma": "m16n8k64", "ktile": 64, "timing.batches": 10, "timing.repeats": 1}
     before = track.run_key("skipped", sorted(key_params(params).items()))
     assert job.skipped_key({**params, "data": "full"}) == before

@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import config, families, hardware, spec, spec_tables, verify
+from experiments import config, families, hardware, spec, spec_tables
+from experiments.gpu import verify
 from experiments.families.mma_sync import config as root_config
 from experiments.dtypes import FP8_RTOL, Accum, DType, accum, dtype, tolerance
 

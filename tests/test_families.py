@@ -6,7 +6,7 @@ Compilation covers the whole space, not a subset: the CUDA C++ kernels of one ar
 translation unit (``nvcc -arch=sm_XX -ptx``, then ``ptxas -v`` on the result), one nvcc per arch;
 the mma.sync peak PTX (10-12 per arch) is assembled file by file, and so is every wgmma peak
 (``instruction=wgmma``, sm_90a: one per precision and the loop structures the GPU test compares),
-through experiments.assemble (the build fails on the C75xx infos: wgmma serialized, a wait or fence
+through experiments.build.assemble (the build fails on the C75xx infos: wgmma serialized, a wait or fence
 injected), with its SASS. All calls run in a thread pool; the file takes about 10 s on 2 cores. Tests
 that need nvcc or ptxas skip with the reason where they are absent.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from experiments import families
-from experiments.assemble import parse_ptxas_report
+from experiments.build.assemble import parse_ptxas_report
 from experiments.families.base import FamilySpec
 from experiments.families.peak import (CLOCK_RECORD, INSTRUCTIONS, WGMMA_WORK, expected_accumulators,
                                        expected_fed, expected_wgmma, kernel_clock, mma_per_warp, operand_words,
@@ -491,7 +491,7 @@ def test_wgmma_peak_assembles(tmp_path, need_ptxas):
     """Every wgmma peak (one per precision) and every structure of WGMMA_STRUCTURES (fp16) assembles for
     sm_90a without spills and without a C75xx info; its SASS holds the precision's warpgroup MMA once
     per wgmma of a unit and one warpgroup wait per commit group (ptxas kept the structure)."""
-    from experiments.assemble import assemble, fatal_infos, sass_summary
+    from experiments.build.assemble import assemble, fatal_infos, sass_summary
     from experiments.families.runner import sass_subject
     fam = families.get("peak")
     specs = [s for s in fam.space("sm_90") if s.p.get("instruction") == "wgmma"]
@@ -539,7 +539,7 @@ def _assert_sass_clocks_around(sass, mma_op, entry):
 def test_peak_sass_reads_the_clock_around_the_loop(tmp_path, need_ptxas):
     """The register-only and the ldmatrix-fed mma.sync loops (fp16) on sm_80, sm_89 and sm_90: ptxas keeps
     the clock reads outside the loop, the first before the first HMMA, the last after the stores."""
-    from experiments.assemble import assemble
+    from experiments.build.assemble import assemble
     fam = families.get("peak")
     specs = [_spec("peak", "fp16", arch, **opts) for arch in ARCHS for opts in ({}, {"feed": "ldmatrix"})]
 

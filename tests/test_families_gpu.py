@@ -15,7 +15,7 @@ import pytest
 from test_families import wgmma_variant
 
 from experiments import families
-from experiments.timing import time_launches
+from experiments.gpu.timing import time_launches
 
 pytestmark = pytest.mark.gpu
 

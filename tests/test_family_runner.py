@@ -1,6 +1,6 @@
 """The kernel families in the runner: ``family`` as a config group with typed options, static runs of
 every family through run.py (skipped combinations with their reason, cuBLAS "needs a GPU"), run
-names and params, and the speedup / pct_of_peak relations (experiments.compare) on a store built
+names and params, and the speedup / pct_of_peak relations (experiments.reports.compare) on a store built
 here: wgmma runs divide by the wgmma peak (``family=peak family.instruction=wgmma``), every other
 family by the mma.sync peak. GPU tests (``gpu`` marker): the families verified through run.py, and
 pct_of_peak from a peak run of each generation.
@@ -17,13 +17,15 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_cli import empty_store_at
 
-from experiments import compare, families, record
+from experiments.reports import compare
+from experiments import families
+from experiments.store import record
 from experiments.config import register
-from experiments.report import families_table
+from experiments.reports.report import families_table
 from experiments.families.runner import family_name, family_options, family_spec, family_shapes
 from experiments.spec import SpecError
 from experiments.families.mma_sync.spec import spec_from_config
-from experiments.track import Tracker
+from experiments.store.track import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = "family-tests"
@@ -327,7 +329,8 @@ def _stub_gpu(tmp_path, monkeypatch, us):
     store overrides, worker)."""
     import contextlib
 
-    from experiments import job, track
+    from experiments.runner import job
+    from experiments.store import track
     gpu = {"gpu": "NVIDIA H200", "compute_capability": 90, "driver": "580.1", "cuda_driver": "13.0",
            "pci_bus_id": "0000:01:00.0", "uuid": "GPU-1"}
     monkeypatch.chdir(tmp_path)
@@ -428,7 +431,7 @@ def _gpu_sweep(tmp, *args):
 def test_measure_family_in_process(family, precision):
     """The worker function itself: verified (exactly for integers, within rtol for floats), then timed."""
     from experiments.families.gpu import device_sm
-    from experiments.worker import measure_family
+    from experiments.gpu.worker import measure_family
     fam = families.get(family)
     spec = fam.spec(precision, {}, f"sm_{device_sm()}")
     b = fam.build(spec)
@@ -512,7 +515,7 @@ def test_config_schema_lists_every_family():
 
 def test_mma_sync_keys_given_to_another_family_are_named():
     """`family=wgmma ktile=16 tile=64x64 pipeline.stages=7` built the default wgmma kernel silently."""
-    from experiments.job import ignored_keys
+    from experiments.runner.job import ignored_keys
     over = "family=wgmma ktile=16 tile=64x64 pipeline.stages=7 +cache.op=ca precision=fp16 family.bn=128"
     assert ignored_keys(over, "wgmma") == ["ktile", "tile", "pipeline.stages", "cache.op"]
     assert ignored_keys(over, "mma_sync") == []

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from experiments.variants import listed
+from experiments.runner.variants import listed
 from test_cli import ROOT, _empty_store, _refusal, _run_module, all_runs, empty_store_at, run_cli, store_args
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
@@ -293,7 +293,7 @@ def test_quoted_non_ascii_values_are_tracked(tmp_path):
 
 
 def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, module_cli):
-    """experiments.report, experiments.performance and analysis.report exited 2 on a sweep of static
+    """experiments.reports.report, experiments.reports.performance and analysis.report exited 2 on a sweep of static
     runs and the notebooks printed "0 runs": each now names what the sweep holds and the command that
     tables its static runs, which the sweep prints too."""
     from analysis.runs import load_runs, unmeasured_note
@@ -311,7 +311,7 @@ def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, 
     for r in children:
         row = next(line for line in rows if line.startswith(f"| {r.data.tags['kernel']} | sm_90 |"))
         assert f"| {r.data.metrics['registers']:.0f} |" in row and row.endswith(f"| {r.data.tags['mma_native']} |")
-    for module in ("experiments.report", "experiments.performance", "analysis.report"):
+    for module in ("experiments.reports.report", "experiments.reports.performance", "analysis.report"):
         args = ["--uri", uri, "--experiment", "cli-tests"] + (["--no-log"] if module == "analysis.report" else [])
         rc, _, err = module_cli(module, *args, cwd=ROOT)
         assert rc == 2 and "2 static" in err and "Traceback" not in err, err
@@ -355,14 +355,14 @@ def test_the_static_table_of_a_failed_sweep_lists_its_kernels_and_why(tmp_path, 
     assert any(row.startswith(line) and row.endswith("Unsupported .version 9.9; current version is '9.0'")
                for row in table.splitlines()), table
     # a sweep whose runs were all skipped: each with its reason
-    from experiments.track import Tracker
+    from experiments.store.track import Tracker
     tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "cli-tests", create=False)
     parent = tr.start("sweep skipped", {}, {"kind": "sweep", "sweep_key": "skipped-only"})
     tr.end(tr.start("skipped family=cublas precision=fp8_e4m3", {}, {"backend": "static"}, parent), "KILLED",
            "cuBLAS has no fp8 GEMM on sm_80")
     tr.log(tr.sweep_runs(parent)[0].info.run_id, tags={"outcome": "skipped"})
     tr.end(parent)
-    rc, table, err = module_cli("experiments.report", "--static", "--uri", tr.uri, "--experiment", "cli-tests",
+    rc, table, err = module_cli("experiments.reports.report", "--static", "--uri", tr.uri, "--experiment", "cli-tests",
                                 "--sweep", parent, cwd=ROOT)
     assert rc == 0 and "0 kernel(s), 1 skipped" in table, (table, err)
     assert "- skipped family=cublas precision=fp8_e4m3 (-): skipped: cuBLAS has no fp8 GEMM on sm_80" in table
@@ -372,7 +372,7 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
     """`report --static --sweep latest` after an overlapping sweep listed its kernels with no reused
     marker; `report --sweep latest` counted the whole store's static runs and dropped --sweep from the
     command it gave."""
-    from experiments.track import MEMBER, Tracker
+    from experiments.store.track import MEMBER, Tracker
     tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     sweeps = [tr.start(f"sweep {i}", {}, {"kind": "sweep", "sweep_key": f"k{i}"}) for i in range(2)]
     made = {}
@@ -384,17 +384,17 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
     tr.client.set_tag(made["gemm_int8_bk64"], MEMBER.format(sweeps[1]), "reused")   # as Tracker.join does
     for rid in sweeps:
         tr.end(rid)
-    rc, table, err = module_cli("experiments.report", "--static", "--uri", tr.uri, "--experiment", "e",
+    rc, table, err = module_cli("experiments.reports.report", "--static", "--uri", tr.uri, "--experiment", "e",
                                 "--sweep", "latest", cwd=ROOT)
     assert rc == 0, err
     assert table.splitlines()[0].endswith(": 2 kernel(s) (1 reused from earlier sweeps)"), table
     assert "| gemm_int8_bk64 (reused) | sm_90 | 128 |" in table and "| gemm_int8_bk128 | sm_90 | 128 |" in table
     assert "bk32" not in table
-    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+    rc, out, err = module_cli("experiments.reports.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
                               cwd=ROOT)
     assert rc == 2 and f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s)" in err
     assert f"python -m experiments.report --static --uri {tr.uri} --experiment e --sweep {sweeps[1]} tables" in err
-    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+    rc, out, err = module_cli("experiments.reports.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
                               "--by-family", cwd=ROOT)
     assert rc == 2 and err == (f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s) "
                                "(rendered and assembled only): nothing to compare.\n"), err
@@ -420,7 +420,7 @@ def test_restore_command_of_a_deleted_experiment_works_when_pasted(tmp_path):
     import subprocess
 
     import mlflow
-    from experiments.track import StoreError, Tracker
+    from experiments.store.track import StoreError, Tracker
     uri = f"sqlite:///{tmp_path}/a store/m.db"
     (tmp_path / "a store").mkdir()
     tr = Tracker(uri, "gone")
@@ -440,7 +440,7 @@ def test_restore_command_of_a_deleted_experiment_works_when_pasted(tmp_path):
 
 def test_unknown_sweep_names_the_store_in_the_mlflow_ui_command(tmp_path):
     from analysis.runs import RunsError, load_runs
-    from experiments.track import Tracker
+    from experiments.store.track import Tracker
     uri = f"sqlite:///{tmp_path}/a store/m.db"
     (tmp_path / "a store").mkdir()
     Tracker(uri, "tensor-core-ablations")
@@ -457,7 +457,7 @@ def test_report_on_a_closed_stdout_exits_quietly(static_sweep, buffered):
     import sys
     folder, rc, out = static_sweep
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED" or not buffered}
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.report", "--static", "--uri",
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.reports.report", "--static", "--uri",
                              f"sqlite:///{folder}/mlflow.db", "--experiment", "cli-tests"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()                       # as `| head -1` does once it has its line
@@ -465,8 +465,8 @@ def test_report_on_a_closed_stdout_exits_quietly(static_sweep, buffered):
     assert proc.wait(timeout=120) == 1 and err == "", err
 
 
-@pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "analysis.report",
-                                    "experiments.profile"])
+@pytest.mark.parametrize("module", ["experiments.reports.report", "experiments.reports.performance", "analysis.report",
+                                    "experiments.ncu.profile"])
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")    # runpy, on a module imported before
 def test_report_commands_share_the_closed_stdout_guard(module, monkeypatch):
     """Each report command's entry point runs its main() through experiments.cli.run_main."""

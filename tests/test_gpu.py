@@ -43,7 +43,7 @@ def _spec(arch, **kw) -> KernelSpec:
 
 def _family_call(spec, ptx: str) -> dict:
     """The kwargs of the worker's ``measure_family`` for ``spec`` with the PTX text ``ptx``, as the
-    runner makes them (experiments.kernel.make_kernel)."""
+    runner makes them (experiments.runner.kernel.make_kernel)."""
     return {"family": spec.family, "precision": spec.precision, "arch": spec.arch,
             "params": [list(p) for p in spec.params],
             "build": {"kind": "ptx", "source": ptx, "entry": spec.entry, "options": []}}
@@ -53,10 +53,10 @@ def _run(spec, m, n, k, seed, tmp_path, ptx=None, rtol=1e-3):
     """Launch once on fresh operands (B stored as the spec says); returns (C, operands, VerifyResult)."""
     import cupy
 
-    from experiments.launch import GemmLaunch, load_kernel
+    from experiments.gpu.launch import GemmLaunch, load_kernel
     from experiments.dtypes import tolerance
     from experiments.families.mma_sync.render import render
-    from experiments.verify import check, make_operands, poison
+    from experiments.gpu.verify import check, make_operands, poison
     ptx = ptx or render(spec)
     path = tmp_path / f"{spec.entry}.ptx"
     path.write_text(ptx)
@@ -169,7 +169,7 @@ def test_l2_hints(arch, tmp_path):
     cudaErrorIllegalInstruction on an H200 before the template kept its refill address per thread:
     see test_assemble.FAULTING_SASS.)"""
     from experiments.families.mma_sync.render import render
-    from experiments.worker import GpuWorker
+    from experiments.gpu.worker import GpuWorker
     worker = GpuWorker()
     timing = dict(warmup=1, batches=1, min_batch_ms=0.1, max_launches=1, cuda_graph=False, l2_flush=False)
     try:
@@ -228,7 +228,7 @@ def test_measure_in_the_worker_with_row_b_and_f16_c(arch, tmp_path):
     in the accumulator's dtype."""
     from experiments.dtypes import tolerance
     from experiments.families.mma_sync.render import render
-    from experiments.worker import GpuWorker
+    from experiments.gpu.worker import GpuWorker
     s = _spec(arch, b_layout="row", loader_b="x4", acc="f16")
     ptx = render(s)
     (tmp_path / "k.ptx").write_text(ptx)
@@ -251,10 +251,10 @@ def test_a_small_kernel_times_the_same_whatever_the_process_ran_before(arch, tmp
     for a 5 us kernel), so one-process and parallel sweeps disagreed on small kernels."""
     import cupy
 
-    from experiments.launch import GemmLaunch, load_kernel
+    from experiments.gpu.launch import GemmLaunch, load_kernel
     from experiments.families.mma_sync.render import render
-    from experiments.timing import time_launches
-    from experiments.verify import make_operands
+    from experiments.gpu.timing import time_launches
+    from experiments.gpu.verify import make_operands
     s = _spec(arch, bm=64, bn=64)
     ptx = render(s)
     (tmp_path / "k.ptx").write_text(ptx)
@@ -280,7 +280,7 @@ def test_the_hosts_enqueue_time_is_not_timed_and_a_gate_that_timed_out_refuses_t
 
     import cupy
 
-    from experiments import timing
+    from experiments.gpu import timing
     gate, stream, after = timing._Gate.get(), cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event()
     gate.hold(stream)
     after.record(stream)
@@ -309,7 +309,7 @@ def test_a_graph_that_blocks_its_launch_behind_the_gate_is_timed_with_fewer_laun
     gate until the gate's 2 s timeout, so the run failed in every generations sweep; it is timed with a
     quarter of the launches instead, and verifies exactly."""
     from experiments import families
-    from experiments.timing import time_launches
+    from experiments.gpu.timing import time_launches
     fam = families.get("cublas")
     spec = fam.spec("int8", {}, arch)
     prep = fam.prepare(spec, fam.build(spec), 2048, 2048, 2048, seed=1)
@@ -324,7 +324,7 @@ def test_warm_up_pays_the_first_call_costs_under_the_gpu_lock(tmp_path, monkeypa
     import threading
     import time
 
-    from experiments.worker import GpuWorker, gpu_lock, nvml_gpu
+    from experiments.gpu.worker import GpuWorker, gpu_lock, nvml_gpu
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))      # locks of this test only (here
     monkeypatch.setenv("TMPDIR", str(tmp_path))                   # and in the worker it spawns)
     bus = nvml_gpu()["pci_bus_id"]
@@ -355,9 +355,9 @@ def test_warm_up_pays_the_first_call_costs_under_the_gpu_lock(tmp_path, monkeypa
 def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
     """A nonzero only at even k, B only at odd k: C must be exactly 0; same parity: not 0."""
     import cupy
-    from experiments.launch import GemmLaunch, load_kernel
+    from experiments.gpu.launch import GemmLaunch, load_kernel
     from experiments.families.mma_sync.render import render
-    from experiments.verify import pack_int4
+    from experiments.gpu.verify import pack_int4
     spec = KernelSpec("int4", 64, 64, 128, 128, 2, 4, 2, "cg", arch)
     m = n = k = 256
     rs = np.random.RandomState(7)
@@ -380,7 +380,7 @@ def test_int4_nibble_order_pairs_equal_k(arch, tmp_path):
 
 
 def test_jit_failure_shows_driver_log(arch, tmp_path):
-    from experiments.launch import PtxJitError, load_kernel
+    from experiments.gpu.launch import PtxJitError, load_kernel
     from experiments.families.mma_sync.render import render
     spec = _spec(arch)
     bad = render(spec).replace("mma.sync.aligned", "mma.sync.bogus", 1)
@@ -410,7 +410,7 @@ FAULT_PTX = """
 
 def test_worker_survives_a_faulting_kernel(arch, tmp_path):
     from experiments.families.mma_sync.render import render
-    from experiments.worker import GpuWorker, WorkerError
+    from experiments.gpu.worker import GpuWorker, WorkerError
     spec = KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cg", arch)
     timing = dict(warmup=1, batches=3, min_batch_ms=1.0, max_launches=10, cuda_graph=True, l2_flush=False)
     fault = FAULT_PTX.format(entry=spec.entry).replace(".target sm_90", f".target {arch}").replace(

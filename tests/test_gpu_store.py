@@ -40,7 +40,7 @@ def test_parallel_jobs_take_turns_on_the_gpu(tmp_path):
 def test_all_gpus_of_the_node(tmp_path):
     """hydra/launcher=gpus: two job processes per GPU, each pinned to one GPU; on each GPU the
     timings never overlap (also as the sweep's summary counts them), and every run names its GPU."""
-    from experiments.worker import gpu_count
+    from experiments.gpu.worker import gpu_count
     if gpu_count() < 2:
         pytest.skip(f"needs 2 or more GPUs; this node has {gpu_count()}")
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")

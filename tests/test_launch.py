@@ -1,8 +1,8 @@
-"""experiments.launch.pack_args: launch arguments checked against their .param types."""
+"""experiments.gpu.launch.pack_args: launch arguments checked against their .param types."""
 import numpy as np
 import pytest
 
-from experiments.launch import KERNEL_PARAMS, LaunchConfigError, pack_args
+from experiments.gpu.launch import KERNEL_PARAMS, LaunchConfigError, pack_args
 
 
 def _values(**over):

@@ -8,10 +8,10 @@ import yaml
 from test_family_runner import _compose
 
 from experiments.config import Config
-from experiments.performance import main, methodology
-from experiments.track import Tracker
-from experiments.variants import register as register_variants
-from experiments.variants import swept_params
+from experiments.reports.performance import main, methodology
+from experiments.store.track import Tracker
+from experiments.runner.variants import register as register_variants
+from experiments.runner.variants import swept_params
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = ROOT / "conf" / "experiment" / "methodology.yaml"
@@ -115,7 +115,7 @@ def test_methodology_preset_takes_the_data_axis():
 def test_performance_and_generations_reports_show_power_and_energy(tmp_path):
     """The check's and the generations' reports add the mean power, throughput per W and energy per
     launch of the runs they compare (the sustained runs above); without power readings, one line says so."""
-    from experiments.performance import check, generations
+    from experiments.reports.performance import check, generations
     tr = _store(tmp_path, [r for r in ROWS if r[3] == "sustained" and r[4] in ("full", None)])
     gen = generations(tr.uri, "e").splitlines()
     assert ("| precision | N | mma.sync W | mma.sync per W | mma.sync J per launch | wgmma W | wgmma per W | "

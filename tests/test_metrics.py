@@ -4,10 +4,12 @@ import pytest
 from test_family_runner import EXPERIMENT, _compose, _stub_gpu
 
 from analysis.runs import load_runs
-from experiments import metrics, record, sweep
-from experiments.track import Tracker
+from experiments import metrics
+from experiments.store import record
+from experiments.runner import sweep
+from experiments.store.track import Tracker
 
-# NVML's clock and power samples of the timing (experiments.timing.clock_summary), unrounded
+# NVML's clock and power samples of the timing (experiments.gpu.timing.clock_summary), unrounded
 NVML = {"sm_clock_mhz_mean": 1834.2617, "sm_clock_mhz_min": 1800.0, "sm_clock_mhz_max": 1845.0,
         "sm_clock_samples": 40, "sm_clock_mhz_max_possible": 1980.0, "power_w_mean": 612.3456,
         "power_w_max": 650.04, "power_limit_w": 700.0}

@@ -1,4 +1,4 @@
-"""experiments/ncu.py and ncu_text.py: ncu CSV pages and text reports parsed to the values the files
+"""experiments/ncu/__init__.py and ncu_text.py: ncu CSV pages and text reports parsed to the values the files
 hold; the canonical metric table checked against `ncu --query-metrics` output of each chip."""
 import re
 from decimal import Decimal
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from experiments import ncu
-from experiments.ncu_text import parse_text_report, program_info
+from experiments.ncu.text import parse_text_report, program_info
 
 DATA = Path(__file__).resolve().parent / "data" / "ncu"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -282,7 +282,7 @@ def test_metric_sets(tmp_path):
 
 
 def test_profile_output_errors():
-    from experiments import ncu_launch as nl
+    from experiments.ncu import launch as nl
     with pytest.raises(nl.CounterPermissionError, match="NVreg_RestrictProfilingToAdminUsers=0"):
         nl.check_profile_output("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission", "regex:^(a)$")
     with pytest.raises(nl.NoKernelsProfiled, match=r"no kernel matching -k regex:\^\(gemm_a\|gemm_b\)\$"):

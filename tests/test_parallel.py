@@ -65,7 +65,7 @@ def test_prewarm_starts_the_processes_the_jobs_then_run_in():
     from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
     from joblib import Parallel, delayed
 
-    from experiments.sweep import prewarm, release_job_processes
+    from experiments.runner.sweep import prewarm, release_job_processes
     launcher = _launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     thread = prewarm(launcher, gpu=False)
     thread.join(120)
@@ -90,7 +90,7 @@ def test_prewarm_starts_the_processes_the_jobs_then_run_in():
 
 def test_prewarm_refuses_zero_job_processes():
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    from experiments.sweep import prewarm
+    from experiments.runner.sweep import prewarm
     with pytest.raises(SystemExit, match=r"hydra.launcher.n_jobs=0: .*a positive count of job processes"):
         prewarm(_launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=0"), gpu=False)
 
@@ -154,7 +154,7 @@ def _run(gpu, start, end):
 
 
 def test_gpu_time_sums_windows_per_gpu_and_counts_overlaps():
-    from experiments.sweep import gpu_time
+    from experiments.runner.sweep import gpu_time
     runs = [_run("GPU-aaaa", 100.0, 102.5), _run("GPU-aaaa", 103.0, 104.0), _run("GPU-bbbb", 101.0, 104.5)]
     line, m = gpu_time(runs, 100.0, 110.0)
     assert m == {"sweep_wall_s": 10.0, "gpu_busy_s": 7.0, "gpu_busy_share": 0.35, "gpus": 2, "gpu_overlaps": 0}
@@ -199,7 +199,7 @@ def test_claim_spreads_processes_over_the_visible_gpus(monkeypatch, tmp_path, vi
     sees only its own GPU. A list in CUDA_VISIBLE_DEVICES is spread over, not all put on its first GPU."""
     import tempfile
 
-    from experiments import worker
+    from experiments.gpu import worker
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(worker, "nvml_gpu", lambda: {"uuid": os.environ["CUDA_VISIBLE_DEVICES"]})
@@ -223,7 +223,7 @@ def test_gpu_lock_lets_warm_ups_share_the_gpu_but_never_a_timing(tmp_path, monke
     import tempfile
     import threading
 
-    from experiments import worker
+    from experiments.gpu import worker
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(worker, "WAIT_NOTE_S", 0.2)
     events: list = []

@@ -1,5 +1,5 @@
 """Clock honesty (SM clock sampled during timing), tile=auto and the performance check
-(experiments/timing.py, record.py, spec.py, job.py, performance.py)."""
+(experiments/gpu/timing.py, record.py, spec.py, job.py, performance.py)."""
 import sys
 import types
 from pathlib import Path
@@ -8,14 +8,14 @@ import pytest
 from omegaconf import OmegaConf
 from test_cli import empty_store_at
 
-from experiments import record
+from experiments.store import record
 from experiments.config import Config
-from experiments.performance import check, main, sweep_run
+from experiments.reports.performance import check, main, sweep_run
 from experiments.families.mma_sync.spec import auto_tile, tile_cost
 from experiments.hardware import DEFAULT_SMS
 from experiments.spec import sm_count
-from experiments.timing import ClockSampler, clock_summary
-from experiments.track import Tracker
+from experiments.gpu.timing import ClockSampler, clock_summary
+from experiments.store.track import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,7 +161,7 @@ def test_auto_tile_fills_the_gpu_on_132_sms():
 def test_tile_auto_with_no_size_is_an_error():
     """mma_sync tile=auto with problem.sizes=[] "succeeded" with nothing tracked (the wgmma case runs
     run.py: test_wgmma_tile_auto_with_a_deep_pipeline_and_given_tile_keys)."""
-    from experiments.kernel import auto_tile_plans
+    from experiments.runner.kernel import auto_tile_plans
     cfg = OmegaConf.merge(auto_cfg(), OmegaConf.from_dotlist(["problem.sizes=[]"]))
     with pytest.raises(Exception, match="problem.sizes and problem.shapes are both empty; give at least one"):
         auto_tile_plans(cfg, None, 132)
@@ -425,7 +425,7 @@ def test_generations_table_and_wgmma_main_effects(tmp_path, capsys):
     the default in one axis each, one in two axes: each of its axes is compared with the run that shares
     the other (as epilogue=tma at stages=2 against stages=2). Without a wgmma peak the wgmma share is
     not known: it is never taken of the mma.sync peak."""
-    from experiments.performance import generations
+    from experiments.reports.performance import generations
     rows = [("mma_sync", {}, 373.6), ("cublas", {}, 626.9), ("peak", {}, 637.3),
             ("wgmma", {"family.bn": "256", "family.consumers": "2"}, 620.2),
             ("wgmma", {"family.bn": "128", "family.consumers": "2"}, 577.0),
@@ -451,7 +451,7 @@ def test_generations_wgmma_share_is_of_the_wgmma_peak(tmp_path):
     """Each generation's share is of its own peak: wgmma runs of the wgmma peak (family=peak
     family.instruction=wgmma: param spec.instruction), mma_sync of the mma.sync peak; without an
     mma_sync run the mma.sync peak is still found (through the wgmma run's GPU and precision)."""
-    from experiments.performance import generations
+    from experiments.reports.performance import generations
     wg_peak = ("peak", {"spec.instruction": "wgmma", "spec.mma": "m64n256k16"}, 930.0)
     rows = [("mma_sync", {}, 373.6), ("cublas", {}, 626.9), ("peak", {}, 637.3), wg_peak,
             ("wgmma", {}, 620.0), ("mma_sync", {"N": 512}, 30.0)]
@@ -496,7 +496,7 @@ def test_preset_builds_the_kernels_of_its_published_table(precision):
 
     from experiments.config import register
     from experiments.families.mma_sync.spec import spec_from_config
-    from experiments.variants import register as register_variants
+    from experiments.runner.variants import register as register_variants
     register()
     register_variants()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):

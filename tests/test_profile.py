@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import metrics, ncu, profile
-from experiments.ncu_launch import _artifact
+from experiments import metrics, ncu
+from experiments.ncu import profile
+from experiments.ncu.launch import _artifact
 from experiments.families.mma_sync.render import render
 from experiments.families.mma_sync.spec import KernelSpec
 
@@ -46,7 +47,7 @@ def _item_spec(item: dict):
 
 
 def _item(run_id: str, spec, source: str, n: int) -> dict:
-    """A plan item as experiments.ncu_launch.plan_item makes it: ``spec`` at N x N x N, seed 1."""
+    """A plan item as experiments.ncu.launch.plan_item makes it: ``spec`` at N x N x N, seed 1."""
     return {"run_id": run_id, "entry": spec.entry, "family": spec.family, "precision": spec.precision,
             "arch": spec.arch, "params": [list(p) for p in spec.params],
             "build": {"kind": "ptx", "source": source, "entry": spec.entry, "options": []},
@@ -55,7 +56,7 @@ def _item(run_id: str, spec, source: str, n: int) -> dict:
 
 def add_run(client, exp, parent, spec, size, tmp, status="FINISHED", verified="true", backend="gpu",
             median=None, ptx_name=None):
-    """A child run as experiments/job.py tracks a GPU measurement (tags, params, PTX artifact under
+    """A child run as experiments/runner/job.py tracks a GPU measurement (tags, params, PTX artifact under
     the run record's name; runs tracked before it have ``<entry>.ptx``)."""
     from mlflow.entities import Metric, Param
     ptx = tmp / "ptx" / (ptx_name or PTX_ARTIFACT)
@@ -115,7 +116,7 @@ def fake_ncu(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NCU_LOG", str(log))
     for var in ("FAKE_NCU_MODE", "FAKE_NCU_FAULT", "FAKE_NCU_LOADFAIL"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr("experiments.worker.nvml_gpu", lambda: GPU)
+    monkeypatch.setattr("experiments.gpu.worker.nvml_gpu", lambda: GPU)
     return log
 
 
@@ -149,7 +150,7 @@ def test_profiles_latest_sweep_into_the_same_runs(store, fake_ncu, capsys):
     names = cmd[cmd.index("--metrics") + 1].split(",")
     assert "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active" in names
     assert "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" not in names
-    assert cmd[-4:-1] == [sys.executable, "-m", "experiments.ncu_launch"]
+    assert cmd[-4:-1] == [sys.executable, "-m", "experiments.ncu.launch"]
     plan = json.loads(Path(cmd[-1]).read_text())
     item = next(it for it in plan["items"] if it["run_id"] == store["runs"]["int8_512"])
     assert _item_spec(item) == INT8 and item["family"] == "mma_sync"
@@ -338,7 +339,7 @@ def test_no_kernels_profiled_names_the_filter(store, fake_ncu, monkeypatch):
 def test_dry_run_and_missing_gpu(store, fake_ncu, monkeypatch, capsys):
     assert run(store, "--dry-run") == 0
     out = capsys.readouterr().out
-    assert "--launch-skip 3 --launch-count 3" in out and "experiments.ncu_launch" in out
+    assert "--launch-skip 3 --launch-count 3" in out and "experiments.ncu.launch" in out
     assert "--set" not in out and "--clock-control none --cache-control all --replay-mode kernel" in out
     assert run(store, "--dry-run", "--set", "full", "--replay-mode", "application") == 0
     out = capsys.readouterr().out
@@ -348,10 +349,10 @@ def test_dry_run_and_missing_gpu(store, fake_ncu, monkeypatch, capsys):
     # without ncu the plan is still printed, and says that it cannot run here
     assert run(store, "--dry-run", "--ncu", str(store["tmp"] / "no-ncu")) == 0
     assert "(not runnable here: --ncu " in capsys.readouterr().out
-    monkeypatch.setattr("experiments.worker.nvml_gpu", lambda: None)
+    monkeypatch.setattr("experiments.gpu.worker.nvml_gpu", lambda: None)
     assert run(store) == 2
     assert "no NVIDIA GPU found (NVML)" in capsys.readouterr().err
-    monkeypatch.setattr("experiments.worker.nvml_gpu", lambda: {**GPU, "gpu": "NVIDIA A100-SXM4-80GB"})
+    monkeypatch.setattr("experiments.gpu.worker.nvml_gpu", lambda: {**GPU, "gpu": "NVIDIA A100-SXM4-80GB"})
     assert run(store) == 2
     assert "measured on NVIDIA H200, this machine has NVIDIA A100-SXM4-80GB" in capsys.readouterr().out
 
@@ -403,7 +404,7 @@ def test_launcher_stops_before_any_launch_when_a_kernel_cannot_load(tmp_path):
                                                                 ("r_bad", "this is not PTX\n"))]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"items": items, "status": str(tmp_path / "status.json")}))
-    proc = subprocess.run([sys.executable, "-m", "experiments.ncu_launch", str(plan)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "experiments.ncu.launch", str(plan)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3 and "ncu_launch: start" not in proc.stdout
     failed = json.loads((tmp_path / "status.json").read_text())["failed"]
@@ -418,7 +419,7 @@ def test_launcher_runs_a_plan(tmp_path):
     items = [_item(f"r{m}", INT8, render(INT8), m) for m in (256, 512)]
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"items": items, "status": str(tmp_path / "status.json")}))
-    proc = subprocess.run([sys.executable, "-m", "experiments.ncu_launch", str(plan)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "experiments.ncu.launch", str(plan)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert [line for line in proc.stdout.splitlines() if "done" in line] == [

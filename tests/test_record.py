@@ -1,11 +1,11 @@
-"""experiments/record.py: how runs present themselves (names, decoded tags, descriptions, the UI view)."""
+"""experiments/store/record.py: how runs present themselves (names, decoded tags, descriptions, the UI view)."""
 import json
 from types import SimpleNamespace as NS
 
 import pytest
 
 from experiments import families
-from experiments.record import clock_reasons, params_of, run_name, sweep_note, sweep_view
+from experiments.store.record import clock_reasons, params_of, run_name, sweep_note, sweep_view
 
 DEFAULT = families.get(families.DEFAULT)
 
@@ -91,7 +91,8 @@ def test_git_commit_is_the_projects_own(tmp_path, monkeypatch):
     """A project folder inside another repository records no commit (not the other one's)."""
     import subprocess
 
-    from experiments import job, track
+    from experiments.runner import job
+    from experiments.store import track
     outer = tmp_path / "outer"
     (outer / "project").mkdir(parents=True)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]

@@ -22,7 +22,7 @@ from experiments.spec import SpecError
 from experiments.families.mma_sync.spec import KernelSpec, space
 from experiments.families.mma_sync.domains import LOADERS
 from experiments.dtypes import tolerance
-from experiments.verify import check
+from experiments.gpu.verify import check
 
 
 def _unswizzle(s, r, byte):
@@ -208,7 +208,7 @@ def test_swizzled_kernels_are_named_and_keyed_apart():
     """The layout is in the entry name (``_sw``), the run name (``sw``) and the run key of swizzled
     kernels; padded kernels keep the run key they had before the axis existed (no smem_layout in it)."""
     from experiments import families
-    from experiments.record import run_name
+    from experiments.store.record import run_name
     fam = families.get(families.DEFAULT)
     kw = dict(precision="int8", ktile=64, mma_k=32, bm=128, bn=256, warps_m=2, warps_n=4, stages=3,
               cache_op="cg", arch="sm_90", loader_a="x4", loader_b="x4")
@@ -228,7 +228,7 @@ def test_l2_prefetch_kernels_are_named_keyed_and_assembled_apart(tmp_path, need_
     import subprocess
 
     from experiments import families
-    from experiments.record import run_name
+    from experiments.store.record import run_name
     fam = families.get(families.DEFAULT)
     kw = dict(precision="fp16", ktile=32, mma_k=16, bm=128, bn=128, warps_m=2, warps_n=2, stages=3,
               cache_op="cg", arch="sm_90", l2_hint_b="evict_last")

@@ -1,9 +1,9 @@
-"""experiments/report.py: the results table groups runs by GPU and only reads the store."""
+"""experiments/reports/report.py: the results table groups runs by GPU and only reads the store."""
 import pytest
 from test_cli import empty_store_at
 
-from experiments.report import results_table
-from experiments.track import Tracker
+from experiments.reports.report import results_table
+from experiments.store.track import Tracker
 
 
 def test_results_table_groups_by_gpu(tmp_path):
@@ -84,7 +84,7 @@ def _static_store(tmp_path):
 
 def test_static_table_one_row_per_kernel(tmp_path):
     """Without a GPU the reports had nothing to show: the static runs get a table of their own."""
-    from experiments.report import static_table
+    from experiments.reports.report import static_table
     tr, sweeps = _static_store(tmp_path)
     assert static_table(tr.uri, "e", sweeps[0]).splitlines() == [
         f"Static runs (rendered and assembled, not run) in sweep {sweeps[0]} of {tr.uri}: 3 kernel(s), 1 skipped", "",
@@ -101,7 +101,7 @@ def test_static_table_one_row_per_kernel(tmp_path):
 
 
 def test_static_report_command(tmp_path, capsys):
-    from experiments.report import main
+    from experiments.reports.report import main
     tr, sweeps = _static_store(tmp_path)
     out = tmp_path / "static.md"
     assert main(["--uri", tr.uri, "--experiment", "e", "--static", "--sweep", sweeps[0], "--out", str(out)]) == 0
@@ -119,7 +119,7 @@ def test_static_report_command(tmp_path, capsys):
 
 def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):
     """It printed a bare header (a new user's static sweep): now one line saying why there is nothing."""
-    from experiments.report import families_table
+    from experiments.reports.report import families_table
     tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     for _ in range(3):
         tr.end(tr.start("wgmma fp16", {"family": "wgmma"}, {"backend": "static"}))
@@ -130,7 +130,7 @@ def test_families_table_of_a_store_without_gpu_runs_says_so(tmp_path):
 def test_nothing_measured_leaves_the_out_file_alone(tmp_path, capsys):
     """`python -m experiments.report --by-family --out results/h200/baselines.md` on a store of static
     runs replaced the committed table by one line; now it exits 2 and leaves the file."""
-    from experiments.report import main
+    from experiments.reports.report import main
     tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
     tr.end(tr.start("int8 bk64", {}, {"backend": "static"}))
     out = tmp_path / "baselines.md"
@@ -158,7 +158,7 @@ def _store(path, medians: dict, gpu: str, wall: float, busy: float, gpus: int):
 def test_against_compares_medians_within_the_first_spread(tmp_path):
     """One sweep on one GPU and on two (figures of the int8 study preset on a 2-GPU H200): per kernel and
     size the difference and whether it is within the first run's spread, then both sweeps' times."""
-    from experiments.report import against_table, main
+    from experiments.reports.report import against_table, main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021), ("k32", 8192): (7598.9, 0.001),
                                        ("wmma", 1024): (20.65, 0.0028)}, "GPU-aaaa1111", 19.4, 8.0, 1)
     two = _store(tmp_path / "two.db", {("k32", 512): (5.59, 0.003), ("k32", 8192): (7602.0, 0.002),
@@ -189,7 +189,7 @@ def test_repeats_give_the_single_gpu_spread_and_pairs_are_matched_on_their_gpu(t
     (k32 512 on GPU a, 5.00 -> 4.95 us); each pair's spread is the larger of it and its batch spread.
     Each run of the second store is paired with the first store's run on its own GPU: on GPU b k32 512
     ran 5.30 us in the first store, so 5.31 there is +0.19 %, not +6.2 % against GPU a's 5.00."""
-    from experiments.report import against_table, main
+    from experiments.reports.report import against_table, main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.00, 0.001), ("k32", 8192): (7600.0, 0.001),
                                        ("wmma", 1024): (20.0, 0.002)}, "GPU-aaaa1111", 20.0, 8.0, 1)
     _store(tmp_path / "one.db", {("k32", 512): (5.30, 0.001)}, "GPU-bbbb2222", 21.0, 8.0, 1)
@@ -226,7 +226,7 @@ def test_medians_that_are_not_times_and_a_repeat_of_another_sweep_are_refused(tm
     a spread of 0.00 % from 0 pairs; a first sweep of 0 s wall ended in ZeroDivisionError."""
     import pytest
 
-    from experiments.report import against_table, main
+    from experiments.reports.report import against_table, main
     one = _store(tmp_path / "one.db", {("k32", 512): (10.0, 0.002)}, "GPU-a", 20.0, 9.0, 1)
     two = _store(tmp_path / "two.db", {("k32", 512): (10.1, 0.002)}, "GPU-a", 11.0, 9.0, 2)
     for i, bad in enumerate((0.0, -5.0)):
@@ -253,7 +253,7 @@ def test_a_copy_of_the_first_store_is_not_a_second_measurement(tmp_path, capsys)
 
     import pytest
 
-    from experiments.report import main
+    from experiments.reports.report import main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
     two = _store(tmp_path / "two.db", {("k32", 512): (5.75, 0.001)}, "GPU-a", 10.0, 8.0, 2)
     shutil.copy(tmp_path / "one.db", tmp_path / "copy.db")
@@ -275,7 +275,7 @@ def test_out_never_overwrites_a_store_or_names_a_folder(tmp_path, capsys):
     """`--out` naming a store (here the one being read) replaced the database by the Markdown table."""
     import pytest
 
-    from experiments.report import main
+    from experiments.reports.report import main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
     two = _store(tmp_path / "two.db", {("k32", 512): (5.75, 0.001)}, "GPU-a", 10.0, 8.0, 2)
     before = (tmp_path / "one.db").read_bytes()
@@ -301,7 +301,7 @@ def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
     (kernel, size); and a report never turns a file that is not a store into one."""
     import pytest
 
-    from experiments.report import main
+    from experiments.reports.report import main
     one = _store(tmp_path / "one.db", {("k32", 512): (5.71, 0.0021)}, "GPU-a", 19.4, 8.0, 1)
     two = _store(tmp_path / "two.db", {("k64", 512): (5.0, 0.001)}, "GPU-b", 14.0, 9.7, 2)
     three = _store(tmp_path / "three.db", {("k64", 512): (5.0, 0.001)}, "GPU-b", 14.0, 9.7, 2)

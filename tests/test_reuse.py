@@ -1,5 +1,5 @@
 """A measurement a sweep reuses (found FINISHED in the store) belongs to that sweep in every reader:
-``track.sweep_runs``, the parent's summary, the UI's view of the sweep, ``experiments.report --sweep``,
+``track.sweep_runs``, the parent's summary, the UI's view of the sweep, ``experiments.reports.report --sweep``,
 the performance and generations tables, the profile step's selection and the analysis' table. Two
 overlapping sweeps run here on a stated H200 with the GPU worker replaced (test_family_runner's
 stub), and through run.py without a GPU (static and skipped runs). A sweep into another experiment
@@ -13,9 +13,11 @@ from test_cli import empty_store_at, run_cli
 from test_family_runner import _compose, _stub_gpu
 
 from analysis.runs import load_runs
-from experiments import performance, profile, record, report, track
-from experiments.sweep import SweepCallback
-from experiments.track import Tracker
+from experiments.reports import performance, report
+from experiments.ncu import profile
+from experiments.store import record, track
+from experiments.runner.sweep import SweepCallback
+from experiments.store.track import Tracker
 
 EXPERIMENT = "reuse-tests"
 
@@ -82,7 +84,7 @@ def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, caps
     # the UI's view of the sweep: the filter it stores finds the same runs
     view = json.loads(tr.client.get_experiment(tr.experiment_id).tags[f"mlflow.sharedViewState.{second}"])
     assert {r.info.run_id for r in tr.client.search_runs([tr.experiment_id], view["searchFilter"])} == set(runs)
-    # experiments.report for that sweep
+    # experiments.reports.report for that sweep
     table = report.results_table(tr.uri, EXPERIMENT, second)
     rows = [line for line in table.splitlines() if line.startswith("| NVIDIA H200")]
     assert len(rows) == 6 and sum(line.endswith("| verified, reused |") for line in rows) == 5

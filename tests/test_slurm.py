@@ -1,4 +1,4 @@
-"""hydra/launcher=slurm (experiments.slurm): resources checked against sinfo before submitting, and on a
+"""hydra/launcher=slurm (experiments.runner.slurm): resources checked against sinfo before submitting, and on a
 real one-node Slurm (tools/slurm_one_node.sh; skipped without one): a re-run submits nothing already
 in the store, a job's exit status says whether its runs failed, a task cancelled while the sweep runs
 is one line and the sweep's summary, and the store ends with no run RUNNING, no duplicate measurement
@@ -12,7 +12,7 @@ import time
 import pytest
 from test_cli import ROOT, all_runs, run_cli, store_args
 
-from experiments import slurm
+from experiments.runner import slurm
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
@@ -148,7 +148,7 @@ def test_slurm_signals_close_the_jobs_runs_killed(tmp_path, monkeypatch):
     to submitit's (which requeues) and end the job on SIGTERM."""
     import signal
 
-    from experiments import track
+    from experiments.store import track
     monkeypatch.setattr(track, "_TRACKERS", {})
     seen = []
     old = {s: signal.signal(s, lambda num, frame: seen.append(num)) for s in (signal.SIGUSR2, signal.SIGTERM)}

@@ -151,15 +151,15 @@ def test_file_store_uri_gets_one_clear_line(tmp_path):
 
 
 def test_report_is_read_only(tmp_path, module_cli):
-    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{tmp_path}/typo.db", cwd=ROOT)
+    rc, _, err = module_cli("experiments.reports.report", "--uri", f"sqlite:///{tmp_path}/typo.db", cwd=ROOT)
     assert rc != 0 and "no store at" in err and "typo.db" in err
     assert list(tmp_path.iterdir()) == []
 
 
 def test_another_ptxas_is_another_run(tmp_path):
     """The ptxas version is a tag and part of the run key: results of another toolchain are kept apart."""
-    from experiments.assemble import find_ptxas
-    from experiments.toolchain import tool_version
+    from experiments.build.assemble import find_ptxas
+    from experiments.build.toolchain import tool_version
     fake = tmp_path / "ptxas"
     fake.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then\n'
                     f'  echo "Cuda compilation tools, release 11.7, V11.7.99"; exit 0\nfi\n'
@@ -193,7 +193,7 @@ def test_problem_sizes_are_checked_before_any_work(tmp_path, multirun):
 
 
 def _start_gpu_worker() -> str:
-    from experiments.worker import GpuWorker, WorkerError
+    from experiments.gpu.worker import GpuWorker, WorkerError
     worker = GpuWorker()
     try:
         return "ok: " + str(worker.call("device_info", timeout=120)["gpu"])
@@ -214,7 +214,7 @@ def test_gpu_worker_starts_inside_a_joblib_worker():
 def test_gpu_worker_answers_a_submitted_call_when_asked():
     """submit() returns at once (a job process imports MLflow meanwhile); wait() gets that call's
     answer, or its error: warm_up reports the missing CuPy from inside without a GPU."""
-    from experiments.worker import GpuWorker, WorkerError
+    from experiments.gpu.worker import GpuWorker, WorkerError
     w = GpuWorker()
     try:
         w.submit("ready")
@@ -239,7 +239,7 @@ def test_warp_grid_that_does_not_divide_the_block_tile(tmp_path):
 def test_study_preset_static_view_with_sass_and_the_emulation_note(tmp_path):
     """The study's int4 k64 ablation without a GPU: six variants, resources, SASS mix, and one note
     that sm_90 emulates mma.sync on .s4."""
-    from experiments.assemble import find_tool
+    from experiments.build.assemble import find_tool
     if not (find_tool("cuobjdump", "cuda_cuobjdump") or find_tool("nvdisasm", "cuda_nvdisasm")):
         pytest.skip("no cuobjdump/nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     rc, out = run_cli(tmp_path, "-m", "experiment=l4_run4_int4_k64_ablation", *store_args(tmp_path))
@@ -286,7 +286,7 @@ def test_shapes_and_settings_are_checked():
     from omegaconf import OmegaConf
 
     from experiments.config import Config
-    from experiments.kernel import SETTING_KEYS, setting_problem, shapes_of
+    from experiments.runner.kernel import SETTING_KEYS, setting_problem, shapes_of
     from experiments.spec import SpecError
     base = OmegaConf.structured(Config)
     for dotlist, text in ((["problem.shapes=[[256,128]]"], "problem.shapes=[[256,128]] is not valid: entry [256,128] "

@@ -71,7 +71,7 @@ def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys
     db = tmp_path / "mlflow.db"
     shutil.copy(_mlflow_2_16_store(), db)
     before, rows = _sha(db), _dump(db)
-    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
+    rc, _, err = module_cli("experiments.reports.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
     assert rc == 1 and "Traceback" not in err, err
     assert f"was written by an older MLflow (schema revision {MLFLOW_2_16_HEAD}" in err
     assert f"mlflow db upgrade sqlite:///{db}" in err
@@ -84,14 +84,14 @@ def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys
     backup = tmp_path / f"mlflow.db.bak-{MLFLOW_2_16_HEAD}"
     assert out.count("upgraded in place") == 1 and f"the old file is kept as {backup}" in out, out
     assert _dump(backup) == rows and _revision(backup) == MLFLOW_2_16_HEAD
-    from experiments.track import _schema_head
+    from experiments.store.track import _schema_head
     assert _revision(db) == _schema_head()
     parents, children = assert_store_is_true(tmp_path)
     assert [c.info.status for c in children] == ["FINISHED"]
     import mlflow
     old = mlflow.MlflowClient(f"sqlite:///{db}").search_runs(["1"])
     assert [r.info.run_name for r in old] == ["kept"]             # the old runs are still there
-    from experiments.track import check_schema                  # upgraded once: the next open is plain
+    from experiments.store.track import check_schema                  # upgraded once: the next open is plain
     assert check_schema(f"sqlite:///{db}") and len(list(tmp_path.glob("mlflow.db.bak-*"))) == 1
     assert "upgraded" not in capsys.readouterr().out
 
@@ -107,7 +107,7 @@ def test_store_of_a_newer_mlflow_is_left_alone_with_the_pip_command(tmp_path, mo
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=64", *store_args(tmp_path))
     assert rc == 1 and "Traceback" not in out, out
     assert advice in out and f"pip install 'mlflow>{mlflow.__version__}'" in out, out
-    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
+    rc, _, err = module_cli("experiments.reports.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
     assert rc == 1 and advice in err and "Traceback" not in err, err
     assert _sha(db) == before and _revision(db) == "f00dfeed1234"
 
@@ -125,7 +125,7 @@ def _hold_write_lock(db: Path, seconds: float = 60) -> subprocess.Popen:
 
 
 def test_a_write_held_up_past_the_wait_ends_in_one_line_while_reads_go_on(tmp_path):
-    from experiments.track import StoreUnavailable, Tracker
+    from experiments.store.track import StoreUnavailable, Tracker
     shutil.copy(_empty_store(), tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tr = Tracker(uri, "e", wait=0.5)
@@ -220,10 +220,10 @@ def test_concurrent_imports_and_a_sweep_make_one_new_store_once(tmp_path):
     import mlflow
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     report = str(TCP / "run2__int8_wmma_ncu_8192.txt")
-    imports = [subprocess.Popen([sys.executable, "-m", "experiments.profile", "--import-text", report, "--uri", uri],
+    imports = [subprocess.Popen([sys.executable, "-m", "experiments.ncu.profile", "--import-text", report, "--uri", uri],
                                 cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for _ in range(3)]
-    reader = subprocess.Popen([sys.executable, "-m", "experiments.report", "--uri", uri], cwd=ROOT, env=cli_env(),
+    reader = subprocess.Popen([sys.executable, "-m", "experiments.reports.report", "--uri", uri], cwd=ROOT, env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32,64", *store_args(tmp_path, new_store=True))
     outs = [p.communicate(timeout=240)[0] for p in imports]

@@ -1,4 +1,4 @@
-"""experiments/timing.py's host logic on the CPU, with NVML and CuPy's streams and events replaced:
+"""experiments/gpu/timing.py's host logic on the CPU, with NVML and CuPy's streams and events replaced:
 energy (NVML's counter, else power samples integrated), the window clock from probe records, the wait
 for an idle GPU (burst regime), replicates (timing.repeats), the run key of the new settings, and what
 a run logs of them (the store, through the runner with the GPU worker replaced)."""
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from test_family_runner import EXPERIMENT, _compose, _stub_gpu
 
-from experiments import record
+from experiments.store import record
 from experiments.config import TimingConf
-from experiments.kernel import setting_problem
-from experiments.timing import (ClockSampler, energy_summary, key_items, key_params, time_launches,
+from experiments.runner.kernel import setting_problem
+from experiments.gpu.timing import (ClockSampler, energy_summary, key_items, key_params, time_launches,
                                 wait_idle, window_clock)
-from experiments.track import Tracker
+from experiments.store.track import Tracker
 
 # the settings every run key held before regime and repeats existed (TimingConf less timeout_s)
 OLD = {"warmup": 3, "batches": 10, "min_batch_ms": 20.0, "max_launches": 2000, "cuda_graph": True,
@@ -100,8 +100,8 @@ def test_energy_from_the_counter_else_from_power_samples():
 def test_clock_sampler_reads_the_energy_counter_per_window(monkeypatch):
     """Two windows (two replicates) add their counter differences; a counter the driver lacks falls
     back to the power samples; without NVML there is no energy."""
-    import experiments.timing
-    monkeypatch.setattr(experiments.timing, "MIN_ENERGY_WINDOW_S", 0.0)     # windows of microseconds here
+    import experiments.gpu.timing
+    monkeypatch.setattr(experiments.gpu.timing, "MIN_ENERGY_WINDOW_S", 0.0)     # windows of microseconds here
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy_mj=[10_000, 10_700, 20_000, 20_300]))
     clk = ClockSampler(interval_s=0.001)
     for _ in range(2):
@@ -198,8 +198,8 @@ def test_replicates_and_burst_window(monkeypatch):
     """repeats=3 of 2 batches of 20 launches: the median is over all 6 batches, one median per replicate;
     burst: 3 batches of burst_batch_ms (5 launches of 1 ms), after the GPU's power fell below idle,
     with the clock at the start and the energy of the window."""
-    import experiments.timing
-    monkeypatch.setattr(experiments.timing, "MIN_ENERGY_WINDOW_S", 0.0)     # fake windows of microseconds
+    import experiments.gpu.timing
+    monkeypatch.setattr(experiments.gpu.timing, "MIN_ENERGY_WINDOW_S", 0.0)     # fake windows of microseconds
     launches = []
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy([20.0, 22.0, 21.0, 21.0, 24.0, 20.0]))
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace())
@@ -230,7 +230,7 @@ def test_burst_replicates_and_energy_reach_the_store(tmp_path, monkeypatch):
     its run key as before; a burst run with three replicates is another measurement (a run of its own)
     and logs replicate_median_us at steps 0..2, replicates, replicate_spread, the energy, the window
     clock and the idle wait, its tags say where the energy came from and whether the GPU idled."""
-    from experiments import track
+    from experiments.store import track
     job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
     keys, run_key = [], track.run_key
     monkeypatch.setattr(track, "run_key", lambda *parts: keys.append(parts) or run_key(*parts))

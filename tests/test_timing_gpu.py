@@ -1,4 +1,4 @@
-"""experiments/timing.py on the GPU (``gpu`` marker): the window clock counted by the SMs, energy, the
+"""experiments/gpu/timing.py on the GPU (``gpu`` marker): the window clock counted by the SMs, energy, the
 burst regime and replicates, timed on the register-only fp16 mma.sync peak (a known amount of work,
 verified exactly first).
 
@@ -7,7 +7,7 @@ Run with ``python -m pytest tests/test_timing_gpu.py -s`` to see the printed fig
 import pytest
 
 from experiments import families
-from experiments.timing import time_launches
+from experiments.gpu.timing import time_launches
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""experiments/track.py: tracking URI resolution, flattened params, job counting, the Tracker."""
+"""experiments/store/track.py: tracking URI resolution, flattened params, job counting, the Tracker."""
 import math
 import socket
 from pathlib import Path
@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.config import Config
-from experiments.sweep import count_jobs
-from experiments.track import StoreError, Tracker, flatten, resolve_uri, run_key
+from experiments.runner.sweep import count_jobs
+from experiments.store.track import StoreError, Tracker, flatten, resolve_uri, run_key
 
 # -- resolve_uri ---------------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ def test_log_keeps_numpy_scalars(tracker):
 
 @pytest.mark.parametrize("visible", ["", "-1"])
 def test_cuda_visible_devices_can_hide_every_gpu(monkeypatch, visible):
-    from experiments.worker import nvml_gpu
+    from experiments.gpu.worker import nvml_gpu
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert nvml_gpu() is None
 
@@ -275,7 +275,7 @@ def test_parent_found_again_and_reopened(tracker):
 
 
 def test_abort_open_runs_ends_everything_this_process_started(tmp_path, monkeypatch):
-    from experiments import track
+    from experiments.store import track
     monkeypatch.setattr(track, "_TRACKERS", {})
     tr = track.get_tracker(f"sqlite:///{tmp_path}/m.db", "abort")
     parent = tr.parent({"key": "k", "name": "sweep", "jobs": "3", "overrides": ""})
@@ -351,7 +351,7 @@ def test_sqlite_spelled_otherwise_is_refused_and_spaces_are_trimmed(tmp_path):
 
 def test_read_only_open_of_a_missing_experiment_takes_no_lock(tmp_path):
     """A report naming an experiment the store lacks made the store's lock file beside it."""
-    from experiments.track import StoreError, Tracker
+    from experiments.store.track import StoreError, Tracker
     uri = Tracker(f"sqlite:///{tmp_path}/m.db", "there").uri
     for lock in tmp_path.glob("*.lock"):
         lock.unlink()
@@ -365,7 +365,7 @@ def test_a_database_server_uri_without_its_driver_is_a_store_error(monkeypatch):
     message names the driver and the package, never the password."""
     import sys
 
-    from experiments.track import StoreError, Tracker
+    from experiments.store.track import StoreError, Tracker
     for driver in ("psycopg", "psycopg2"):          # as where neither is installed
         monkeypatch.setitem(sys.modules, driver, None)
     with pytest.raises(StoreError) as exc:
@@ -414,7 +414,7 @@ def test_schema_made_only_for_a_store_mlflow_has_set_up(tmp_path):
     """Job processes open a store without its lock only once MLflow's schema is in it."""
     import sqlite3
 
-    from experiments.track import Tracker, _schema_made
+    from experiments.store.track import Tracker, _schema_made
     db = tmp_path / "mlflow.db"
     assert not _schema_made(db)                        # no file
     sqlite3.connect(db).close()
@@ -452,7 +452,7 @@ def test_a_new_store_is_made_whole_before_ctrl_c_takes_effect(tmp_path, monkeypa
 
     import mlflow
 
-    from experiments import track
+    from experiments.store import track
     made = mlflow.MlflowClient
 
     def interrupted_client(*a, **kw):

@@ -1,4 +1,4 @@
-"""Presets that list the points of their sweep (experiments.variants): the jobs a preset's sweep
+"""Presets that list the points of their sweep (experiments.runner.variants): the jobs a preset's sweep
 expands to, a listed variant's config against the file it stands for, the message for a bad entry,
 and a listed sweep run again reusing every run."""
 import re
@@ -13,9 +13,9 @@ from omegaconf import OmegaConf, open_dict, read_write
 from test_cli import ROOT, all_runs, run_cli, store_args
 
 from experiments.config import register
-from experiments.sweep import sweep_variants
-from experiments.variants import VariantError, listed, variant_node
-from experiments.variants import register as register_variants
+from experiments.runner.sweep import sweep_variants
+from experiments.runner.variants import VariantError, listed, variant_node
+from experiments.runner.variants import register as register_variants
 
 # the points of conf/experiment/generations.yaml (gen_<name>) and h200_performance.yaml (h200_perf_<name>),
 # in the order their sweeps run them
@@ -67,9 +67,9 @@ def test_every_predictors_point_is_a_kernel_and_the_sweep_is_60_runs(tmp_path, n
     blocks per SM they ask for, the DRAM points keep the best kernel's main loop. ptxas assembles each
     source of the occupancy points once; the 128x256 kernels (one block per SM: 226-230 registers x 256
     threads) are not assembled, to keep the test short."""
-    import experiments.kernel
-    from experiments.kernel import make_kernel
-    assembled, real = {}, experiments.kernel.resources
+    import experiments.runner.kernel
+    from experiments.runner.kernel import make_kernel
+    assembled, real = {}, experiments.runner.kernel.resources
 
     def resources(fam, spec, build, workdir):
         if (spec.bm, spec.bn) == (128, 256):
@@ -77,7 +77,7 @@ def test_every_predictors_point_is_a_kernel_and_the_sweep_is_60_runs(tmp_path, n
         if build.source not in assembled:
             assembled[build.source] = real(fam, spec, build, workdir)
         return assembled[build.source]
-    monkeypatch.setattr(experiments.kernel, "resources", resources)
+    monkeypatch.setattr(experiments.runner.kernel, "resources", resources)
     kernels, points = {}, {}
     register()
     register_variants()

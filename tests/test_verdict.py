@@ -1,4 +1,4 @@
-"""experiments.compare.verdict: same / faster / slower / ambiguous from two runs' replicate medians, on
+"""experiments.reports.compare.verdict: same / faster / slower / ambiguous from two runs' replicate medians, on
 synthetic replicate sets built from the noise measured on an H200 (the same kernel re-measured moves
 0.8-1.3 %: a relative standard deviation of about 1 % per replicate; wgmma with 2 stages is 14-18 %
 slower than with 4); and `python -m experiments.report --against` with a verdict per pair."""
@@ -10,7 +10,7 @@ import statistics
 import pytest
 from test_cli import _empty_store
 
-from experiments.compare import (NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, REPLICATES, noise_of, replicates,
+from experiments.reports.compare import (NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, REPLICATES, noise_of, replicates,
                                  verdict)
 
 SD = 0.01          # relative standard deviation of one replicate median (H200 re-measurements)
@@ -116,7 +116,7 @@ def test_the_reason_carries_the_numbers():
 # ----------------------------------------------------------------------------- the report
 def _tracker(tmp_path):
     """A Tracker of experiment "e" in a copy of an empty store (no migration to wait for)."""
-    from experiments.track import Tracker
+    from experiments.store.track import Tracker
     shutil.copy(_empty_store(), tmp_path / "m.db")
     return Tracker(f"sqlite:///{tmp_path}/m.db", "e")
 
@@ -140,7 +140,7 @@ def _sweep(tr, label, runs, gpu="NVIDIA H200"):
 def test_against_a_sweep_gives_a_verdict_per_pair_and_the_tally(tmp_path, capsys):
     """Stages 2 against 4 (16 % slower) in one store: paired on everything but family.stages, each
     "slower" with its reason; the same sweep run again: "same"; runs without replicates: ambiguous."""
-    from experiments.report import main, verdict_table
+    from experiments.reports.report import main, verdict_table
     tr = _tracker(tmp_path)
     rng = random.Random(11)
     sizes = (4096, 8192)
@@ -180,7 +180,7 @@ def test_against_a_sweep_gives_a_verdict_per_pair_and_the_tally(tmp_path, capsys
 
 
 def test_against_refuses_runs_it_cannot_compare(tmp_path, capsys):
-    from experiments.report import main
+    from experiments.reports.report import main
     tr = _tracker(tmp_path)
     only = _sweep(tr, "one", [("k", 512, {}, [10.0, 10.1], None)])
     for argv, text in ((["--against", "previous"], f"no sweep before {only} in {tr.uri}: --against previous "
@@ -211,7 +211,7 @@ def test_replicates_are_read_by_step_and_a_run_without_them_is_one(tmp_path):
 def test_speedup_columns_show_the_verdict_where_both_runs_have_replicates(tmp_path):
     """--by-family: an mma_sync run 25 % faster than cuBLAS, both with replicates: "1.25 faster"; without
     replicates the speedup alone; a run of other operand data is a row of its own (data=zeros)."""
-    from experiments.report import families_table
+    from experiments.reports.report import families_table
     tr = _tracker(tmp_path)
     rng = random.Random(2)
     runs = [("cublas", 4096, {"family": "cublas"}, _runs(rng, 5, SD, 1.25), None),
@@ -236,7 +236,7 @@ def test_speedup_columns_show_the_verdict_where_both_runs_have_replicates(tmp_pa
 def test_the_clock_of_a_run_is_the_window_clock_where_measured():
     from types import SimpleNamespace as NS
 
-    from experiments.compare import clock_of
+    from experiments.reports.compare import clock_of
     run = lambda **m: NS(data=NS(metrics=m))  # noqa: E731
     assert clock_of(run(sm_clock_mhz_window=1755.0, sm_clock_mhz_mean=1800.0)) == 1755.0
     assert clock_of(run(sm_clock_mhz_mean=1800.0)) == 1800.0 and clock_of(run()) is None

@@ -1,9 +1,9 @@
-"""experiments/verify.py on NumPy: int4 packing, bfloat16 rounding, operands and the comparison."""
+"""experiments/gpu/verify.py on NumPy: int4 packing, bfloat16 rounding, operands and the comparison."""
 import numpy as np
 import pytest
 
 from experiments.dtypes import tolerance
-from experiments.verify import (bf16_bits, bf16_values, check, fp8_finite_codes, fp8_values,
+from experiments.gpu.verify import (bf16_bits, bf16_values, check, fp8_finite_codes, fp8_values,
                                 make_operands, pack_int4, poison, unpack_int4)
 
 # -- int4 packing -----------------------------------------------------------------------------

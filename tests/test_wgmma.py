@@ -2,7 +2,7 @@
 
 CPU: the space and its messages; a covering subset of the space (every value of every axis for every
 precision, plus every producer x persistent x consumers combination) rendered and assembled with
-``ptxas -arch=sm_90a -v`` through experiments.assemble (which fails a build on the C75xx infos: wgmma
+``ptxas -arch=sm_90a -v`` through experiments.build.assemble (which fails a build on the C75xx infos: wgmma
 serialized, a wait or fence injected, setmaxnreg ignored), none spilling, registers within the cap;
 with epilogue=tma every precision x bn x consumers x producer x persistent at the most stages (up to
 4) that fit, with its TMA store and shared-store counts; cluster=2 with every producer x persistent x
@@ -27,7 +27,7 @@ import pytest
 from test_cli import empty_store_at, run_cli
 
 from experiments import families
-from experiments.assemble import PtxasError, assemble, fatal_infos
+from experiments.build.assemble import PtxasError, assemble, fatal_infos
 from experiments.dtypes import FP8_RTOL
 from experiments.families.wgmma import (FLAG_BYTES, OMITTED_DEFAULTS, REGS, TYPES, auto_tile, geometry,
                                        persistent_grid, smem_bytes)
@@ -369,7 +369,7 @@ def test_cluster_4_masks():
 def test_run_names_and_identity():
     """The defaults epilogue=registers and cluster=1 add nothing to a point's identity (params, entry, run
     name); tma and cluster=2 do."""
-    from experiments import record
+    from experiments.store import record
     assert tuple(FAM.axes)[-3:] == ("epilogue", "cluster", "schedule")
     old = _spec("fp8_e4m3", persistent="true")
     assert record.run_name(FAM, old, (8192,) * 3) == (
@@ -521,7 +521,7 @@ def test_cluster_assembles(precision, tmp_path, need_ptxas):
     fit) and every bn: assembled, no C75xx info, no spill; SASS of the persistent two-consumer ones: one
     multicast B load per load site, one remote-capable arrival per CTA and release site, the two cluster
     barriers and no GPU-wide fence but theirs."""
-    from experiments.assemble import sass_opcodes
+    from experiments.build.assemble import sass_opcodes
     specs = [_most_stages(precision, cluster=2, **opts)
              for opts in ([{"producer": p, "persistent": q, "consumers": c, "epilogue": e}
                            for p in ("true", "false") for q in ("true", "false") for c in (1, 2)
@@ -541,7 +541,7 @@ def test_cluster_assembles(precision, tmp_path, need_ptxas):
 
 # ------------------------------------------------------------------ run.py, static
 def _children(tmp):
-    from experiments.track import Tracker
+    from experiments.store.track import Tracker
     tr = Tracker(f"sqlite:///{tmp}/mlflow.db", "wgmma-tests", create=False)
     runs = tr.client.search_runs([tr.experiment_id], max_results=100)
     return {r.info.run_name: r for r in runs if "mlflow.parentRunId" in r.data.tags}
@@ -684,7 +684,7 @@ def test_cluster_4_assembles(tmp_path, need_ptxas):
     """cluster=4 with every producer x persistent (two consumers, the TMA epilogue, stream-K where
     persistent) and the smallest tile: assembled, no C75xx info, no spill; SASS: both loads multicast at
     every load site, no plain TMA load, one remote-capable arrival per CTA of the four and release site."""
-    from experiments.assemble import sass_opcodes
+    from experiments.build.assemble import sass_opcodes
     specs = [_most_stages("int8", cluster=4, producer=p, persistent=q, epilogue="tma",
                           **({"schedule": "streamk"} if q == "true" else {}))
              for p in ("true", "false") for q in ("true", "false")]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_cli import EXPERIMENT, ROOT, _empty_store, run_cli
 
-from experiments.track import StoreError, Tracker, resolve_uri, sqlite_path
+from experiments.store.track import StoreError, Tracker, resolve_uri, sqlite_path
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -98,7 +98,7 @@ def test_parallel_launcher_with_chdir_and_an_odd_relative_path(tmp_path, module_
     assert sorted(p.name for p in (tmp_path / "odd dir").iterdir()) == ["st #1 ü b"]   # no stray folder
     assert_one_live_sweep(db, 2)
     for uri in (printed, written):
-        rc, out, err = module_cli("experiments.report", "--uri", uri, "--experiment", EXPERIMENT, cwd=tmp_path)
+        rc, out, err = module_cli("experiments.reports.report", "--uri", uri, "--experiment", EXPERIMENT, cwd=tmp_path)
         text = out + err
         assert f"{printed} was measured on a GPU yet: 2 static run(s)" in text, text    # found, read
 
@@ -214,7 +214,7 @@ def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path, module_cli
            f"path at '?': the store would be {tmp_path}/s/q); use a path without '?' and '%', e.g. " \
            f"sqlite:///{tmp_path}/s/q_x=1/mlflow.db" in out
     assert not (tmp_path / "s").exists() and list(tmp_path.rglob("*.db")) == []
-    rc, out, err = module_cli("experiments.report", "--uri", uri, cwd=ROOT)
+    rc, out, err = module_cli("experiments.reports.report", "--uri", uri, cwd=ROOT)
     text = out + err
     assert rc != 0 and "a SQLite store's path cannot hold '?'" in text and "Traceback" not in text, text
     assert not (tmp_path / "s").exists()
@@ -228,7 +228,7 @@ def _deleting_run(tmp_path, what: str, when: str) -> tuple[int, str]:
     prelude = textwrap.dedent(f"""
         import os
         import mlflow
-        import experiments.job as job
+        import experiments.runner.job as job
         real, jobs = job.run_job, []
 
         def delete():
@@ -299,7 +299,7 @@ def test_the_hand_off_to_jobs_keeps_every_character(text):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from experiments.sweep import _quoted
+    from experiments.runner.sweep import _quoted
     override = OverridesParser.create().parse_override(f"++hydra.job.env_set.K={_quoted(text)}")
     assert OmegaConf.create({"k": override.value()}).k == text
 

@@ -121,13 +121,13 @@ def _warm() -> None:
     import importlib
 
     import experiments.metrics
-    import experiments.toolchain
-    import experiments.track
+    import experiments.build.toolchain
+    import experiments.store.track
     from experiments.families import base
     render = importlib.import_module("experiments.families.mma_sync.render")
-    experiments.track._schema_head()
+    experiments.store.track._schema_head()
     experiments.metrics.table()
-    experiments.toolchain.toolchain_tags()
+    experiments.build.toolchain.toolchain_tags()
     for template in sorted(p.name for p in base.TEMPLATE_DIR.glob("*.j2")):
         base._env().get_template(template)
     render._env().get_template(render.FAMILY_TEMPLATE)
@@ -171,11 +171,11 @@ if __name__ == "__main__":
     import mlflow  # noqa: F401
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     import experiments.config  # noqa: F401
-    import experiments.job  # noqa: F401
-    import experiments.sweep  # noqa: F401
-    import experiments.track  # noqa: F401
-    import experiments.worker  # noqa: F401
-    from experiments.record import plotting
+    import experiments.runner.job  # noqa: F401
+    import experiments.runner.sweep  # noqa: F401
+    import experiments.store.track  # noqa: F401
+    import experiments.gpu.worker  # noqa: F401
+    from experiments.store.record import plotting
     plotting()                            # what each sweep imports in a background thread (seconds)
     _warm()
     _serve()

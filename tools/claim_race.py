@@ -1,5 +1,5 @@
 """Race claims: N processes claim the same measurement at once, T times; each time exactly one run
-must exist in the store afterwards (experiments.track.Tracker.claim, claim_marker).
+must exist in the store afterwards (experiments.store.track.Tracker.claim, claim_marker).
 
     python tools/claim_race.py --processes 8 --trials 20 --uri http://HOST:5000
     python tools/claim_race.py --processes 8 --trials 20 --postgres      # starts PostgreSQL + mlflow server
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _racer(uri: str, experiment: str, keys: list, barrier, results, no_lock: bool) -> None:
-    from experiments import track
+    from experiments.store import track
     if no_lock:
         track.store_lock = lambda uri: contextlib.nullcontext()
     tr = track.Tracker(uri, experiment)
@@ -42,7 +42,7 @@ def _racer(uri: str, experiment: str, keys: list, barrier, results, no_lock: boo
 
 def race(uri: str, processes: int, trials: int, no_lock: bool = False) -> list[tuple[str, int, int]]:
     """Run the race; returns per trial (run key, claimants that started a run, runs in the store)."""
-    from experiments.track import Tracker
+    from experiments.store.track import Tracker
     experiment = f"claim-race-{uuid.uuid4().hex[:8]}"
     tr = Tracker(uri, experiment)                          # made once, before the racers open it
     keys = [f"race-{uuid.uuid4().hex[:12]}" for _ in range(trials)]

@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments import families, record  # noqa: E402
+from experiments import families
+from experiments.store import record  # noqa: E402
 from experiments.families.base import ptx_sha256  # noqa: E402
 from experiments.families.mma_sync.spec import space  # noqa: E402
 from experiments.hardware import ARCHS  # noqa: E402

@@ -3,7 +3,7 @@ names the one a config without ``family=`` runs.
 
 Each family (one module here, or a package: the default family's) implements
 :class:`~experiments.families.base.Family`; the runner knows nothing family-specific beyond this
-registry (:mod:`.runner`: the family, spec and resources of a config, for ``experiments.kernel``;
+registry (:mod:`.runner`: the family, spec and resources of a config, for ``experiments.runner.kernel``;
 docs/DESIGN.md: how to add a family).
 """
 from __future__ import annotations

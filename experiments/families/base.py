@@ -24,7 +24,7 @@ import jinja2
 from ..dtypes import DType, tolerance
 from ..hardware import ARCHS
 from ..spec import SpecError, check_no_tails, resolve_arch
-from ..verify import Data
+from ..gpu.verify import Data
 
 __all__ = ["Family", "FamilySpec", "Build", "Prepared", "Rule", "SpecError", "render_template",
            "TEMPLATE_DIR", "sm_of", "axis_docs_markdown", "parse_pair", "ptx_sha256", "config_options",
@@ -77,7 +77,7 @@ class Build:
 @dataclass
 class Prepared:
     """launch(): enqueue one launch on the current CuPy stream. verify(): after one launch and a
-    synchronize, compare with the reference (an :class:`experiments.verify.VerifyResult`).
+    synchronize, compare with the reference (an :class:`experiments.gpu.verify.VerifyResult`).
     note: what is not like-for-like with the default family's kernels ("" when nothing). clocks: where the
     kernel records its own cycles (the peak family's MMA loops), a function that waits for the device
     and returns the exact figures of the last launch (dict, :func:`experiments.families.peak.kernel_clock`);
@@ -176,7 +176,7 @@ class Family:
     :meth:`run_params`); ``axis_docs``, what each key changes in the kernel and its restrictions
     (docs/axes.md, :meth:`axes_markdown`); ``auto_keys``, the config keys tile=auto sets per
     problem size (() where the family has no tile=auto: :meth:`auto_tile`); ``data_kinds``, the values
-    of the root key ``data`` (:class:`experiments.verify.Data`) its ``prepare`` draws operands for (a
+    of the root key ``data`` (:class:`experiments.gpu.verify.Data`) its ``prepare`` draws operands for (a
     ``data`` keyword: every kind; a family whose kernels fix their own operands: ``full`` only), with
     ``data_why`` saying why where it takes fewer.
     """
@@ -245,7 +245,7 @@ class Family:
 
     def name_tokens(self, spec) -> list | None:
         """The family's own run-name rule (the words after the size), or None (the default): the
-        family, the precision and the values of its axes (:func:`experiments.record.run_name`)."""
+        family, the precision and the values of its axes (:func:`experiments.store.record.run_name`)."""
         return None
 
     def dropped_params(self) -> tuple:

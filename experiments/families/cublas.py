@@ -232,7 +232,7 @@ class CublasFamily(Family):
         checked within ``rtol``, fp8 within the larger of ``rtol`` and its narrow accumulation's bound
         (:meth:`tolerance`), int8 (and data=zeros) exactly. Raises RuntimeError with cuBLAS's status
         when a call fails."""
-        from ..verify import check, data_tolerance, make_operands
+        from ..gpu.verify import check, data_tolerance, make_operands
         from . import gpu
         self.check_problem(spec, m, n, k)
         d = TYPES[spec.precision]

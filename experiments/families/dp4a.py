@@ -45,7 +45,7 @@ class Dp4aFamily(Family):
         """Operands as verify.make_operands draws them for ``data``, C (int32) poisoned, checked exactly;
         launched with ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own is
         static)."""
-        from ..verify import check, make_operands
+        from ..gpu.verify import check, make_operands
         from . import gpu
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)

@@ -2,7 +2,7 @@
 
 Everything here needs CuPy and a GPU and is imported lazily by ``prepare``. CUDA C++ goes through
 NVRTC (``cupy.RawModule(code=...)``, compiled for the current device); PTX goes through the driver's
-JIT (:func:`experiments.launch.load_kernel`, which reports the driver's log on failure).
+JIT (:func:`experiments.gpu.launch.load_kernel`, which reports the driver's log on failure).
 """
 from __future__ import annotations
 
@@ -133,9 +133,9 @@ def compile_cuda(build: Build):
 def load_ptx(build: Build, dyn_smem: int = 0):
     """JIT-load PTX text through the driver; returns the kernel ``build.entry``.
 
-    Raises experiments.launch.PtxJitError with the driver's log when the PTX is rejected.
+    Raises experiments.gpu.launch.PtxJitError with the driver's log when the PTX is rejected.
     """
-    from ..launch import load_kernel
+    from ..gpu.launch import load_kernel
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{build.entry}.ptx"
         path.write_text(build.source)
@@ -146,10 +146,10 @@ def allow_smem(kern, dyn_smem: int) -> int:
     """Let ``kern`` (a CuPy RawKernel) launch with ``dyn_smem`` bytes of dynamic shared memory per block
     (above 48 KiB the driver needs the opt-in attribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
     and return ``dyn_smem``: the launch of a family's kernel with launch.blocks_per_sm's padding added.
-    Raises experiments.launch.LaunchConfigError above the device's opt-in maximum."""
+    Raises experiments.gpu.launch.LaunchConfigError above the device's opt-in maximum."""
     import cupy
 
-    from ..launch import LaunchConfigError
+    from ..gpu.launch import LaunchConfigError
     limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
     if dyn_smem + kern.shared_size_bytes > limit:
         raise LaunchConfigError(f"{dyn_smem} bytes of dynamic and {kern.shared_size_bytes} of static shared "
@@ -161,10 +161,10 @@ def allow_smem(kern, dyn_smem: int) -> int:
 
 def poisoned(shape, dtype):
     """A new device array that no correct kernel leaves as it is: NaN for float types,
-    INT32_MIN for int32 (:func:`experiments.verify.poison`)."""
+    INT32_MIN for int32 (:func:`experiments.gpu.verify.poison`)."""
     import cupy
 
-    from ..verify import poison
+    from ..gpu.verify import poison
     out = cupy.empty(shape, dtype=dtype)
     if out.dtype.kind == "f":
         out.fill(np.nan)
@@ -176,14 +176,14 @@ def poisoned(shape, dtype):
 def exact_check(got, expected):
     """Compare two device arrays of one shape element for element (exactly; NaN never matches).
 
-    Returns an :class:`experiments.verify.VerifyResult` with tolerance 0: mismatches, the largest
+    Returns an :class:`experiments.gpu.verify.VerifyResult` with tolerance 0: mismatches, the largest
     |got - expected| (inf where got is not finite) and where it is, as (row, column) of the array
     seen as 2-D (rows = first axis). Works in chunks of 2**24 elements. Raises ValueError for
     different shapes.
     """
     import cupy
 
-    from ..verify import VerifyResult
+    from ..gpu.verify import VerifyResult
     if got.shape != expected.shape:
         raise ValueError(f"shapes differ: got {got.shape}, expected {expected.shape}")
     g, e = got.reshape(-1), expected.reshape(-1)

@@ -20,7 +20,7 @@ global memory and no barrier in the loop. It is the ceiling of that main loop: w
 family can reach at most with 64 x 64 warp tiles, below the register-only peak by what the
 shared-memory path costs. Shared memory holds one value for A's elements and another for B's, so the
 results are known exactly as for the register-only loop. It is reported beside the peak and never
-divides pct_of_peak (:func:`experiments.compare.peak_of` takes register-fed runs only).
+divides pct_of_peak (:func:`experiments.reports.compare.peak_of` takes register-fed runs only).
 
 ``instruction=wgmma`` (sm_90a only): Hopper's warpgroup MMA, the instruction the ``wgmma`` GEMM family
 issues (``kernels_ptx/peak_wgmma.ptx.j2``; PTX ISA 9.0, 9.7.15). Each warpgroup issues

@@ -1,8 +1,8 @@
-"""What the runner (``experiments.job``) needs of a registered family, from the composed config:
+"""What the runner (``experiments.runner.job``) needs of a registered family, from the composed config:
 the family's name and options, the validated spec, the problem sizes it runs, and the resources
 ptxas reports for its source without a GPU.
 
-Resources: PTX goes to :func:`experiments.assemble.assemble` as it is; CUDA C++ is first compiled to
+Resources: PTX goes to :func:`experiments.build.assemble.assemble` as it is; CUDA C++ is first compiled to
 PTX with ``nvcc -arch=<arch> -ptx`` where nvcc exists (the GPU compiles the same source with NVRTC);
 a library call (``Build.kind == "none"``: cuBLAS, memcpy) has nothing to assemble and needs a GPU.
 """
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..assemble import Assembly, PtxasError, PtxasMissing, assemble, smem_padding
+from ..build.assemble import Assembly, PtxasError, PtxasMissing, assemble, smem_padding
 from ..dtypes import DType
 from ..spec import SpecError, misfit_message
 from . import DEFAULT, get
@@ -110,7 +110,7 @@ def resources(fam: Family, spec: FamilySpec, build: Build, workdir: Path) -> tup
 
 
 def sass_subject(fam: Family, spec: FamilySpec):
-    """What :func:`experiments.assemble.sass_summary` checks the SASS against (an object with
+    """What :func:`experiments.build.assemble.sass_summary` checks the SASS against (an object with
     ``prec``), or None when the family's kernel is not meant to run on the tensor cores."""
     if fam.tensor_cores and spec.precision in DType.__members__:
         return SimpleNamespace(prec=DType[spec.precision])
@@ -119,7 +119,7 @@ def sass_subject(fam: Family, spec: FamilySpec):
 
 def launch_padding(fam: Family, spec: FamilySpec, asm: Assembly | None, blocks: int, note: str = "") -> int:
     """Bytes of dynamic shared memory the launch of ``spec`` adds per block so that at most ``blocks``
-    blocks are resident per SM (launch.blocks_per_sm; :func:`experiments.assemble.smem_padding` from
+    blocks are resident per SM (launch.blocks_per_sm; :func:`experiments.build.assemble.smem_padding` from
     ptxas' registers and static shared memory, the family's threads and dynamic shared memory).
 
     Raises SpecError when the family's launch takes no padding (:attr:`Family.pads_launch`, the reason

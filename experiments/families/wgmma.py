@@ -453,7 +453,7 @@ class WgmmaFamily(Family):
         SpecError (a size that does not fit, a GPU older than sm_90)."""
         import cupy
 
-        from ..verify import check, data_tolerance, make_operands
+        from ..gpu.verify import check, data_tolerance, make_operands
         from . import gpu
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)

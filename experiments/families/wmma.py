@@ -101,7 +101,7 @@ class WmmaFamily(Family):
         NVRTC, launched with ``smem_pad`` bytes of dynamic shared memory (launch.blocks_per_sm; its own
         is static). C is checked within the accumulation's bound (:meth:`tolerance`): exactly for s32
         (and data=zeros), within ``rtol`` for f32, within the f16 accumulation's bound for f16."""
-        from ..verify import check, data_tolerance, make_operands
+        from ..gpu.verify import check, data_tolerance, make_operands
         from . import gpu
         gpu.check_device(spec)
         self.check_problem(spec, m, n, k)

@@ -1,11 +1,11 @@
-"""``hydra/launcher=slurm``: experiments.slurm.SlurmLauncher, registered where Hydra takes launchers
+"""``hydra/launcher=slurm``: experiments.runner.slurm.SlurmLauncher, registered where Hydra takes launchers
 from (the ``hydra_plugins`` package). Without hydra-submitit-launcher (pip install -e ".[cluster]")
 there is none."""
 try:
-    from experiments.slurm import SlurmLauncher as _Launcher
+    from experiments.runner.slurm import SlurmLauncher as _Launcher
 except ModuleNotFoundError as exc:
     if not (exc.name or "").startswith(("hydra_plugins.hydra_submitit_launcher", "submitit")):
         raise
 else:
     class SlurmLauncher(_Launcher):
-        """experiments.slurm.SlurmLauncher."""
+        """experiments.runner.slurm.SlurmLauncher."""

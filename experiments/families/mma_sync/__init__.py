@@ -13,7 +13,7 @@ import dataclasses
 import time
 
 from ...spec_tables import ARCHS, PRECISIONS
-from ...timing import tflops
+from ...gpu.timing import tflops
 from ..base import Build, Family, Prepared, axis_docs_markdown, markdown_values
 from .axis_docs import AXIS_DOCS
 from .config import root_fields
@@ -204,7 +204,7 @@ class MmaSyncFamily(Family):
         return "TFLOP/s" if spec.prec.is_float else "TOP/s"
 
     def rate(self, spec: KernelSpec, m: int, n: int, k: int, us: float) -> float:
-        """2 M N K / time (:func:`experiments.timing.tflops`)."""
+        """2 M N K / time (:func:`experiments.gpu.timing.tflops`)."""
         return tflops(m, n, k, us)
 
     def prepare(self, spec: KernelSpec, build: Build, m: int, n: int, k: int, seed: int,
@@ -213,16 +213,16 @@ class MmaSyncFamily(Family):
         ``data`` says with B laid out as ``b_layout`` says, C (the accumulator's dtype) poisoned.
         ``verify()`` checks integers exactly and floats within :func:`experiments.dtypes.tolerance`
         (``rtol``, or the f16-accumulation bound for K; data=zeros exactly:
-        :func:`experiments.verify.data_tolerance`), then frees the float64 reference before timing.
+        :func:`experiments.gpu.verify.data_tolerance`), then frees the float64 reference before timing.
         ``smem_pad``: bytes of dynamic shared memory added to each block's launch
         (launch.blocks_per_sm). ``info``: the JIT's seconds, registers and local bytes, and the
         tolerance used."""
         import cupy
         import numpy as np
 
-        from ...launch import GemmLaunch
+        from ...gpu.launch import GemmLaunch
         from ...dtypes import tolerance
-        from ...verify import check, data_tolerance, make_operands, poison
+        from ...gpu.verify import check, data_tolerance, make_operands, poison
         from ..gpu import allow_smem, load_ptx
         key = (spec.entry, build.source)
         if key not in _LOADED:

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from math import prod
 
-from ...assemble import theoretical_occupancy
+from ...build.assemble import theoretical_occupancy
 from ...spec import AUTO_SHARED_COST, AutoTile, SpecError, check_no_tails, resolve_arch, value, waves_cost
 from ...spec import _parse_version
 from ...spec_tables import ARCHS, PRECISIONS

@@ -42,7 +42,7 @@ _NAME = re.compile(r"gemm_(?P<prec>\w+?)_bk(?P<bk>\d+)_m16n8k(?P<mk>\d+)_ldx4x2_
 
 
 def main_job_rows(path: Path = MAIN_JOB) -> list[dict]:
-    """The 30 measured rows of main_job_h200.md (a table experiments.report wrote on an H200): kernel, m, n, k, median_us, throughput,
+    """The 30 measured rows of main_job_h200.md (a table experiments.reports.report wrote on an H200): kernel, m, n, k, median_us, throughput,
     unit, spread (a fraction), status."""
     rows = []
     for line in path.read_text().splitlines():
@@ -89,7 +89,7 @@ class _Store:
     def __init__(self, uri: str, experiment: str):
         import mlflow
 
-        from experiments.track import sqlite_path
+        from experiments.store.track import sqlite_path
         self.c = mlflow.MlflowClient(tracking_uri=uri)
         exp = self.c.get_experiment_by_name(experiment)
         db = sqlite_path(uri)      # artifacts beside the database: MLflow's default is ./mlruns of the cwd

@@ -1,4 +1,4 @@
-"""A stand-in for the `ncu` executable in CPU tests of experiments.profile (no GPU, no Nsight Compute).
+"""A stand-in for the `ncu` executable in CPU tests of experiments.ncu.profile (no GPU, no Nsight Compute).
 
 It answers `--version`, and for a profiling command line it reads the launcher's plan instead of
 running it: every launch gets a row whose values are those of the H200 `--set full` fixture
@@ -40,7 +40,7 @@ def known() -> dict:
 
 def profile(argv: list) -> int:
     sys.path.insert(0, str(HERE.parents[2]))
-    from experiments.ncu_launch import marker     # the launcher's own progress lines
+    from experiments.ncu.launch import marker     # the launcher's own progress lines
     opt = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("-")}
     plan = json.loads(Path(argv[-1]).read_text())
     mode = os.environ.get("FAKE_NCU_MODE", "ok")

@@ -1,6 +1,6 @@
 """One Hydra job = one kernel configuration of any family: validate, build the source (the family's
 build: a rendered template, or CUDA C++), assemble, then per problem size verify + time on the GPU
-(in the worker process) and track, or track the static resources (experiments.kernel builds it).
+(in the worker process) and track, or track the static resources (experiments.runner.kernel builds it).
 
 Every run a job starts ends FINISHED (a skipped run too: tag ``outcome=skipped``, reason in
 ``skip_reason``), FAILED (tag ``error``, stage in ``failed_stage``) or KILLED (interrupted: tag
@@ -21,17 +21,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from . import record, track
-from .compare import relate
-from .families import get as get_family
-from .families import names as family_names
-from .families.runner import WGMMA, family_name
+from ..store import record, track
+from ..reports.compare import relate
+from ..families import get as get_family
+from ..families import names as family_names
+from ..families.runner import WGMMA, family_name
 from .kernel import (Kernel, SourceRejected, auto_tile_plans, git_commit, make_kernel,
                      resolved, tile_is_auto)
-from .metrics import rounded
-from .spec import SpecError, sm_count, value
-from .timing import key_items, key_params
-from .worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
+from ..metrics import rounded
+from ..spec import SpecError, sm_count, value
+from ..gpu.timing import key_items, key_params
+from ..gpu.worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
 __all__ = ["run_job", "JobError", "git_commit", "warm_process", "skipped_key"]
 
@@ -56,7 +56,7 @@ class _Job:
                                   if not o.lstrip("+~").startswith("tracking."))
         self.out_dir = Path(hc.runtime.output_dir) if hc else Path.cwd()
         data = resolved(cfg)
-        # the store and experiment the sweep's start resolved (experiments.sweep.tracking_target), not
+        # the store and experiment the sweep's start resolved (experiments.runner.sweep.tracking_target), not
         # this job's tracking.* again: a relative URI would be relative to the job's folder (chdir)
         uri, experiment = self.sweep["uri"], self.sweep["experiment"]
         if not uri:                 # a job started without run.py's sweep start
@@ -135,14 +135,15 @@ def run_job(cfg) -> dict:
 
 def skipped_key(params: dict) -> str:
     """The run key of a skipped combination (once per store): its params as a run key holds them
-    (:func:`experiments.timing.key_params`), ``data=full`` (today's operands) left out as before the
+    (:func:`experiments.gpu.timing.key_params`), ``data=full`` (today's operands) left out as before the
     key existed."""
     kept = {k: v for k, v in key_params(params).items() if (k, v) != ("data", "full")}
     return track.run_key("skipped", sorted(kept.items()))
 
 
 def warm_process(gpu: bool) -> int:
-    """Make a job process of a parallel launcher ready before its first job (experiments.sweep.prewarm).
+    """Make a job process of a parallel launcher ready before its first job
+    (experiments.runner.sweep.prewarm).
     With ``gpu``: claim this process's GPU and start its GPU worker, which imports CuPy and pays the
     first-call costs there (worker.warm_up: CUDA context, cuBLAS, verification kernels; the GPU's lock
     held shared) while this process imports the store's modules (MLflow with its SQL store, seconds).

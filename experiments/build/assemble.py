@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .hardware import ARCHS
+from ..hardware import ARCHS
 
 __all__ = ["PtxasError", "PtxasMissing", "Assembly", "assemble", "find_ptxas", "find_tool",
            "theoretical_occupancy", "smem_padding", "parse_ptxas_report", "disassemble", "sass_mix",
@@ -162,7 +162,7 @@ def smem_padding(arch: str, threads: int, registers: int, smem_bytes: int, block
     not ``blocks + 1``; 0 when the kernel reaches exactly ``blocks`` already. Raises
     :class:`experiments.spec.SpecError` naming the reachable maximum and its limiter when ``blocks`` is
     more than the kernel reaches without padding, or not positive."""
-    from .spec import SpecError
+    from ..spec import SpecError
     reach, limiter = theoretical_occupancy(arch, threads, registers, smem_bytes)[1:]
     if not 1 <= blocks <= reach:
         raise SpecError(f"launch.blocks_per_sm={blocks} is not valid for this kernel on {arch}: without "

@@ -1,7 +1,7 @@
 """Tracked kernels under Nsight Compute: the plan, the ncu command, the small program ncu runs.
 
     ncu --export R -k regex:'^(entryA|entryB)$' --launch-skip N --launch-count N --metrics ... \\
-        python -m experiments.ncu_launch plan.json
+        python -m experiments.ncu.launch plan.json
 
 The program (:func:`main`) rebuilds each kernel of the plan from its source and spec, loads all of
 them first, then launches every item twice, in plan order: a warm-up pass (N launches that
@@ -9,7 +9,7 @@ them first, then launches every item twice, in plan order: a warm-up pass (N lau
 verification and no timing loop run in it. It prints ``ncu_launch: start|done <pass> <i>``
 around each launch, so that the launch that killed the process can be named; a kernel that
 cannot be loaded is written to the plan's status file and the program exits 3 before any launch.
-It writes nothing to MLflow: :mod:`experiments.profile` logs what :func:`profile_items` returns
+It writes nothing to MLflow: :mod:`experiments.ncu.profile` logs what :func:`profile_items` returns
 (ncu's report read back as CSV, matched to the plan by kernel name in launch order).
 """
 from __future__ import annotations
@@ -23,12 +23,12 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from .ncu import CsvReport, MetricSet, parse_csv
+from . import CsvReport, MetricSet, parse_csv
 
 __all__ = ["NoKernelsProfiled", "CounterPermissionError", "check_profile_output", "marker", "failed_launch",
            "kernel_filter", "ncu_command", "NcuRun", "run_ncu", "plan_item", "profile_items", "main"]
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOAD_FAILED = 3
 
 
@@ -90,7 +90,7 @@ def ncu_command(ncu: str, plan_path: Path, report: Path, entries: list, mset: Me
     if mset.section_set:
         cmd += ["--set", mset.section_set]
     return cmd + ["--metrics", ",".join(mset.ncu_names(arch)), sys.executable, "-m",
-                  "experiments.ncu_launch", str(plan_path)]
+                  "experiments.ncu.launch", str(plan_path)]
 
 
 @dataclass
@@ -146,9 +146,9 @@ def run_ncu(ncu: str, items: list, mset: MetricSet, arch: str, settings: dict, w
 
 
 def _artifact(key: str, default: str) -> str:
-    """An artifact's name from the run record (experiments.record), else ``default``."""
+    """An artifact's name from the run record (experiments.store.record), else ``default``."""
     try:
-        from .record import ARTIFACTS
+        from ..store.record import ARTIFACTS
         return ARTIFACTS[key]
     except (ImportError, KeyError):
         return default
@@ -188,8 +188,8 @@ def plan_item(client, run, workdir: Path) -> dict:
     launch added (metric smem_padding_bytes: launch.blocks_per_sm). Raises ValueError saying what is
     missing or inconsistent, or for a library call (cuBLAS, memcpy: the library picks its kernels,
     which ncu's name filter cannot name)."""
-    from .families import DEFAULT, Build, get
-    from .families.base import ptx_sha256
+    from ..families import DEFAULT, Build, get
+    from ..families.base import ptx_sha256
     p, t = run.data.params, run.data.tags
     fam = get(p.get("family", DEFAULT))
     dst = workdir / run.info.run_id
@@ -278,7 +278,7 @@ def _launch_all(items: list, phase: str) -> None:
 
 def _family_parts(it: dict):
     """(family, spec, build) of an item of the plan."""
-    from .families import Build, get
+    from ..families import Build, get
     fam = get(it["family"])
     b = it["build"]
     return (fam, fam.respec(it["precision"], it["arch"], it["params"]),
@@ -299,7 +299,7 @@ def _family_launch(it: dict):
 def _family_load(it: dict) -> None:
     """Compile an item's source as ``prepare`` will (NVRTC for CUDA C++, the driver's JIT for
     PTX), without making its operands; raises what the compiler raises."""
-    from .families import gpu
+    from ..families import gpu
     fam, spec, build = _family_parts(it)
     if build.kind == "cuda":
         gpu.compile_cuda(build)
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     """Load every kernel of the plan, then launch each item once to warm up and once to profile."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m experiments.ncu_launch plan.json  (run by experiments.profile under ncu)",
+        print("usage: python -m experiments.ncu.launch plan.json  (run by experiments.ncu.profile under ncu)",
               file=sys.stderr)
         return 2
     plan = json.loads(Path(argv[0]).read_text())

@@ -15,7 +15,7 @@ from enum import Enum
 
 import numpy as np
 
-from .dtypes import DType, dtype
+from ..dtypes import DType, dtype
 
 __all__ = ["pack_int4", "unpack_int4", "make_operands", "Operands", "check", "VerifyResult",
            "bf16_bits", "bf16_values", "fp8_values", "fp8_finite_codes", "fp8_codes", "poison", "Data",

@@ -5,7 +5,7 @@ declared unit each and map to the ncu metric of the GPU's architecture. :func:`p
 ``ncu --csv --page raw`` (header, units row, one row per launch) and ``--page details`` (one row
 per metric): ncu's ``==PROF==`` lines and the program's output may precede the header, values
 carry thousands separators ("1,128"), percentages may exceed 100, C++ kernel names contain commas
-and a value may be ``n/a``. Text reports: :mod:`experiments.ncu_text`.
+and a value may be ``n/a``. Text reports: :mod:`experiments.ncu.text`.
 
 Metric names and suffixes: Nsight Compute 2025.3 Profiling Guide, "Metrics Structure" and
 "Metrics Reference"; options and messages: the Nsight Compute CLI guide.
@@ -25,7 +25,7 @@ __all__ = ["CONF_DIR", "PREFIX", "NcuConfigError", "NcuParseError", "Metric", "T
            "load_table", "load_set", "Launch", "CsvReport", "parse_csv", "to_decimal", "convert",
            "canonical"]
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "ncu"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "ncu"
 PREFIX = "ncu."
 _KINDS = ("hw", "launch")
 

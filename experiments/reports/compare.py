@@ -14,7 +14,7 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
   sweep (parent run) when the sweep measured one, else the latest in the store; of its shapes, the one
   the run itself issues (param ``spec.mma``) when measured, else the highest (the precision's
   ceiling). The runs of a sweep are those it measured and those it reused from earlier sweeps
-  (experiments.track.sweep_runs); a report of one sweep takes that sweep's peak. A peak run that
+  (experiments.store.track.sweep_runs); a report of one sweep takes that sweep's peak. A peak run that
   arrives later updates the GEMM runs its own sweep measured that divide by its generation (a reused
   run keeps what the sweep that measured it logged). Peak runs fed from shared memory (param
   ``spec.feed=ldmatrix``) are the ceiling of a main loop, not of the instruction: they divide nothing.
@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .metrics import rounded
-from .families import DEFAULT
-from .record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
-from .track import sweeps_of
+from ..metrics import rounded
+from ..families import DEFAULT
+from ..store.record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
+from ..store.track import sweeps_of
 
 __all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION", "data_of", "Verdict", "verdict",
@@ -145,7 +145,7 @@ def _log_peak(tr, run) -> dict:
 
 
 def relate(tr, rid: str) -> dict:
-    """Log the relations of the verified run ``rid`` (a :class:`experiments.track.Tracker`'s store)
+    """Log the relations of the verified run ``rid`` (a :class:`experiments.store.track.Tracker`'s store)
     and of the runs it is a reference of. Returns {run id: {metric or tag: value}} of what was logged.
 
     A GEMM run gets its speedups and pct_of_peak; a baseline run its pct_of_peak, and the GEMM runs

@@ -4,7 +4,7 @@ opens the store at its start and closes the parent run at its end with a summary
 A sweep is identified by its overrides (``hydra.sweeper.params`` of a preset plus the command line,
 ``tracking.*`` left out) and the experiment: the same command run again continues under the same
 parent run. The callback hands the identity to the jobs through environment variables
-(:data:`experiments.track.SWEEP_ENV`), which also reach the processes of a parallel launcher.
+(:data:`experiments.store.track.SWEEP_ENV`), which also reach the processes of a parallel launcher.
 """
 from __future__ import annotations
 
@@ -25,14 +25,13 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from .record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count, sweep_note,
-                     sweep_view,
-                     throughput_figure)
-from .report import static_command
+from ..store.record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count,
+                            sweep_note, sweep_view, throughput_figure)
+from ..reports.report import static_command
 from .job import warm_process
 from .kernel import resolved
-from .spec import value
-from .track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
+from ..spec import value
+from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
 from .validate import Invalid, check
 from .variants import VariantError
 from .variants import register as register_variants
@@ -45,7 +44,7 @@ __all__ = ["count_jobs", "job_dir_name", "sweep_info", "tracking_target", "gpu_t
 def gpu_time(runs: list, start: float, end: float) -> tuple[str, dict]:
     """Where a sweep's wall time went: per GPU, the seconds its runs held it (the window of
     verification and timing, tags ``gpu_start_unix`` / ``gpu_end_unix``), and how many pairs of
-    runs held one GPU at the same time (0 by :func:`experiments.worker.gpu_lock`).
+    runs held one GPU at the same time (0 by :func:`experiments.gpu.worker.gpu_lock`).
 
     ``runs``: MLflow runs; ``start``, ``end``: the sweep's wall clock (unix seconds). Returns ('' and
     {} when no run held a GPU) a line such as ``GPU time: 7.4 s on 1 GPU(s) of 15.9 s wall (47%); no
@@ -79,7 +78,7 @@ def prewarm(launcher: DictConfig, gpu: bool, jobs: int | None = None) -> threadi
     """Start the job processes of Hydra's joblib launcher (``hydra/launcher=gpus`` or ``joblib``) now,
     while the sweep opens its store, instead of after it: the same ``joblib.Parallel`` arguments the
     launcher will use (so joblib's reusable loky executor is the one its jobs then run in) with one
-    :func:`experiments.job.warm_process` per process that will get a job (``jobs``: the sweep's count,
+    :func:`experiments.runner.job.warm_process` per process that will get a job (``jobs``: the sweep's count,
     None when unknown). Returns the thread doing it (join it before the jobs are launched; its ``pids``
     then lists the processes warmed), or None for another launcher and for one job process (joblib
     then runs the jobs in this process).
@@ -207,7 +206,7 @@ def count_jobs(overrides) -> int:
 
 def sweep_variants(config: DictConfig, variants: dict) -> None:
     """Add the variants a preset lists (``variants``: name -> overrides, its
-    ``hydra.callbacks.tracking.variants``; experiments.variants) to the sweep of ``config`` (a
+    ``hydra.callbacks.tracking.variants``; experiments.runner.variants) to the sweep of ``config`` (a
     multirun's composed config, before Hydra's sweeper reads it): each is stored as an option of the
     config group ``variant`` and ``variant=<their names>`` joins ``hydra.sweeper.params`` after the
     preset's own keys, so that every variant runs with every combination of those. A ``variant=`` on
@@ -501,11 +500,11 @@ class SweepCallback(Callback):
 
     ``benchmark`` ({goal, out}; a preset sets it as ``hydra.callbacks.tracking.benchmark``, e.g.
     conf/experiment/h200_performance.yaml): at the end of a sweep that measured on a GPU, run
-    :func:`experiments.performance.check` on it (goal: share of peak, 0..1; out: where the report
+    :func:`experiments.reports.performance.check` on it (goal: share of peak, 0..1; out: where the report
     goes) and exit 1 when it fails.
 
     ``variants`` (name -> overrides; a preset lists them as ``hydra.callbacks.tracking.variants``,
-    experiments.variants): the points of its sweep, added to it at the start (:func:`sweep_variants`).
+    experiments.runner.variants): the points of its sweep, added to it at the start (:func:`sweep_variants`).
     """
 
     def __init__(self, benchmark=None, variants=None):
@@ -514,7 +513,7 @@ class SweepCallback(Callback):
         self.measured = False
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
-        from .worker import nvml_gpu
+        from ..gpu.worker import nvml_gpu
         self.t0 = time.time()           # the sweep's wall time counts from here, its set-up included
         if multirun:
             sweep_variants(config, self.variants)     # before the sweep's identity and Hydra's sweeper
@@ -598,7 +597,8 @@ class SweepCallback(Callback):
         the count as its reason and the command exits 1, after every job ran; skipped runs are no
         failure, but a sweep whose every job was skipped (combinations that cannot exist) exits 2. A
         parent or experiment deleted while the sweep ran is restored first (:meth:`Tracker.keep_live`)."""
-        lost = sys.modules["experiments.slurm"].lost_jobs() if "experiments.slurm" in sys.modules else []
+        slurm = sys.modules.get("experiments.runner.slurm")
+        lost = slurm.lost_jobs() if slurm else []
         closed, failures, total, emulated, outcomes = self._end_parent(failed_job or bool(lost))
         if not closed:
             print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
@@ -688,7 +688,7 @@ class SweepCallback(Callback):
 
     def _benchmark(self) -> str | None:
         """The performance check of this sweep (``benchmark``); returns why it failed, or None."""
-        from .performance import NothingMeasured, check
+        from ..reports.performance import NothingMeasured, check
         tracker = get_tracker(self.uri, self.experiment)
         parent = tracker.parents.get(self.key) or tracker.find_parent(self.key)
         try:

@@ -6,7 +6,7 @@ Tracking (``job``, ``sweep``), the report and the analysis read names from here,
 """
 from __future__ import annotations
 
-from .metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
+from ..metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "replicate_metrics",
@@ -20,7 +20,7 @@ BASELINES = ("wmma", "dp4a", "cublas")
 PEAK = "peak"
 
 # tag of a run that belongs to the sweep whose parent run id follows the dot, with its value: NEW (the
-# sweep made the run) or REUSED (the sweep found it measured by an earlier one); experiments.track
+# sweep made the run) or REUSED (the sweep found it measured by an earlier one); experiments.store.track
 MEMBER, NEW, REUSED = "in_sweep.{}", "new", "reused"
 
 # metric -> unit of every metric with a name of its own (patterns expanded where their values are known);
@@ -45,7 +45,7 @@ TAGS = {
     "clocks_throttled": "NVML clock-event reasons during timing, decoded (none = full clocks)",
     "timing_method": "how the batches were launched", "l2_flush": "L2 overwritten between batches",
     "energy_source": "nvml_energy_counter | power_samples: where energy_j came from; none: the timed window "
-                     "was shorter than NVML's readings follow (experiments.timing.MIN_ENERGY_WINDOW_S)",
+                     "was shorter than NVML's readings follow (experiments.gpu.timing.MIN_ENERGY_WINDOW_S)",
     "burst_idle": "reached | timed out | waited: whether the GPU idled back before a burst window "
                   "(waited: no power reading, timing.idle_s waited)",
     "gpu_start_unix": "when this run took the GPU (s)", "gpu_end_unix": "when it gave it back (s)",
@@ -292,7 +292,7 @@ def sweep_view(parent: str) -> tuple[str, str]:
     """The MLflow UI's shared view of one sweep: (experiment tag name, JSON value).
 
     The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs, those it
-    reused from earlier sweeps included (tag ``in_sweep.<parent>``, experiments.track.sweep_runs),
+    reused from earlier sweeps included (tag ``in_sweep.<parent>``, experiments.store.track.sweep_runs),
     with the columns that matter shown without configuring them: the description (the one-line
     result or reason), throughput and its unit, median time, outcome, kernel, and whether the sweep
     made the run or reused it. Format: the UI's ``mlflow.sharedViewState.<key>`` experiment tag

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .ncu import Launch, NcuParseError, canonical, load_table
+from . import Launch, NcuParseError, canonical, load_table
 
 __all__ = ["TextReport", "parse_text_report", "program_info", "import_reports"]
 
@@ -137,13 +137,13 @@ def import_reports(paths, uri: str, experiment: str, gpu: str | None = None, rer
     whose grid z equals the ``[profile]`` line's B, ``other`` for the program's other launches.
     Blocks already imported (same file content and block) are skipped unless ``rerun``.
     Returns the number of runs created. Raises NcuParseError for a file without result blocks,
-    StoreError (:class:`experiments.track.Tracker`) for a store or experiment that cannot be used.
+    StoreError (:class:`experiments.store.track.Tracker`) for a store or experiment that cannot be used.
     A new store is made, and each file checked and imported, under the store's lock, so that
     concurrent imports into one store add nothing twice.
     """
     from mlflow.entities import Metric, Param, RunTag
 
-    from .track import Tracker, store_lock
+    from ..store.track import Tracker, store_lock
     tr = Tracker(uri, experiment)
     client, exp_id = tr.client, tr.experiment_id
     metrics = list(load_table().metrics.values())

@@ -30,7 +30,7 @@ import time
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _Submitit
 
-from . import track
+from ..store import track
 
 __all__ = ["SlurmLauncher", "RunsFailed", "JobInterrupted", "check_resources", "job_tag", "lost_jobs"]
 

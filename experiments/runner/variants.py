@@ -18,14 +18,14 @@ Each entry becomes an option of the config group ``variant``, the same config a 
 ``problem``, chooses its preset; every other key, dotted or nested, sets a value), stored in Hydra's
 ConfigStore by :func:`register`. So ``variant=gen_wgmma_stages_2`` selects one point anywhere, as a
 file did, and the sweep of the preset sweeps them all: at its start
-(:func:`experiments.sweep.sweep_variants`) ``variant=<the names in order>`` joins the preset's
+(:func:`experiments.runner.sweep.sweep_variants`) ``variant=<the names in order>`` joins the preset's
 ``hydra.sweeper.params`` after its own keys, and Hydra's basic sweeper runs every point with every
 combination of those (above: 4 precisions x 2 points). Named study kernels keep their files in
 conf/variant/ (``study_kernel: ...``).
 
 run.py calls :func:`register` after :func:`experiments.config.register`, as must any program that
 composes the config with a listed variant; the job processes of a parallel launcher get them with
-Hydra's state. One sweep key over the points keeps Hydra's basic sweeper, which experiments.sweep
+Hydra's state. One sweep key over the points keeps Hydra's basic sweeper, which experiments.runner.sweep
 counts and names sweeps with; the list sweepers for Hydra zip lists of values (no group choice per
 point) or replace the basic sweeper.
 """
@@ -42,12 +42,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from .config import Config, family_schema
-from .families import DEFAULT
+from ..config import Config, family_schema
+from ..families import DEFAULT
 
 __all__ = ["VariantError", "KEY", "GROUPS", "variant_node", "listed", "register", "names", "swept_params"]
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 KEY = "hydra.callbacks.tracking.variants"     # where a preset lists its variants
 GROUPS = ("family", "tile", "problem")        # keys that choose a preset of conf/<group>/ by its name
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -217,7 +217,7 @@ def names(preset: dict) -> list:
 
 def swept_params(preset: dict) -> dict:
     """What a sweep of ``preset`` (its YAML, loaded) sweeps: ``hydra.sweeper.params`` and, after them,
-    ``variant`` over the variants it lists, as :func:`experiments.sweep.sweep_variants` adds it at the
+    ``variant`` over the variants it lists, as :func:`experiments.runner.sweep.sweep_variants` adds it at the
     sweep's start."""
     params = dict(((preset.get("hydra") or {}).get("sweeper") or {}).get("params") or {})
     if listed_names := names(preset):

@@ -1,5 +1,5 @@
 """One job's kernel, whatever its family: validated spec, source, ptxas' resources, run names, run
-identity and the worker call that verifies and times it (:class:`Kernel`), for ``experiments.job``.
+identity and the worker call that verifies and times it (:class:`Kernel`), for ``experiments.runner.job``.
 
 Every family is built through the registry (``experiments.families``: spec from the config as the
 family reads it, build, unit, rate, names and params), so the runner's static and GPU paths and the
@@ -13,18 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import record, track
-from .assemble import SASS_OPS, Assembly, PtxasError, sass_summary, theoretical_occupancy
-from .families import get as get_family
-from .families import names as family_names
-from .families.base import ptx_sha256
-from .families.runner import (NvccError, family_name, family_shapes, family_spec, launch_padding, resources,
+from ..store import record, track
+from ..build.assemble import SASS_OPS, Assembly, PtxasError, sass_summary, theoretical_occupancy
+from ..families import get as get_family
+from ..families import names as family_names
+from ..families.base import ptx_sha256
+from ..families.runner import (NvccError, family_name, family_shapes, family_spec, launch_padding, resources,
                               sass_subject)
-from .hardware import ARCHS
-from .metrics import rounded
-from .spec import SpecError, _parse_version
-from .toolchain import toolchain_tags
-from .verify import Data
+from ..hardware import ARCHS
+from ..metrics import rounded
+from ..spec import SpecError, _parse_version
+from ..build.toolchain import toolchain_tags
+from ..gpu.verify import Data
 
 __all__ = ["Kernel", "SourceRejected", "make_kernel", "git_commit", "tile_is_auto", "auto_tile_plans",
            "value_problem", "VALUE_KEYS", "data_problem"]

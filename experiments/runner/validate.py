@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .families import DEFAULT
+from ..families import DEFAULT
 
 __all__ = ["Invalid", "one_line", "check", "job_overrides"]
 
@@ -66,8 +66,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                 "...)")
     if m := re.search(in_preset, text):
         group, name, option, family = m.groups()
-        from .config import family_schema
-        from .families import names
+        from ..config import family_schema
+        from ..families import names
         family = {family_schema(n).__name__: n for n in names()}.get(family, family)
         return (f"{group}={name} sets family.{option}, an option family={family} does not have: a family= on "
                 f"the command line replaces the preset's family; drop it, or choose a {group} of "
@@ -110,7 +110,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     return "; ".join(dict.fromkeys(lines))
 
 
-_CONF = Path(__file__).resolve().parent.parent / "conf"
+_CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _config_dirs(argv: tuple) -> list:
@@ -122,8 +122,8 @@ def _config_dirs(argv: tuple) -> list:
 
 def _owners(option: str) -> list:
     """The families that have the option ``option``."""
-    from .config import family_schema
-    from .families import names
+    from ..config import family_schema
+    from ..families import names
     return [n for n in names() if option in {f.name for f in dataclasses.fields(family_schema(n))}]
 
 
@@ -146,7 +146,7 @@ def _keys_of(kind, key: str) -> str:
 
 def _declared(cause, key: str) -> str:
     """"; valid: ..." for an integer key with declared values (ktile, a family's integer option)."""
-    from .families import get
+    from ..families import get
     if values := get(DEFAULT).root_values().get(key):
         return f"; valid: {', '.join(map(str, values))}"
     family = _family_of(getattr(cause, "object_type", None))
@@ -157,19 +157,19 @@ def _declared(cause, key: str) -> str:
 
 def _family_of(kind) -> str | None:
     """The family whose options the structured type ``kind`` holds (experiments.config.family_schema)."""
-    from .config import family_schema
-    from .families import names
+    from ..config import family_schema
+    from ..families import names
     return next((n for n in names() if family_schema(n) is kind), None)
 
 
 def _default(key: str):
-    from .config import Config
+    from ..config import Config
     return getattr(OmegaConf.select(OmegaConf.structured(Config), key), "name", None) \
         or OmegaConf.select(OmegaConf.structured(Config), key)
 
 
 def _example(key: str) -> str:
-    from .config import Config
+    from ..config import Config
     default = OmegaConf.select(OmegaConf.structured(Config), key)
     default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
     return f"{key}=[{','.join(map(str, default))}]" if default else f"{key}=[[4096,4096,1024]]"
@@ -219,13 +219,13 @@ def check(config: DictConfig, multirun: bool) -> None:
     config is checked for what no kernel can take: a boolean given as anything but true/false
     (OmegaConf reads 1 or on as true), a family option outside the family's declared values, an
     unknown top-level key added with '+', a timing or verification setting out of range
-    (experiments.kernel.setting_problem), an empty tracking.experiment or a negative tracking.wait,
+    (experiments.runner.kernel.setting_problem), an empty tracking.experiment or a negative tracking.wait,
     and a value of precision, target.* or problem.* that no family of the sweep takes
-    (experiments.kernel.value_problem). A combination of valid values some kernel cannot take is left
+    (experiments.runner.kernel.value_problem). A combination of valid values some kernel cannot take is left
     to the jobs (a skipped run in a sweep). Raises Invalid naming the first problem."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from .families import get
+    from ..families import get
     from .kernel import VALUE_KEYS, value_problem
     jobs = job_overrides(config, multirun)
     configs = [(config, jobs[0] if jobs else [])] if not multirun else []
@@ -266,12 +266,12 @@ def _spec_problem(cfg: DictConfig) -> str | None:
     ``'problem.sizes=[]'``) for the target the run would use (with target.arch=auto the GPU's own, as
     NVML reports it, unless backend=static); or None. With tile=auto only the sizes are checked here (the
     tile is chosen per size by the job). In a sweep such a combination is a skipped run of its own
-    (experiments.job.run_job)."""
-    from .families import get
-    from .families.runner import family_name, family_shapes, family_spec
+    (experiments.runner.job.run_job)."""
+    from ..families import get
+    from ..families.runner import family_name, family_shapes, family_spec
     from .kernel import shapes_of, tile_is_auto
-    from .spec import SpecError, value
-    from .worker import nvml_gpu
+    from ..spec import SpecError, value
+    from ..gpu.worker import nvml_gpu
     try:
         shapes, fam = shapes_of(cfg), get(family_name(cfg))
         if fam.sized and not shapes:
@@ -288,7 +288,7 @@ def _spec_problem(cfg: DictConfig) -> str | None:
 def _root_value_problem(cfg: DictConfig, family: str, overrides: list) -> str | None:
     """A root key of ``family`` with declared values (``Family.root_values``: ktile) given a value outside
     them (``ktile=33``, which no precision takes), naming the override and the valid values; or None."""
-    from .families import get
+    from ..families import get
     for key, valid in get(family).root_values().items():
         v = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         if v is not None and not isinstance(v, str) and v not in valid:
@@ -317,7 +317,7 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf.nodes import BooleanNode
 
-    from .families import get, names
+    from ..families import get, names
     from .kernel import SETTING_KEYS, setting_problem
     if added := _added_key(cfg):
         return f"Unknown key {added[1]!r} (added with '+'); {_keys_of(*added)}"

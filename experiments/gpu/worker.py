@@ -76,11 +76,11 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
     :class:`~experiments.families.base.Build` (kind, source, entry, options), as the job made them.
     The family's ``prepare`` makes the operands (C poisoned) and compiles the source (NVRTC for CUDA
     C++, the driver's JIT for PTX); one launch, a synchronize, then ``verify()``; only a verified
-    kernel is timed with :func:`experiments.timing.time_launches` with the ``timing`` settings (regime,
+    kernel is timed with :func:`experiments.gpu.timing.time_launches` with the ``timing`` settings (regime,
     replicates; the SM clock, power and energy read on the GPU ``pci_bus_id`` during the timed batches,
     where NVML reads them, and the SMs' own clock over the timed window). ``rtol`` reaches families whose
     ``prepare`` takes it (float results); ``smem_pad`` (bytes of dynamic shared memory added to each
-    block's launch: launch.blocks_per_sm, experiments.kernel) reaches ``prepare`` when not 0; ``data``
+    block's launch: launch.blocks_per_sm, experiments.runner.kernel) reaches ``prepare`` when not 0; ``data``
     (the root key, when not ``full``) reaches ``prepare``, which draws the operands as it says
     (``Family.data_kinds``). Returns verified (bool), verify_* fields (verify_rtol: the tolerance
     used), jit_s (seconds of prepare), ``note`` (what is not like-for-like) and
@@ -92,7 +92,7 @@ def measure_family(family: str, precision: str, arch: str, params: list, build: 
 
     import cupy
 
-    from .families import Build, get
+    from ..families import Build, get
     from .timing import gpu_state, time_launches
 
     fam = get(family)

@@ -51,7 +51,7 @@ __all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "sto
            "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of", "unwritable", "claim_marker", "OWNER",
            "STALE_AFTER_S"]
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HOST, PID = socket.gethostname(), os.getpid()
 START_MS = int(time.time() * 1000)      # about when this process started (runs newer than it are its)
 # what the sweep's start hands to its jobs (also to jobs in other processes of a parallel launcher)
@@ -899,7 +899,7 @@ class Tracker:
         """The sweep's parent run: found by ``sweep['key']`` (and reopened) or created, under the lock.
 
         ``sweep`` holds key, name, jobs, overrides and values (strings) as
-        :func:`experiments.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty).
+        :func:`experiments.runner.sweep.sweep_info` gives them (values: tag ``sweep_values`` where not empty).
         The id is remembered for later jobs of this process.
         """
         if sweep["key"] in self.parents:
@@ -1086,5 +1086,5 @@ def current_sweep() -> dict:
     info = {k: os.environ.get(env) for k, env in SWEEP_ENV.items()}
     if not info["key"]:
         raise RuntimeError("no sweep identity in the environment: run jobs through run.py, whose "
-                           "config registers experiments.sweep.SweepCallback")
+                           "config registers experiments.runner.sweep.SweepCallback")
     return info

@@ -1,0 +1,1 @@
+"""The MLflow store: claims, runs, their names, params, tags and artifacts."""
