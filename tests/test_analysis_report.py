@@ -151,7 +151,7 @@ def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_
     assert said.strip() == (
         f"Nothing to report: sweep {parent} of experiment 'tensor-core-ablations' in {tr.uri} holds no run "
         "measured on a GPU (2 static): static runs are rendered and assembled only; their table: python -m "
-        f"experiments.reports.report --static --uri {tr.uri} --sweep {parent}. Run the sweep on a GPU, then report.")
+        f"experiments.report --static --uri {tr.uri} --sweep {parent}. Run the sweep on a GPU, then report.")
     # a plain path to the store: the advice, not a traceback
     with pytest.raises(SystemExit, match=r"Cannot read the runs: .* as a SQLite store it is sqlite:///"):
         report.main(["--uri", str(tmp_path / "m.db"), "--out", str(tmp_path / "r")])

@@ -174,7 +174,7 @@ def test_slurm_launcher_without_slurm_is_one_line(tmp_path):
 
 def test_import_into_a_file_store_is_one_line(tmp_path, module_cli):
     report = ROOT / "tests" / "data" / "ncu" / "text_report_synthetic.txt"
-    rc, out, err = module_cli("experiments.ncu.profile", "--import-text", str(report), "--uri", f"file:{tmp_path}/mlruns",
+    rc, out, err = module_cli("experiments.profile", "--import-text", str(report), "--uri", f"file:{tmp_path}/mlruns",
                               cwd=ROOT)
     assert rc == 2 and out == "", out + err
     assert err.splitlines() == [

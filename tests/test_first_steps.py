@@ -311,7 +311,7 @@ def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, 
     for r in children:
         row = next(line for line in rows if line.startswith(f"| {r.data.tags['kernel']} | sm_90 |"))
         assert f"| {r.data.metrics['registers']:.0f} |" in row and row.endswith(f"| {r.data.tags['mma_native']} |")
-    for module in ("experiments.reports.report", "experiments.reports.performance", "analysis.report"):
+    for module in ("experiments.report", "experiments.performance", "analysis.report"):
         args = ["--uri", uri, "--experiment", "cli-tests"] + (["--no-log"] if module == "analysis.report" else [])
         rc, _, err = module_cli(module, *args, cwd=ROOT)
         assert rc == 2 and "2 static" in err and "Traceback" not in err, err
@@ -362,7 +362,7 @@ def test_the_static_table_of_a_failed_sweep_lists_its_kernels_and_why(tmp_path, 
            "cuBLAS has no fp8 GEMM on sm_80")
     tr.log(tr.sweep_runs(parent)[0].info.run_id, tags={"outcome": "skipped"})
     tr.end(parent)
-    rc, table, err = module_cli("experiments.reports.report", "--static", "--uri", tr.uri, "--experiment", "cli-tests",
+    rc, table, err = module_cli("experiments.report", "--static", "--uri", tr.uri, "--experiment", "cli-tests",
                                 "--sweep", parent, cwd=ROOT)
     assert rc == 0 and "0 kernel(s), 1 skipped" in table, (table, err)
     assert "- skipped family=cublas precision=fp8_e4m3 (-): skipped: cuBLAS has no fp8 GEMM on sm_80" in table
@@ -384,17 +384,17 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
     tr.client.set_tag(made["gemm_int8_bk64"], MEMBER.format(sweeps[1]), "reused")   # as Tracker.join does
     for rid in sweeps:
         tr.end(rid)
-    rc, table, err = module_cli("experiments.reports.report", "--static", "--uri", tr.uri, "--experiment", "e",
+    rc, table, err = module_cli("experiments.report", "--static", "--uri", tr.uri, "--experiment", "e",
                                 "--sweep", "latest", cwd=ROOT)
     assert rc == 0, err
     assert table.splitlines()[0].endswith(": 2 kernel(s) (1 reused from earlier sweeps)"), table
     assert "| gemm_int8_bk64 (reused) | sm_90 | 128 |" in table and "| gemm_int8_bk128 | sm_90 | 128 |" in table
     assert "bk32" not in table
-    rc, out, err = module_cli("experiments.reports.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
                               cwd=ROOT)
     assert rc == 2 and f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s)" in err
     assert f"python -m experiments.report --static --uri {tr.uri} --experiment e --sweep {sweeps[1]} tables" in err
-    rc, out, err = module_cli("experiments.reports.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
+    rc, out, err = module_cli("experiments.report", "--uri", tr.uri, "--experiment", "e", "--sweep", "latest",
                               "--by-family", cwd=ROOT)
     assert rc == 2 and err == (f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s) "
                                "(rendered and assembled only): nothing to compare.\n"), err
@@ -457,7 +457,7 @@ def test_report_on_a_closed_stdout_exits_quietly(static_sweep, buffered):
     import sys
     folder, rc, out = static_sweep
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED" or not buffered}
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.reports.report", "--static", "--uri",
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.report", "--static", "--uri",
                              f"sqlite:///{folder}/mlflow.db", "--experiment", "cli-tests"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()                       # as `| head -1` does once it has its line
@@ -465,8 +465,8 @@ def test_report_on_a_closed_stdout_exits_quietly(static_sweep, buffered):
     assert proc.wait(timeout=120) == 1 and err == "", err
 
 
-@pytest.mark.parametrize("module", ["experiments.reports.report", "experiments.reports.performance", "analysis.report",
-                                    "experiments.ncu.profile"])
+@pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "analysis.report",
+                                    "experiments.profile"])
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")    # runpy, on a module imported before
 def test_report_commands_share_the_closed_stdout_guard(module, monkeypatch):
     """Each report command's entry point runs its main() through experiments.cli.run_main."""

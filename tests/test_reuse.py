@@ -1,5 +1,5 @@
 """A measurement a sweep reuses (found FINISHED in the store) belongs to that sweep in every reader:
-``track.sweep_runs``, the parent's summary, the UI's view of the sweep, ``experiments.reports.report --sweep``,
+``track.sweep_runs``, the parent's summary, the UI's view of the sweep, ``experiments.report --sweep``,
 the performance and generations tables, the profile step's selection and the analysis' table. Two
 overlapping sweeps run here on a stated H200 with the GPU worker replaced (test_family_runner's
 stub), and through run.py without a GPU (static and skipped runs). A sweep into another experiment

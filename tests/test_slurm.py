@@ -12,7 +12,8 @@ import time
 import pytest
 from test_cli import ROOT, all_runs, run_cli, store_args
 
-from experiments.runner import slurm
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the cluster extra (pip install -e '.[cluster]')")
+from experiments.runner import slurm  # noqa: E402
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 

@@ -71,7 +71,7 @@ def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys
     db = tmp_path / "mlflow.db"
     shutil.copy(_mlflow_2_16_store(), db)
     before, rows = _sha(db), _dump(db)
-    rc, _, err = module_cli("experiments.reports.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
+    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
     assert rc == 1 and "Traceback" not in err, err
     assert f"was written by an older MLflow (schema revision {MLFLOW_2_16_HEAD}" in err
     assert f"mlflow db upgrade sqlite:///{db}" in err
@@ -107,7 +107,7 @@ def test_store_of_a_newer_mlflow_is_left_alone_with_the_pip_command(tmp_path, mo
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=64", *store_args(tmp_path))
     assert rc == 1 and "Traceback" not in out, out
     assert advice in out and f"pip install 'mlflow>{mlflow.__version__}'" in out, out
-    rc, _, err = module_cli("experiments.reports.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
+    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
     assert rc == 1 and advice in err and "Traceback" not in err, err
     assert _sha(db) == before and _revision(db) == "f00dfeed1234"
 
@@ -220,10 +220,10 @@ def test_concurrent_imports_and_a_sweep_make_one_new_store_once(tmp_path):
     import mlflow
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     report = str(TCP / "run2__int8_wmma_ncu_8192.txt")
-    imports = [subprocess.Popen([sys.executable, "-m", "experiments.ncu.profile", "--import-text", report, "--uri", uri],
+    imports = [subprocess.Popen([sys.executable, "-m", "experiments.profile", "--import-text", report, "--uri", uri],
                                 cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for _ in range(3)]
-    reader = subprocess.Popen([sys.executable, "-m", "experiments.reports.report", "--uri", uri], cwd=ROOT, env=cli_env(),
+    reader = subprocess.Popen([sys.executable, "-m", "experiments.report", "--uri", uri], cwd=ROOT, env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32,64", *store_args(tmp_path, new_store=True))
     outs = [p.communicate(timeout=240)[0] for p in imports]

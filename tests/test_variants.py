@@ -148,7 +148,7 @@ def test_a_listed_variant_composes_as_its_file(tmp_path, name):
     assert OmegaConf.to_container(as_listed) == OmegaConf.to_container(as_file)
 
 
-VALID_KEYS = ("acc, b_layout, backend, cache, family, ktile, launch, loader, mma, pipeline, precision, problem, smem_layout, "
+VALID_KEYS = ("acc, b_layout, backend, cache, data, family, ktile, launch, loader, mma, pipeline, precision, problem, smem_layout, "
               "study_kernel, target, tile, timing, verify")
 
 

@@ -98,7 +98,7 @@ def test_parallel_launcher_with_chdir_and_an_odd_relative_path(tmp_path, module_
     assert sorted(p.name for p in (tmp_path / "odd dir").iterdir()) == ["st #1 ü b"]   # no stray folder
     assert_one_live_sweep(db, 2)
     for uri in (printed, written):
-        rc, out, err = module_cli("experiments.reports.report", "--uri", uri, "--experiment", EXPERIMENT, cwd=tmp_path)
+        rc, out, err = module_cli("experiments.report", "--uri", uri, "--experiment", EXPERIMENT, cwd=tmp_path)
         text = out + err
         assert f"{printed} was measured on a GPU yet: 2 static run(s)" in text, text    # found, read
 
@@ -214,7 +214,7 @@ def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path, module_cli
            f"path at '?': the store would be {tmp_path}/s/q); use a path without '?' and '%', e.g. " \
            f"sqlite:///{tmp_path}/s/q_x=1/mlflow.db" in out
     assert not (tmp_path / "s").exists() and list(tmp_path.rglob("*.db")) == []
-    rc, out, err = module_cli("experiments.reports.report", "--uri", uri, cwd=ROOT)
+    rc, out, err = module_cli("experiments.report", "--uri", uri, cwd=ROOT)
     text = out + err
     assert rc != 0 and "a SQLite store's path cannot hold '?'" in text and "Traceback" not in text, text
     assert not (tmp_path / "s").exists()

@@ -22,7 +22,7 @@ What the method cannot remove: on an H200 some kernels time at one of two speeds
 a state of the GPU that lasts seconds at the same SM clock (traced batch by batch, it switched after
 0.3 s, after 1.5 s, or not at all; untimed warm-up batches of up to 1 s did not settle it), and
 kernels sensitive to where their operands lie (fp16 with B stored K x N, 2048^3) moved by up to 5 %
-from one allocation to the next. Rerunning a sweep shows both; ``experiments.reports.report --repeat``
+from one allocation to the next. Rerunning a sweep shows both; ``experiments.report --repeat``
 turns the reruns into the sweep's single-GPU spread.
 
 Clock honesty: while the batches run, a background thread samples the SM clock of the timed GPU
