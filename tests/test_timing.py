@@ -269,3 +269,15 @@ def test_burst_replicates_and_energy_reach_the_store(tmp_path, monkeypatch):
     gpu_keys = [k for k in keys if k[0] == "gpu"]
     assert sorted(OLD.items()) in gpu_keys[0] and ("regime", "burst") in gpu_keys[1][-2]
     assert ("repeats", 3) in gpu_keys[1][-2]
+
+
+def test_no_power_per_watt_from_a_burst_window():
+    """A burst window (tens of ms after idle) read NVML's idle draw on an H200 (128 W for a GEMM at the
+    700 W cap), so per-W figures came out 5x too high: a burst run gets none without the energy; a
+    sustained run keeps the mean sample's."""
+    burst = record.clock_metrics(750.0, {"regime": "burst", "power_w_mean": 128.0, "sm_clock_mhz_window": 1600.0})
+    assert "throughput_per_w" not in burst and burst["throughput_per_ghz"] == pytest.approx(468.75)
+    sustained = record.clock_metrics(650.0, {"regime": "sustained", "power_w_mean": 650.0})
+    assert sustained["throughput_per_w"] == 1.0
+    measured = record.clock_metrics(700.0, {"regime": "burst", "power_w_avg": 700.0, "power_w_mean": 128.0})
+    assert measured["throughput_per_w"] == 1.0

@@ -402,7 +402,8 @@ def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
             label("energy_j_per_launch", "energy per launch"), "spread"]
     out = [f"Methodology: sweep {parent}{_reused(runs, parent)}; store: {uri}", "",
            "Per kernel, timing regime and operand data (~: NVML's mean sample where the run has no window "
-           "clock or energy):", "",
+           "clock or energy; a burst window, tens of ms after idle, is too short for NVML's power and energy "
+           "readings, which still show the idle draw then: no power for burst runs):", "",
            "| kernel | precision | N | regime | data | " + " | ".join(head) + " |",
            "| --- | --- | ---: | --- | --- |" + " ---: |" * len(head)]
     sort = lambda k: (order.index(k[0]), k[1], k[2], k[3] != "sustained", data_values.index(k[4]))  # noqa: E731
@@ -410,9 +411,12 @@ def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
         fam, prec, n, regime, data = key
         m = best[key].data.metrics
         clock = _fmt(m.get(WINDOW), ".0f") if WINDOW in m else "~" + _fmt(m.get(CLOCK), ".0f")
-        watts = _fmt(m.get(WATTS), ".0f") if WATTS in m else "~" + _fmt(m.get("power_w_mean"), ".0f")
+        burst_only = regime == "burst" and WATTS not in m      # NVML cannot follow a burst window
+        watts = ("-" if burst_only else _fmt(m.get(WATTS), ".0f") if WATTS in m
+                 else "~" + _fmt(m.get("power_w_mean"), ".0f"))
+        per_w = "-" if burst_only else _fmt(m.get("throughput_per_w"), ".3f")
         out.append(f"| {METHOD_KERNELS[fam]} | {prec} | {n} | {regime} | {data} | {_thr(best[key])} | "
-                   f"{clock} | {watts} | {_fmt(m.get('throughput_per_w'), '.3f')} | "
+                   f"{clock} | {watts} | {per_w} | "
                    f"{_fmt(m.get('energy_j_per_launch'), '.4f')} | {_fmt(m.get('spread'), '.2%')} |")
     thr = {k: r.data.metrics["throughput"] for k, r in best.items()}
     out += ["", "cuBLAS bf16 at 8192, burst beside sustained (operands full):", ""]
@@ -420,7 +424,9 @@ def methodology(uri: str, experiment: str = "tensor-core-ablations", sweep: str 
     if all(pair):
         b, s_ = (r.data.metrics for r in pair)
         out.append(f"- burst {_thr(pair[0])} at {_fmt(b.get(WINDOW, b.get(CLOCK)), '.0f')} MHz, "
-                   f"{_fmt(b.get(WATTS, b.get('power_w_mean')), '.0f')} W; sustained {_thr(pair[1])} at "
+                   + (f"{_fmt(b[WATTS], '.0f')} W" if WATTS in b
+                      else "power not measurable (window too short)")
+                   + f"; sustained {_thr(pair[1])} at "
                    f"{_fmt(s_.get(WINDOW, s_.get(CLOCK)), '.0f')} MHz, "
                    f"{_fmt(s_.get(WATTS, s_.get('power_w_mean')), '.0f')} W: burst / sustained "
                    f"{_rel(b['throughput'], s_['throughput'])}")

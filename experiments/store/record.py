@@ -114,10 +114,10 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
     the :data:`CLOCK_FIELDS` it holds, ``throughput_per_ghz`` (throughput / clock in GHz) and
     ``throughput_at_max_clock`` (throughput x max possible / clock), both in throughput's unit, where
     the clock is the SMs' own count over the timed window (``sm_clock_mhz_window``) when measured, else
-    NVML's mean sample; ``throughput_per_w`` (throughput / ``power_w_avg``, the energy over the window,
-    else / the mean power sample); the :data:`KERNEL_CLOCK_FIELDS` it holds (a kernel's own cycle
-    record), with or without NVML. Returns {} when nothing was read: never invented. Rounded to the
-    decimals of experiments.metrics."""
+    NVML's mean sample; ``throughput_per_w`` (throughput / ``power_w_avg``, the energy over the
+    window, else, sustained only, / the mean power sample); the :data:`KERNEL_CLOCK_FIELDS` it holds (a
+    kernel's own cycle record), with or without NVML. Returns {} when nothing was read: never
+    invented. Rounded to the decimals of experiments.metrics."""
     out = {f: timing[f] for f in (*CLOCK_FIELDS, *KERNEL_CLOCK_FIELDS) if timing.get(f) is not None}
     clock = out.get("sm_clock_mhz_window") or out.get("sm_clock_mhz_mean")
     if clock:
@@ -125,7 +125,10 @@ def clock_metrics(throughput: float, timing: dict) -> dict:
         if out.get("sm_clock_mhz_max_possible"):
             out["throughput_at_max_clock"] = throughput * out["sm_clock_mhz_max_possible"] / clock
     out = rounded(out)
-    if watts := out.get("power_w_avg") or out.get("power_w_mean"):         # per W of the power as logged
+    # per W of the energy over the window; sustained, else of NVML's mean sample (the GPU at its steady
+    # draw); a burst window is too short for NVML's readings, which still show the idle draw then
+    sampled = out.get("power_w_mean") if timing.get("regime", "sustained") != "burst" else None
+    if watts := out.get("power_w_avg") or sampled:
         out.update(rounded({"throughput_per_w": throughput / watts}))
     return out
 
