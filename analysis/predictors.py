@@ -62,6 +62,11 @@ LEVER_DEFAULTS = {"launch.blocks_per_sm": 0}          # a run logged before the 
 NOT_IDENTITY = ("verify.seed", "verify.seed_used", "problem.sizes", "problem.shapes", "timing.timeout_s",
                 "study_kernel", "variant", "spec.entry")
 DRAM_BOUND_PCT, CIRCULAR_EXPLAINED, MIN_N, ALPHA = 60.0, 0.9, 4, 0.05
+# an interventional effect is estimated only where the levers moved the measure at least this much
+# (DRAM bytes max/min, occupancy range in points), and said to generalise only over this many kernels
+MIN_RATIO, MIN_POINTS, MIN_KERNELS = 1.10, 5.0, 3
+STEPS = {"log": f"% throughput per +{100 * (MIN_RATIO - 1):.0f} % of the measure",
+         "linear": f"% throughput per +{MIN_POINTS:g} points"}
 SCOPES = {"size x precision": ("size", "precision"), "size only (the study's control)": ("size",)}
 PRIMARY = "size x precision"
 
@@ -303,13 +308,17 @@ def interventional(df: pd.DataFrame, replicates: dict | None = None, n_boot: int
     """Interventional table: per lever (occupancy, DRAM traffic), precision and size, the effect on
     throughput of the lever's measure holding the kernel fixed (:func:`kernel_identity`).
 
-    The effect is the within-kernel slope of ln throughput on achieved occupancy (points; theoretical
-    occupancy x 100 where a group lacks the counter) or on ln DRAM bytes, as % throughput per +10
-    points or per doubling. Intervals (95 %): ``rep_*`` from resampling each run's replicates
-    (``replicates``: run id -> replicate medians in us; else the timed batches' min..max, named in
-    ``ci_source``), ``kern_*`` from a bootstrap over kernels (needs 2+). ``p``: one-sample t-test of
-    the per-kernel slopes (df = kernels - 1; NaN for one kernel). Empty when no kernel was measured at
-    two settings of a lever."""
+    The slope is the within-kernel one of ln throughput on achieved occupancy (points; theoretical
+    occupancy x 100 where a group lacks the counter) or on ln DRAM bytes; ``effect`` is the % change of
+    throughput it gives from the lowest to the highest value of the measure the runs hold (``x_low``,
+    ``x_high``), ``per_step`` the same per +5 points or +10 % (within that range). No effect (NaN, with
+    ``note``) where the levers moved the measure by less than :data:`MIN_RATIO` / :data:`MIN_POINTS`.
+    Intervals (95 %): ``rep_*`` / ``step_*`` from resampling each run's replicates (``replicates``: run
+    id -> replicate medians in us; else the timed batches' min..max, named in ``ci_source``): what was
+    measured for these kernels; ``kern_*`` from a bootstrap over kernels and ``p`` (one-sample t-test of
+    the per-kernel slopes, df = kernels - 1): whether it holds for other kernels, only with
+    :data:`MIN_KERNELS` or more (``across`` says so). Empty when no kernel was measured at two settings
+    of a lever."""
     replicates = replicates or {}
     d = _prepare(df) if "flop" in df and BYTES_PER_FLOP not in df else df
     rows = []
@@ -335,15 +344,42 @@ def _lever_measure(g: pd.DataFrame, lever: str) -> tuple[np.ndarray, str, str]:
     return ach.where(has, theo).to_numpy(float), name, "linear"
 
 
+def _moved(lo: float, hi: float, scale: str) -> bool:
+    """Whether the levers moved the measure enough to estimate an effect: max/min >= :data:`MIN_RATIO`
+    for a log measure (x in ln units), a range >= :data:`MIN_POINTS` points for a linear one."""
+    return hi - lo >= (math.log(MIN_RATIO) if scale == "log" else MIN_POINTS)
+
+
+def _range_text(lo: float, hi: float, scale: str) -> str:
+    return f"{lo:.3g}..{hi:.3g} points" if scale == "linear" else \
+        f"{math.exp(lo):.3g}..{math.exp(hi):.3g} B, max/min {math.exp(hi - lo):.3f}"
+
+
 def _stratum_effect(g: pd.DataFrame, lever: str, replicates: dict, n_boot: int, seed: int) -> dict:
-    """The within-kernel effect of one precision x size stratum of lever runs, with its intervals."""
+    """The within-kernel effect of one precision x size stratum of lever runs, with its intervals.
+
+    ``effect``: % throughput change from the lowest to the highest value of the measure the runs hold
+    (the within-kernel slope times that range); ``per_step``: the slope per :data:`STEPS` step, which
+    is never wider than the range (a stratum whose range is narrower gets no estimate). ``rep_*``: 95 %
+    interval from the runs' replicates (the measurement precision for these kernels); ``kern_*``, ``p``:
+    across kernels, only with :data:`MIN_KERNELS` or more (``across`` says which)."""
     x, measure, scale = _lever_measure(g, lever)
     keep = np.isfinite(x)
+    nk = g["_group"].nunique()
+    base = {"measure": measure, "kernels": nk, "runs": len(g), "slope": math.nan, "effect": math.nan,
+            "per_step": math.nan, "step": STEPS[scale], "p": math.nan, "ci_source": "-", "x_range": "-",
+            "x_low": math.nan, "x_high": math.nan, "across": "-", "note": None,
+            **dict.fromkeys(("rep_low", "rep_high", "step_low", "step_high", "kern_low", "kern_high"), math.nan)}
     if not keep.any():
-        return {"measure": measure, "kernels": g["_group"].nunique(), "runs": len(g), "slope": math.nan,
-                "effect": math.nan, "unit": UNITS[scale], "p": math.nan, "ci_source": "-", "x_range": "-",
-                "note": f"no run has {measure} (profile the runs)"}
+        return {**base, "note": f"no run has {measure} (profile the runs)"}
     g, x = g[keep], x[keep]
+    lo, hi = float(np.min(x)), float(np.max(x))
+    base.update(x_range=_range_text(lo, hi, scale), x_low=lo if scale == "linear" else math.exp(lo),
+                x_high=hi if scale == "linear" else math.exp(hi), runs=len(g))
+    if not _moved(lo, hi, scale):
+        need = f"max/min >= {MIN_RATIO:.2f}" if scale == "log" else f"a range >= {MIN_POINTS:g} points"
+        return {**base, "note": f"the levers did not change {measure} here ({base['x_range']}; an estimate "
+                                f"needs {need}): no effect estimated"}
     y, draws, kinds = _run_y(g, replicates)
     grp = g["_group"].to_numpy()
     b = stats.within_slope(y, x, grp)
@@ -353,20 +389,21 @@ def _stratum_effect(g: pd.DataFrame, lever: str, replicates: dict, n_boot: int, 
     rep = [stats.within_slope([draw(rng) for draw in draws], x, grp) for _ in range(n_boot)]
     rlo, rhi = np.quantile(rep, [0.025, 0.975]) if math.isfinite(b) else (math.nan, math.nan)
     klo = khi = p = math.nan
-    if len(slopes) >= 2:
+    if len(slopes) >= MIN_KERNELS:
         klo, khi, _ = stats.cluster_bootstrap(lambda i: stats.within_slope(y[i], x[i], grp[i]), grp,
                                               n_boot, seed=seed)
         p = float(sps.ttest_1samp(slopes, 0.0).pvalue)
+    step = math.log(MIN_RATIO) if scale == "log" else MIN_POINTS
 
-    def eff(v):
-        return _effect(v, scale) if math.isfinite(v) else math.nan
-    lo, hi = np.nanmin(x), np.nanmax(x)
-    lo, hi = (lo, hi) if scale == "linear" else (math.exp(lo), math.exp(hi))
-    return {"measure": measure, "kernels": len(slopes), "runs": len(g), "slope": b, "effect": eff(b),
-            "unit": UNITS[scale], "rep_low": eff(rlo), "rep_high": eff(rhi),
-            "ci_source": " and ".join(sorted(set(kinds))),
-            "kern_low": eff(klo), "kern_high": eff(khi), "p": p,
-            "x_range": f"{lo:.3g}..{hi:.3g}" + ("" if scale == "linear" else " B")}
+    def pct(v, width):
+        return 100 * (math.exp(v * width) - 1) if math.isfinite(v) else math.nan
+    across = ("cannot be said: " f"{len(slopes)} kernel(s), at least {MIN_KERNELS} needed"
+              if len(slopes) < MIN_KERNELS else f"{len(slopes)} kernels")
+    return {**base, "kernels": len(slopes), "slope": b, "effect": pct(b, hi - lo),
+            "rep_low": pct(rlo, hi - lo), "rep_high": pct(rhi, hi - lo),
+            "per_step": pct(b, step), "step_low": pct(rlo, step), "step_high": pct(rhi, step),
+            "ci_source": " and ".join(sorted(set(kinds))), "across": across,
+            "kern_low": pct(klo, hi - lo), "kern_high": pct(khi, hi - lo), "p": p}
 
 
 def predictor_study(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, alpha: float = ALPHA,
@@ -419,6 +456,15 @@ def _ci(lo, hi, digits=0) -> str:
     return "-" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
+def _stratum_text(r) -> str:
+    where = f"{r['precision']} N={r['size']}"
+    if not math.isfinite(r["effect"]):
+        return f"{where} none ({r['note']})" if isinstance(r.get("note"), str) else f"{where} none"
+    unit = "points" if r["step"] == STEPS["linear"] else "B"
+    return (f"{where} {r['effect']:+.3g} % from {r['x_low']:.3g} to {r['x_high']:.3g} {unit} "
+            f"{_ci(r['rep_low'], r['rep_high'], 2)}")
+
+
 def _interventional_text(res: PredictorResult, alpha: float) -> str:
     t = res.interventional
     if t.empty:
@@ -428,24 +474,39 @@ def _interventional_text(res: PredictorResult, alpha: float) -> str:
                 "occupancy or DRAM traffic does to throughput is not measured by these runs.")
     parts = []
     for lever, g in t.groupby("lever", sort=False):
-        if g["effect"].isna().all():
+        if g["x_low"].isna().all():
             missing = g["note"].dropna().iloc[0] if "note" in g else "no measure"
             parts.append(f"{len(g)} stratum(s) hold runs of one kernel at several settings of "
                          f"{g['levers'].iloc[0]}, but {missing}: "
                          f"the effect of {lever} is not measured.")
             continue
-        g = g[g["effect"].notna()]
-        sig = g[g["p_adj"] < alpha]
-        excl = g[(g["kern_low"] > 0) | (g["kern_high"] < 0) |
-                 ((g["kernels"] < 2) & ((g["rep_low"] > 0) | (g["rep_high"] < 0)))]
-        sources = ", ".join(sorted(set(g["ci_source"])))
-        parts.append(f"Changing {lever} through {g['levers'].iloc[0]} with the kernel held fixed "
-                     f"({int(g['kernels'].max())} kernel(s) per stratum at most, "
-                     f"{int(g['runs'].sum())} runs, "
-                     f"{len(g)} precision x size strata, intervals from {sources}) "
-                     f"moves throughput by {g['effect'].min():+.3g} to {g['effect'].max():+.3g} "
-                     f"{g['unit'].iloc[0]} of {g['measure'].iloc[0]}; the 95 % interval excludes 0 in "
-                     f"{len(excl)} of {len(g)} strata and {len(sig)} have Holm-adjusted p < {alpha}.")
+        est, flat = g[g["effect"].notna()], g[g["effect"].isna()]
+        text = (f"Changing {lever} through {g['levers'].iloc[0]} with the kernel held fixed "
+                f"({int(g['kernels'].max())} kernel(s) per stratum at most, {int(g['runs'].sum())} runs, "
+                f"{len(g)} precision x size strata)")
+        if len(flat):
+            text += (f" did not change {g['measure'].iloc[0]} in {len(flat)} stratum(s) ("
+                     + "; ".join(f"{r['precision']} N={r['size']}: {r['x_range']}" for _, r in flat.iterrows())
+                     + "; an estimate needs " + (f"max/min >= {MIN_RATIO:.2f}" if lever != "occupancy"
+                                                 else f"a range >= {MIN_POINTS:g} points") + "): "
+                     "no effect estimated there")
+        if len(est):
+            text += ((";" if len(flat) else "") + f" changed throughput over the range of "
+                     f"{est['measure'].iloc[0]} each stratum's runs hold by "
+                     + ", ".join(_stratum_text(r) for _, r in est.iterrows())
+                     + f" (95 % intervals from {', '.join(sorted(set(est['ci_source'])))}: the measurement "
+                     "precision for these kernels)")
+            few = est[est["kernels"] < MIN_KERNELS]
+            if len(few) == len(est):
+                text += (f"; whether this holds for other kernels cannot be said: "
+                         f"{int(est['kernels'].max())} kernel(s) per stratum at most, at least "
+                         f"{MIN_KERNELS} needed")
+            else:
+                sig = est[est["p_adj"] < alpha]
+                text += (f"; across kernels ({len(est) - len(few)} stratum(s) with >= {MIN_KERNELS} kernels) "
+                         f"{len(sig)} have Holm-adjusted p < {alpha}"
+                         + (f", {len(few)} cannot be said (fewer kernels)" if len(few) else ""))
+        parts.append(text + ".")
     return " ".join(parts)
 
 
@@ -527,14 +588,22 @@ def tables(res: PredictorResult) -> dict[str, pd.DataFrame]:
                                            "value": [f"{v:.5g}" for v in res.identity.values()]})
     iv = res.interventional
     if not iv.empty:
+        across = [_ci(a, b, 1) + f", p = {p:.3g}, Holm p = {q:.3g}" if isinstance(w, str) and
+                  not w.startswith("cannot") else (w if isinstance(w, str) else "-")
+                  for a, b, p, q, w in zip(iv["kern_low"], iv["kern_high"], iv["p"], iv["p_adj"],
+                                           iv.get("across", pd.Series("-", iv.index)), strict=True)]
         out["interventional"] = pd.DataFrame({
-            "lever": iv["lever"], "measure (range)": iv["measure"] + " (" + iv["x_range"] + ")",
-            "precision": iv["precision"], "N": iv["size"], "kernels": iv["kernels"], "runs": iv["runs"],
-            "effect": iv["effect"], "unit": iv["unit"],
-            "95% CI, replicates": [_ci(a, b, 1) for a, b in zip(iv["rep_low"], iv["rep_high"], strict=True)],
+            "lever": iv["lever"], "measure": iv["measure"], "precision": iv["precision"], "N": iv["size"],
+            "kernels": iv["kernels"], "runs": iv["runs"], "range of the measure": iv["x_range"],
+            "throughput change over the range (%)": iv["effect"].map(lambda v: f"{v:+.3g}" if
+                                                                    math.isfinite(v) else "no effect estimated"),
+            "95% CI, replicates": [_ci(a, b, 2) for a, b in zip(iv["rep_low"], iv["rep_high"], strict=True)],
             "from": iv["ci_source"],
-            "95% CI, kernels": [_ci(a, b, 1) for a, b in zip(iv["kern_low"], iv["kern_high"], strict=True)],
-            "p": iv["p"], "Holm p": iv["p_adj"]})
+            "per step, within the range": [f"{v:+.3g} {u.replace('% throughput ', '% ')} {_ci(a, b, 2)}"
+                                           if math.isfinite(v) else "-" for v, u, a, b in
+                                           zip(iv["per_step"], iv["step"], iv["step_low"], iv["step_high"],
+                                               strict=True)],
+            "across kernels (95% CI of the change)": across})
     t = res.tests
     if not t.empty:
         s = t[t["test"] == "slope (cluster-robust OLS)"]

@@ -132,8 +132,15 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
     return lines
 
 
+REPLICATES_COL = "replicate_medians_us"    # runs.csv: a run's replicate medians (us), ';'-joined
+
+
 def _replicates(d: pd.DataFrame) -> dict:
-    """Replicate medians of the runs that logged them (metric history), where the store is known."""
+    """Replicate medians of the runs that logged them: the metric history where the store is known,
+    else column :data:`REPLICATES_COL` of a tidy table (written into runs.csv by :func:`write_report`)."""
+    if REPLICATES_COL in d:
+        return {r: [float(v) for v in str(s).split(";")] for r, s in zip(d["run_id"], d[REPLICATES_COL])
+                if isinstance(s, str) and s}
     uri = d.attrs.get("uri")
     col = "replicate_median_us" if "replicate_median_us" in d else None
     if not uri or col is None or d[col].isna().all():
@@ -154,10 +161,13 @@ def _predictor_lines(d: pd.DataFrame, suffix: str, out: Path, n_boot: int, files
     notes += [f"{gpu}: {n}" for n in res.notes]
     if "interventional" in shown:
         lines += ["Interventional: runs of one kernel (the run's params less the lever's, with its size and "
-                  "GPU) at several settings of a lever; the effect is the within-kernel slope of ln "
-                  "throughput. Intervals: from each run's replicates (or, said so, its timed batches' "
-                  "min..max) and from a bootstrap over kernels; p: t-test of the per-kernel slopes "
-                  "(df = kernels - 1).", "",
+                  "GPU) at several settings of a lever. The change is the within-kernel slope of ln "
+                  "throughput times the range of the measure the runs hold (lowest to highest); none is "
+                  "estimated where the levers moved DRAM bytes by less than x1.10 or occupancy by less "
+                  "than 5 points. The replicate interval (each run's replicates, or, said so, its timed "
+                  "batches' min..max) is the measurement precision for these kernels; whether the change "
+                  "holds for other kernels (bootstrap over kernels, t-test of the per-kernel slopes, Holm) "
+                  "needs 3 or more kernels per stratum.", "",
                   tables.markdown(shown["interventional"]), ""]
     if "slopes" in shown:
         lines += [f"Observational, {res.n_kernels} kernels and {res.n} runs: OLS of ln throughput on each "
@@ -207,6 +217,9 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     lines += ["## What these runs cannot tell", ""]
     lines += [f"- {n}" for n in notes] or ["- Nothing left open."]
     lines.append("")
+    reps = _replicates(df) if "run_id" in df else {}
+    if reps:                                  # so that --table on this runs.csv has the same intervals
+        df = df.assign(**{REPLICATES_COL: df["run_id"].map(lambda r: ";".join(map(repr, reps.get(r, []))) or None)})
     df.to_csv(out / "runs.csv", index=False)
     files.append(out / "runs.csv")
     text = "\n".join(lines)
