@@ -10,8 +10,10 @@ one-paragraph answer built from their numbers come out.
   lever's params (and their ``spec.``/``family.`` mirrors) and bookkeeping that is not in the run key
   (seeds, tracking, the sweep's size list, ``timing.timeout_s``). Per precision and size, the effect
   is the within-kernel slope of log throughput on achieved occupancy (theoretical where no counters)
-  or on log DRAM bytes, with one interval from the replicates (``replicate_median_us`` steps
-  0..R-1; else the timed batches' min..max, said so) and one from a bootstrap over kernels.
+  or on log DRAM bytes, given as the change over the range of the measure the runs hold (none where
+  the levers barely moved it), with the interval from the replicates (``replicate_median_us`` steps
+  0..R-1; else the timed batches' min..max, said so): the precision for these kernels; whether it
+  holds for other kernels (bootstrap over kernels, p) only with 3 or more kernels.
 - **Observational** (:func:`observational`): across kernels as they are, strata of size x precision
   (indicators), the kernel as the unit (cluster-robust OLS with t on kernels - 1 df, cluster
   bootstrap over kernels), rates on log scales. Measures are named for what they are: DRAM traffic
@@ -588,8 +590,8 @@ def tables(res: PredictorResult) -> dict[str, pd.DataFrame]:
                                            "value": [f"{v:.5g}" for v in res.identity.values()]})
     iv = res.interventional
     if not iv.empty:
-        across = [_ci(a, b, 1) + f", p = {p:.3g}, Holm p = {q:.3g}" if isinstance(w, str) and
-                  not w.startswith("cannot") else (w if isinstance(w, str) else "-")
+        across = [_ci(a, b, 1) + f", p = {p:.3g}, Holm p = {q:.3g}" if math.isfinite(p) else
+                  (w if isinstance(w, str) else "-")
                   for a, b, p, q, w in zip(iv["kern_low"], iv["kern_high"], iv["p"], iv["p_adj"],
                                            iv.get("across", pd.Series("-", iv.index)), strict=True)]
         out["interventional"] = pd.DataFrame({
