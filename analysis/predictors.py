@@ -36,8 +36,9 @@ from . import stats
 from .runs import (DRAM_COUNT, DRAM_SHARE, MEDIAN_US, NCU_DURATION, OCCUPANCY, THROUGHPUT, ok_runs,
                    size_order, value_text)
 
-__all__ = ["PREDICTORS", "MEASURES", "CIRCULARITY", "OCCUPANCY_LEVERS", "TRAFFIC_LEVERS", "PredictorResult",
-           "predictor_study", "observational", "interventional", "share_identity", "kernel_identity",
+__all__ = ["PREDICTORS", "MEASURES", "CIRCULARITY", "OCCUPANCY_LEVERS", "TRAFFIC_LEVERS", "as_they_are",
+           "PredictorResult", "predictor_study", "observational", "interventional", "share_identity",
+           "kernel_identity",
            "load_replicates", "DRAM_BOUND_PCT"]
 
 DRAM_BYTES, BYTES_PER_FLOP, THEORETICAL = "dram_bytes", "dram_bytes_per_flop", "theoretical_occupancy"
@@ -279,6 +280,27 @@ def _lever_runs(d: pd.DataFrame, levers) -> pd.DataFrame:
     return d[n_set >= 2]
 
 
+# each lever's setting of a kernel as it is built by default; a kernel measured at several settings is
+# one kernel "as it is" for the observational analysis: its run at the most default setting
+AS_BUILT = {"launch.blocks_per_sm": 0, "tile.group_m": 8, "tile.order": "grouped", "cache.l2_hint_a": "none",
+            "cache.l2_hint_b": "none", "cache.l2_prefetch": "none"}
+
+
+def as_they_are(d: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``d`` the observational analysis takes, kernels as they are: of a kernel measured at
+    two or more lever settings (:func:`_lever_runs` over every lever), only the runs at the setting with
+    the most levers as built (:data:`AS_BUILT`; ties: the first such setting); every other run kept."""
+    runs = _lever_runs(d, OCCUPANCY_LEVERS + TRAFFIC_LEVERS)
+    if runs.empty:
+        return d
+    present = [c for c in AS_BUILT if c in runs]
+    score = sum((runs[c].astype(str) == str(AS_BUILT[c])).astype(int) for c in present)
+    best = score.groupby(runs["_group"]).transform("max")
+    first = runs[score == best].groupby("_group")["_setting"].transform("min")
+    drop = runs.index[(score != best) | (runs["_setting"] != first.reindex(runs.index))]
+    return d.drop(index=drop)
+
+
 def _run_y(d: pd.DataFrame, replicates: dict):
     """Per run: ln throughput (mean over replicates where logged) and a sampler of it for the
     measurement bootstrap; the source named ('replicates', 'batch spread' or 'none')."""
@@ -371,7 +393,8 @@ def _stratum_effect(g: pd.DataFrame, lever: str, replicates: dict, n_boot: int, 
     base = {"measure": measure, "kernels": nk, "runs": len(g), "slope": math.nan, "effect": math.nan,
             "per_step": math.nan, "step": STEPS[scale], "p": math.nan, "ci_source": "-", "x_range": "-",
             "x_low": math.nan, "x_high": math.nan, "across": "-", "note": None,
-            **dict.fromkeys(("rep_low", "rep_high", "step_low", "step_high", "kern_low", "kern_high"), math.nan)}
+            **dict.fromkeys(("rep_low", "rep_high", "step_low", "step_high", "kern_low", "kern_high"),
+                            math.nan)}
     if not keep.any():
         return {**base, "note": f"no run has {measure} (profile the runs)"}
     g, x = g[keep], x[keep]
@@ -439,7 +462,12 @@ def predictor_study(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, alpha: 
     for c in MEASURES:
         if c not in have:
             notes.append(f"{MEASURES[c][0]}: fewer than {MIN_N} measured runs have it; left out.")
-    res.tests = observational(d, n_boot, seed) if len(d) >= MIN_N else pd.DataFrame()
+    obs = as_they_are(d)
+    if len(obs) < len(d):
+        notes.append(f"Observational analysis: kernels as they are; {len(d) - len(obs)} run(s) at other "
+                     "settings of a lever of a kernel measured at several are left to the interventional "
+                     "analysis.")
+    res.tests = observational(obs, n_boot, seed) if len(obs) >= MIN_N else pd.DataFrame()
     pvals = list(res.tests.get("p", [])) + list(res.interventional.get("p", []))
     adj = stats.adjust_pvalues(pvals)
     if not res.tests.empty:
@@ -488,7 +516,8 @@ def _interventional_text(res: PredictorResult, alpha: float) -> str:
                 f"{len(g)} precision x size strata)")
         if len(flat):
             text += (f" did not change {g['measure'].iloc[0]} in {len(flat)} stratum(s) ("
-                     + "; ".join(f"{r['precision']} N={r['size']}: {r['x_range']}" for _, r in flat.iterrows())
+                     + "; ".join(f"{r['precision']} N={r['size']}: {r['x_range']}"
+                                 for _, r in flat.iterrows())
                      + "; an estimate needs " + (f"max/min >= {MIN_RATIO:.2f}" if lever != "occupancy"
                                                  else f"a range >= {MIN_POINTS:g} points") + "): "
                      "no effect estimated there")
@@ -522,8 +551,8 @@ def _observational_text(res: PredictorResult, alpha: float) -> str:
     if t.empty:
         return "Observationally nothing can be said: too few measured runs with the ncu metrics."
     first = t.iloc[0]
-    head = (f"Observationally (kernels as they are: {first['n_kernels']} kernel(s), {res.n} runs, strata of "
-            f"size x precision, the kernel as the unit)")
+    head = (f"Observationally (kernels as they are: {first['n_kernels']} kernel(s), {first['n']} runs, "
+            f"strata of size x precision, the kernel as the unit)")
     said = []
     for col in (OCCUPANCY, BYTES_PER_FLOP):
         r = _obs_row(t, col, PRIMARY)
@@ -597,8 +626,8 @@ def tables(res: PredictorResult) -> dict[str, pd.DataFrame]:
         out["interventional"] = pd.DataFrame({
             "lever": iv["lever"], "measure": iv["measure"], "precision": iv["precision"], "N": iv["size"],
             "kernels": iv["kernels"], "runs": iv["runs"], "range of the measure": iv["x_range"],
-            "throughput change over the range (%)": iv["effect"].map(lambda v: f"{v:+.3g}" if
-                                                                    math.isfinite(v) else "no effect estimated"),
+            "throughput change over the range (%)": iv["effect"].map(
+                lambda v: f"{v:+.3g}" if math.isfinite(v) else "no effect estimated"),
             "95% CI, replicates": [_ci(a, b, 2) for a, b in zip(iv["rep_low"], iv["rep_high"], strict=True)],
             "from": iv["ci_source"],
             "per step, within the range": [f"{v:+.3g} {u.replace('% throughput ', '% ')} {_ci(a, b, 2)}"

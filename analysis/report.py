@@ -139,8 +139,8 @@ def _replicates(d: pd.DataFrame) -> dict:
     """Replicate medians of the runs that logged them: the metric history where the store is known,
     else column :data:`REPLICATES_COL` of a tidy table (written into runs.csv by :func:`write_report`)."""
     if REPLICATES_COL in d:
-        return {r: [float(v) for v in str(s).split(";")] for r, s in zip(d["run_id"], d[REPLICATES_COL])
-                if isinstance(s, str) and s}
+        pairs = zip(d["run_id"], d[REPLICATES_COL], strict=True)
+        return {r: [float(v) for v in str(s).split(";")] for r, s in pairs if isinstance(s, str) and s}
     uri = d.attrs.get("uri")
     col = "replicate_median_us" if "replicate_median_us" in d else None
     if not uri or col is None or d[col].isna().all():
@@ -219,7 +219,8 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     lines.append("")
     reps = _replicates(df) if "run_id" in df else {}
     if reps:                                  # so that --table on this runs.csv has the same intervals
-        df = df.assign(**{REPLICATES_COL: df["run_id"].map(lambda r: ";".join(map(repr, reps.get(r, []))) or None)})
+        joined = df["run_id"].map(lambda r: ";".join(map(repr, reps.get(r, []))) or None)
+        df = df.assign(**{REPLICATES_COL: joined})
     df.to_csv(out / "runs.csv", index=False)
     files.append(out / "runs.csv")
     text = "\n".join(lines)

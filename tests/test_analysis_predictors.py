@@ -282,3 +282,24 @@ def test_report_of_a_store_with_lever_runs_takes_the_replicates_from_the_metric_
     assert pd.read_csv(tmp_path / "again" / "predictor_interventions.csv").iloc[0]["ci_source"] == "replicates"
     assert back.text.split("**Answer.**")[1].split("\n")[0] == rep.text.split("**Answer.**")[1].split("\n")[0]
     assert "Changing occupancy through launch.blocks_per_sm with the kernel held fixed (3 kernel(s)" in rep.text
+
+
+def test_the_observational_part_takes_each_lever_kernel_once_as_it_is_built():
+    """Runs of one kernel at forced block caps are not "kernels as they are": with the 60 lever runs of
+    experiment=predictors beside the study's, occupancy's observational slope swung to -20 % per +10 points
+    while the levers themselves raised throughput. Only the run at the most default setting stays."""
+    d, _ = _levers()
+    rows = d.to_dict("records")
+    for r in rows[:8]:                          # k0 (both sizes) also measured at cap 0: the kernel as built
+        if r["launch.blocks_per_sm"] == 4:
+            rows.append({**r, "launch.blocks_per_sm": 0, "run_id": r["run_id"][:-1] + "0"})
+    d = pd.DataFrame(rows)
+    kept = predictors.as_they_are(predictors._prepare(d))
+    per_kernel = kept.groupby(["kernel", "size"])["launch.blocks_per_sm"].agg(list).to_dict()
+    assert per_kernel[("k0", "2048")] == [0] and per_kernel[("k0", "4096")] == [0]
+    assert per_kernel[("k1", "2048")] == [1] and len(kept) == 8          # no cap 0: the first setting
+    res = predictor_study(d, n_boot=50)
+    assert any("Observational analysis: kernels as they are; 26 run(s)" in n for n in res.notes)
+    assert set(res.tests["n"]) == {8}
+    plain = _observed()
+    assert predictors.as_they_are(predictors._prepare(plain)).shape == predictors._prepare(plain).shape
