@@ -87,8 +87,9 @@ def main(cfg) -> None:
     from experiments.spec import SpecError
     try:
         return run_job(cfg)      # the counts of its runs' outcomes (a Slurm job's exit status says them)
-    except SpecError as exc:   # single run: an impossible configuration stops before any work
-        raise SystemExit(f"Invalid configuration: {exc}") from None
+    except SpecError as exc:   # single run: an impossible configuration stops before any work, exit 2
+        print(f"Invalid configuration: {exc}", file=sys.stderr)     # as validate's refusals at the start
+        raise SystemExit(2) from None
     except JobError as exc:
         raise SystemExit(f"Cannot run: {exc}") from None
 

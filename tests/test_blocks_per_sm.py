@@ -4,7 +4,7 @@ metrics a run gets; on a GPU (``gpu`` marker) the padded launch verified and the
 calculator agreeing with the logged blocks_per_sm."""
 import pytest
 from omegaconf import OmegaConf
-from test_cli import all_runs, run_cli, store_args
+from test_cli import EXPERIMENT, all_runs, run_cli, store_args
 
 from experiments import families
 from experiments.build.assemble import smem_padding, theoretical_occupancy
@@ -63,7 +63,7 @@ def test_without_ptxas_resources_the_padding_cannot_be_computed():
         launch_padding(fam, fam.spec("int8", {}, "sm_90"), None, 2, "nvcc not found")
 
 
-def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_path):
+def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_path, module_cli):
     """int8, 64x64 tile, BK 32 on sm_90: 8 blocks per SM without padding (64 registers); 0 and 2 are runs
     (2 with the padding's occupancy, a run key of its own), 9 a skipped run naming the maximum; the
     params name the cap on every run."""
@@ -84,6 +84,20 @@ def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_
     assert skipped.data.tags["outcome"] == "skipped" and skipped.info.status == "FINISHED"
     assert "reaches 8 resident blocks per SM" in skipped.data.tags["skip_reason"]
     assert skipped.data.tags["skip_reason"].endswith("valid: 0 (as many as fit) or 1 ... 8")
+    # runs of one kernel at two caps had one name and one row of the static table
+    assert capped.info.run_name == free.info.run_name + " blocks_per_sm=2"
+    rc, table, _ = module_cli("experiments.report", "--static", "--uri", f"sqlite:///{tmp_path}/mlflow.db", "--experiment", EXPERIMENT)
+    rows = [line for line in table.splitlines() if line.startswith(f"| {free.data.tags['kernel']}")]
+    assert rc == 0 and [r.split(" | ")[5] for r in rows] == ["50%", "12%"], table
+    assert rows[1].startswith(f"| {free.data.tags['kernel']} (blocks_per_sm=2) |")
+
+
+def test_a_single_run_with_a_cap_the_kernel_cannot_take_exits_2(tmp_path):
+    """launch.blocks_per_sm=99 without -m printed "Invalid configuration" with exit 1, while the other
+    configuration errors exit 2: a script read it as a crash."""
+    rc, out = run_cli(tmp_path, "precision=int8", "tile=64x64", "launch.blocks_per_sm=99", "backend=static",
+                      *store_args(tmp_path, False))
+    assert rc == 2 and out.strip().splitlines()[-1].startswith("Invalid configuration: launch.blocks_per_sm=99"), out
 
 
 def test_the_run_key_names_a_cap_only_when_one_is_set(tmp_path):

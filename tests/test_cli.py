@@ -563,7 +563,7 @@ def test_an_interpolation_that_does_not_fit_its_key_stops_with_the_key(tmp_path,
     """verify.seed=${verify.rtol} (a float into an integer key) ended in OmegaConf's traceback."""
     args = ["-m", "precision=int8,int4"] if sweep else ["precision=int8"]
     rc, out = run_cli(tmp_path, *args, "verify.seed=${verify.rtol}", *store_args(tmp_path, sweep, new_store=True))
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out, out
     assert out.strip().endswith("Invalid configuration: verify.seed: While dereferencing interpolation "
                                 "'${verify.rtol}': Value '0.001' of type 'float' could not be converted to "
                                 "Integer"), out

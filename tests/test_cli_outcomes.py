@@ -104,7 +104,7 @@ def test_a_bad_interpolation_in_the_output_folder_is_one_line(tmp_path, sweep):
     key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     args = ["-m", "precision=int8,int4"] if sweep else ["precision=int8"]
     rc, out = run_cli(tmp_path, *args, f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", key + "=${nope.x}/out")
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out, out
     assert out.strip() == (f"Invalid configuration: {key}: Interpolation key 'nope.x' not found (Hydra's output "
                            "folder; python run.py --cfg hydra shows the keys it can use)")
     assert not (tmp_path / "mlflow.db").exists()

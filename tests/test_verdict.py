@@ -240,3 +240,13 @@ def test_the_clock_of_a_run_is_the_window_clock_where_measured():
     run = lambda **m: NS(data=NS(metrics=m))  # noqa: E731
     assert clock_of(run(sm_clock_mhz_window=1755.0, sm_clock_mhz_mean=1800.0)) == 1755.0
     assert clock_of(run(sm_clock_mhz_mean=1800.0)) == 1800.0 and clock_of(run()) is None
+
+
+def test_a_mistyped_run_id_for_against_is_not_read_as_a_store(tmp_path, module_cli):
+    """--against nosuchrun said "the tracking URI nosuchrun is a file store" and suggested a .db path."""
+    from test_cli import store_args
+    store_args(tmp_path)                                  # an empty store at tmp_path/mlflow.db
+    rc, _, err = module_cli("experiments.report", "--against", "nosuchrun", "--uri", f"sqlite:///{tmp_path}/mlflow.db")
+    assert rc == 2 and err.strip().splitlines()[-1].endswith(
+        "--against 'nosuchrun' is neither runs of this store (previous, or a run id: 32 hex digits) nor another "
+        "store (a tracking URI such as sqlite:///PATH/mlflow.db, or a path to one)"), err

@@ -131,6 +131,13 @@ def _nothing_measured(tr: Tracker, uri: str, detail: str, end: str, parent: str 
             f"(rendered and assembled only{detail}){also}{end}\n")
 
 
+def _capped(kernel: str, run) -> str:
+    """The kernel's name in a table, with its launch's block cap where it had one (launch.blocks_per_sm:
+    the same kernel at another occupancy is a row of its own)."""
+    cap = run.data.params.get("launch.blocks_per_sm", "0")
+    return kernel if cap in ("0", "", None) else f"{kernel} (blocks_per_sm={cap})"
+
+
 def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str | None = None) -> str:
     """Markdown table of the store's static runs (made without a GPU: rendered and assembled only),
     those of ``sweep`` (a parent run id or "latest"; None: every sweep), one row per kernel and arch
@@ -150,8 +157,8 @@ def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str
     runs = (tr.sweep_runs(parent, where) if parent       # oldest first, those it reused included
             else tr.client.search_runs([tr.experiment_id], where, max_results=50000,
                                        order_by=["attributes.start_time ASC"]))
-    every = {(r.data.tags.get("kernel") or r.info.run_name or "?", r.data.tags.get("arch", "-")): r
-             for r in runs}
+    every = {(_capped(r.data.tags.get("kernel") or r.info.run_name or "?", r), r.data.tags.get("arch", "-"))
+             : r for r in runs}
     latest = {k: r for k, r in every.items() if r.data.tags.get("outcome") == "static"}
     others = {k: r for k, r in every.items() if k not in latest}
     scope = f"sweep {parent} of {uri}" if parent else uri
@@ -664,6 +671,11 @@ def main(argv=None) -> int:
         ap.error("--static tables the runs made without a GPU; --by-family and --against read GPU runs: "
                  "give one")
     runs_of_this_store = args.against is not None and is_run_ref(args.against.strip())
+    given = (args.against or "").strip()
+    if args.against is not None and not runs_of_this_store and not re.search(r"[:/\\.]", given) \
+            and not Path(given).exists():
+        ap.error(f"--against {given!r} is neither runs of this store (previous, or a run id: 32 hex digits) "
+                 "nor another store (a tracking URI such as sqlite:///PATH/mlflow.db, or a path to one)")
     if runs_of_this_store and args.repeat is not None:
         ap.error("--repeat widens the spread of a comparison of two stores; --against previous or a run id "
                  "compares runs of this store by their replicates: drop --repeat")

@@ -225,17 +225,20 @@ def setting_problem(key: str, v) -> str | None:
 
 def resolved(cfg) -> dict:
     """The config as plain data (enums as their names), its interpolations resolved, Hydra's own node
-    aside. Raises SystemExit ("Invalid configuration: KEY: ...") when an interpolation cannot be
-    resolved or its value does not fit the key (``verify.seed=${verify.rtol}``): no run can be
-    recorded without its params, so the run or sweep stops before anything is tracked."""
+    aside. Raises experiments.runner.validate.Invalid (exit 2, "Invalid configuration: KEY: ...")
+    when an interpolation cannot be resolved or its value does not fit the key
+    (``verify.seed=${verify.rtol}``): no run can be recorded without its params, so the run or sweep
+    stops before anything is tracked."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from .validate import Invalid
     try:
         return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
                                       resolve=True, enum_to_str=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
-        raise SystemExit(f"Invalid configuration: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") \
+        raise Invalid(f"Invalid configuration: {key + ': ' if key else ''}{str(exc).splitlines()[0]}") \
             from None
 
 
@@ -313,6 +316,8 @@ def _cap_blocks(kern: Kernel, fam, spec, cap: int) -> None:
     RuntimeError (no ptxas resources to compute it from)."""
     pad = launch_padding(fam, spec, kern.asm, cap, kern.static_note)
     kern.identity = (*kern.identity, ("launch.blocks_per_sm", cap))
+    named = kern.name           # the run name says the cap: the same kernel at another occupancy
+    kern.name = lambda shape: f"{named(shape)} blocks_per_sm={cap}"
     kern.call[1]["smem_pad"] = pad
     occupancy, blocks, _ = theoretical_occupancy(spec.arch, fam.threads(spec), kern.asm.registers,
                                                  kern.asm.static_smem + fam.dyn_smem(spec) + pad)

@@ -256,7 +256,7 @@ def tracking_target(config: DictConfig, multirun: bool) -> tuple[str | None, str
     try:
         uri, experiment = plain.tracking.uri, plain.tracking.experiment
     except OmegaConfBaseException as exc:
-        raise SystemExit(f"Invalid configuration: tracking: {str(exc).splitlines()[0]}") from None
+        raise Invalid(f"Invalid configuration: tracking: {str(exc).splitlines()[0]}") from None
     return (None if uri is None else str(uri)), str(experiment)
 
 
@@ -406,8 +406,8 @@ def check_output_dirs(config: DictConfig, multirun: bool) -> None:
         try:
             OmegaConf.select(probe, key, throw_on_resolution_failure=True)
         except OmegaConfBaseException as exc:
-            raise SystemExit(f"Invalid configuration: {key}: {str(exc).splitlines()[0]} (Hydra's output "
-                             f"folder; python run.py --cfg hydra shows the keys it can use)") from None
+            raise Invalid(f"Invalid configuration: {key}: {str(exc).splitlines()[0]} (Hydra's output "
+                          f"folder; python run.py --cfg hydra shows the keys it can use)") from None
 
 
 def guard_slurm(launcher: DictConfig) -> None:
