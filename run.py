@@ -77,7 +77,21 @@ def family_options(name: str) -> str:
     return fam.options_help()
 
 
+def shared_options() -> str:
+    """The settings every family takes and their valid values, the default first, for --help: operand
+    data (experiments.gpu.verify.Data), the timing regime and replicates, the launch's block cap."""
+    from experiments.gpu.timing import REGIMES
+    from experiments.gpu.verify import Data
+    lines = [f"data: {' | '.join(Data.__members__)}",
+             f"timing.regime: {' | '.join(REGIMES)}",
+             "timing.repeats: 1 | 2 ... (replicates of the timed measurement; verdicts need 2 or more)",
+             "launch.blocks_per_sm: 0 (as many as fit) | 1 ... what the kernel reaches "
+             "(mma_sync, wmma, dp4a, wgmma)"]
+    return "\n".join(f"  {line}" for line in lines) + "\n"
+
+
 OmegaConf.register_new_resolver("config_groups", config_groups, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("shared_options", shared_options, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("family_options", family_options, use_cache=True, replace=True)
 
 

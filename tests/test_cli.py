@@ -289,12 +289,19 @@ def test_help(tmp_path):
     assert [line.split(":")[0] for line in groups.strip().splitlines()] == [
         "family", "tile", "problem", "experiment", "variant", "hydra/launcher"]
     # the default family's options are the root keys: listed with their values
-    root = out.split("== Options of family=mma_sync", 1)[1].split("== Config ", 1)[0]
+    root = out.split("== Options of family=mma_sync", 1)[1].split("== Settings of every family", 1)[0]
     assert "(none: family=mma_sync is set by the root keys; their values, defaults in the config below:)" in root
     for line in ("  smem_layout: padded | swizzled", "  loader.b: x1 | x2 | x4 | manual",
                  "  pipeline.stages: 1 ... 65 (what shared memory allows)", "  mma: auto | m16n8k8 | m16n8k16 | "
                  "m16n8k32 | m16n8k64", "  cache.l2_hint_a: none | evict_first | evict_last | evict_normal"):
         assert line in root.splitlines(), (line, root)
+    # the settings every family takes: their values were only in the errors a wrong one gave
+    shared = out.split("== Settings of every family (valid values, the default first) ==", 1)[1]
+    shared = [line.strip() for line in shared.split("== Config ", 1)[0].strip().splitlines()]
+    assert shared[:2] == ["data: full | uniform | normal | zeros | sparse | constant",
+                          "timing.regime: sustained | burst"], shared
+    assert [line.split(":")[0] for line in shared] == ["data", "timing.regime", "timing.repeats",
+                                                      "launch.blocks_per_sm"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -304,7 +311,7 @@ def test_help_lists_a_family_options_and_values(tmp_path):
     rc, out = run_cli(tmp_path, "family=wgmma", "--help")
     assert rc == 0, out
     options = out.split("== Options of family=wgmma (family.<option>=<value>; valid values, the default "
-                        "first) ==", 1)[1].split("== Config ", 1)[0].strip().splitlines()
+                        "first) ==", 1)[1].split("== Settings of every family", 1)[0].strip().splitlines()
     assert options[0] == "bn: 256 (default), 192, 128, 64"
     assert "schedule: tiles (default), streamk" in options and "epilogue: registers (default), tma" in options
     assert len(options) == len(families.get("wgmma").axes) - 1
