@@ -368,7 +368,21 @@ def _graph_of(stream, launch, n: int):
         return stream.end_capture()
 
 
-class _Gate:
+class _PerDevice:
+    """One instance per CUDA device, made on first use (:meth:`get`); each subclass keeps its own."""
+    _by_device: dict
+
+    @classmethod
+    def get(cls):
+        """The instance of the current device."""
+        import cupy
+        dev = cupy.cuda.Device().id
+        if dev not in cls._by_device:
+            cls._by_device[dev] = cls()
+        return cls._by_device[dev]
+
+
+class _Gate(_PerDevice):
     """Holds a stream until the host releases it (one per process and device).
 
     A one-thread kernel (``timing_gate``, NVRTC) spins on an int in mapped, pinned host memory and
@@ -394,15 +408,6 @@ class _Gate:
         self._release.value = 1
         self._graph.launch(stream)                  # loads the kernel; passes at once
         stream.synchronize()
-
-    @classmethod
-    def get(cls) -> _Gate:
-        """The gate of the current device (made on first use)."""
-        import cupy
-        dev = cupy.cuda.Device().id
-        if dev not in cls._by_device:
-            cls._by_device[dev] = cls()
-        return cls._by_device[dev]
 
     def hold(self, stream) -> None:
         """Enqueue the gate, closed, on ``stream``: the stream waits until :meth:`release`."""
@@ -435,7 +440,7 @@ extern "C" __global__ void timing_clock_probe(unsigned long long* out) {
 PROBE_BLOCKS_PER_SM = 4      # probe blocks per SM of the GPU: a free GPU spreads them, every SM gets one
 
 
-class _Probe:
+class _Probe(_PerDevice):
     """The window clock's probe (``timing_clock_probe``, NVRTC): PROBE_BLOCKS_PER_SM x SMs blocks of
     32 threads, thread 0 of each recording (%smid, %clock64, %globaltimer) into its record. Two
     one-node CUDA graphs, one writing the record before the window and one after, so that the timing
@@ -452,15 +457,6 @@ class _Probe:
         for g in self._graphs:
             g.launch(stream)                         # loads the kernel
         stream.synchronize()
-
-    @classmethod
-    def get(cls) -> _Probe:
-        """The probe of the current device (made on first use)."""
-        import cupy
-        dev = cupy.cuda.Device().id
-        if dev not in cls._by_device:
-            cls._by_device[dev] = cls()
-        return cls._by_device[dev]
 
     def record(self, stream, which: int) -> None:
         """Enqueue the probe on ``stream``, writing record ``which`` (0: before, 1: after the window)."""
