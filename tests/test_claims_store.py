@@ -48,10 +48,15 @@ def test_a_run_of_another_host_without_heartbeat_is_closed_and_measured_again(tm
 
 
 def test_open_runs_get_a_heartbeat(tmp_path):
+    """A Tracker that joins after one with the default interval (30 s) is beaten at its own, shorter
+    interval: the heartbeat thread once slept out the 30 s chosen before it joined."""
+    slow = Tracker(f"sqlite:///{tmp_path}/slow.db", "slow")
+    slow.end(slow.start("slow", {}, {}))
+    time.sleep(0.2)                                      # the thread is now inside a long wait
     tr = Tracker(f"sqlite:///{tmp_path}/m.db", "beat", stale_after=2)
     rid = tr.start("beating", {}, {})
     first = float(tr.client.get_run(rid).data.tags[track.HEARTBEAT])
-    deadline = time.time() + 20
+    deadline = time.time() + 10
     while time.time() < deadline and float(tr.client.get_run(rid).data.tags[track.HEARTBEAT]) <= first:
         time.sleep(0.3)
     assert float(tr.client.get_run(rid).data.tags[track.HEARTBEAT]) > first

@@ -969,22 +969,29 @@ def _holder(marker) -> str:
 
 _BEATING: "weakref.WeakSet" = weakref.WeakSet()       # the Trackers whose open runs get heartbeats
 _BEAT_LOCK = threading.Lock()
+_BEAT_WAKE = threading.Event()      # set when a Tracker joins: its interval may be shorter than the wait
 
 
 def _heartbeat(tracker: Tracker) -> None:
     """Give the open runs of ``tracker`` a heartbeat from now on: one daemon thread per process beats
-    for every Tracker, every tenth of the shortest ``stale_after`` (at most every 30 s)."""
+    for every Tracker, every tenth of the shortest ``stale_after`` (at most every 30 s). A Tracker that
+    joins wakes the thread, so its first beat does not wait out an interval chosen before it."""
     with _BEAT_LOCK:
         _BEATING.add(tracker)
+        _BEAT_WAKE.set()
         if any(t.name == "heartbeat" for t in threading.enumerate()):
             return
 
         def loop() -> None:
+            last = time.monotonic()
             while True:
-                trackers = list(_BEATING)
-                time.sleep(min([30.0] + [t.stale_after / 10 for t in trackers]))
-                for t in list(_BEATING):
-                    t.beat()
+                _BEAT_WAKE.clear()
+                every = min([30.0] + [t.stale_after / 10 for t in list(_BEATING)])
+                if time.monotonic() - last >= every:
+                    last = time.monotonic()
+                    for t in list(_BEATING):
+                        t.beat()
+                _BEAT_WAKE.wait(max(0.0, last + every - time.monotonic()))
         threading.Thread(target=loop, daemon=True, name="heartbeat").start()
 
 
