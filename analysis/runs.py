@@ -122,7 +122,7 @@ def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
             for key, val in store.items():
                 col = _BY_KEY.get((source, key))
                 if col is not None:
-                    row[col.name] = None if source == "param" and val in ("null", "None") else val
+                    row[col.name] = None if source == "param" and val in ("null", "None", "none") else val
                 elif source == "metric" and key.startswith(NCU_STALL_PREFIX):
                     row["stall_" + key[len(NCU_STALL_PREFIX):]] = val
                 elif source == "metric" and key.startswith("ncu."):       # no column of its own: ncu_<name>

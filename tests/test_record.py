@@ -34,16 +34,45 @@ def test_params_leave_out_the_store_and_repeated_spec_fields():
     flat = {"precision": "int8", "ktile": "64", "mma": "auto", "tracking.uri": "sqlite:////x.db",
             "tracking.experiment": "e", "tracking.rerun": "False"}
     spec = {"precision": "int8", "ktile": 64, "mma": "m16n8k32", "arch": "sm_90", "ptx_version": "7.8"}
+    swept = {"variant": "none", "study_kernel": "none", "size": "none"}
     assert params_of(flat, DEFAULT, spec) == {"precision": "int8", "ktile": "64", "mma": "auto",
                                               "spec.mma": "m16n8k32", "spec.arch": "sm_90",
-                                              "spec.ptx_version": "7.8", "family": "mma_sync"}
-    assert params_of(flat) == {"precision": "int8", "ktile": "64", "mma": "auto"}
+                                              "spec.ptx_version": "7.8", "family": "mma_sync", **swept}
+    assert params_of(flat) == {"precision": "int8", "ktile": "64", "mma": "auto", **swept}
+
+
+def test_every_family_logs_the_swept_axes_and_a_skipped_key_is_the_one_before_them():
+    """variant, study_kernel, size and precision on the runs of every family (wmma and dp4a runs had no
+    study_kernel param, so a comparison put them on "unknown"); the skipped combination's run key is the
+    one it had before those params existed."""
+    from experiments.runner.job import skipped_key
+    from experiments.store.track import run_key
+    flat = {"precision": "int8", "study_kernel": "int8_wmma", "family.block": "64x64", "ktile": "32"}
+    for name in ("wmma", "dp4a", "mma_sync", "wgmma", "peak", "cublas"):
+        params = params_of(flat, families.get(name), {"family": name}, variant="int8_wmma")
+        assert {k: params[k] for k in ("variant", "study_kernel", "size", "precision")} == {
+            "variant": "int8_wmma", "study_kernel": "int8_wmma", "size": "none", "precision": "int8"}, name
+    old = {"precision": "int8", "study_kernel": "null", "ktile": "32", "family": "mma_sync", "data": "full"}
+    new = {**params_of(old, variant="int8_ptx_3stage"), "family": "mma_sync"}
+    assert new["study_kernel"] == "none" and new["variant"] == "int8_ptx_3stage"
+    assert skipped_key(new) == skipped_key(old) == run_key("skipped", sorted(
+        {"precision": "int8", "study_kernel": "null", "ktile": "32", "family": "mma_sync"}.items()))
+
+
+def test_run_name_leads_with_the_variant_and_the_size_param_is_one_value():
+    from experiments.store.record import size_label
+    spec = NS(precision="int8", ktile=32, mma_shape="m16n8k32", stages=2, bm=32, bn=64, cache_op="ca")
+    assert run_name(DEFAULT, spec, (8192,) * 3, "int8_ptx_mma_k32").startswith("int8_ptx_mma_k32 8192 int8 s2")
+    assert run_name(DEFAULT, spec, None, "none") == run_name(DEFAULT, spec)
+    assert [size_label((8192,) * 3), size_label((512, 1024, 256)), size_label(None)] == \
+        ["8192", "512x1024x256", "none"]
 
 
 def test_other_families_leave_out_the_default_familys_root_keys_as_they_always_did():
     """Derived from the default family's root keys (smem_layout, added after runs were tracked, stays a
-    param of theirs), the list is the one the other families' runs have always had."""
-    before = {"ktile", "mma", "acc", "b_layout", "study_kernel", "family.name", "tracking.", "tile.", "loader.",
+    param of theirs), the list is the one the other families' runs have always had, less study_kernel
+    (every family logs it now: test_every_family_logs_the_swept_axes...)."""
+    before = {"ktile", "mma", "acc", "b_layout", "family.name", "tracking.", "tile.", "loader.",
               "pipeline.", "cache."}
     for name in ("wmma", "dp4a", "cublas", "peak", "wgmma"):
         assert set(families.get(name).dropped_params()) == before

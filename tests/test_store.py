@@ -326,3 +326,11 @@ def test_study_int8_preset_runs_its_baselines(tmp_path):
     assert by_study["int8_dp4a"].data.params["family"] == "dp4a"
     assert by_study["int8_ptx_mma_k32"].data.params["family"] == "mma_sync"
     assert all(c.data.metrics.get("registers", 0) > 0 for c in children)
+    # every child carries the swept axis (variant) and the study's name as params, whatever its family,
+    # and the names of two kernels differ within what the UI shows of them (they lead with the variant)
+    for study, c in by_study.items():
+        assert {k: c.data.params[k] for k in ("variant", "study_kernel", "precision", "size")} == {
+            "variant": study, "study_kernel": study, "precision": "int8", "size": "none"}
+        assert c.info.run_name.startswith(study + " ")
+    assert by_study["int8_wmma"].info.run_name == "int8_wmma wmma int8 s32 128x128 2x4"
+    assert len({c.info.run_name[:24] for c in children}) == len(children) == 6

@@ -191,7 +191,7 @@ class Family:
     root_keys: tuple = ()
     key_defaults: dict = {}
     # shared keys a run of this family does not log; :meth:`dropped_params` adds the other families' root keys
-    param_drop: tuple = ("study_kernel", "family.name", "tracking.")
+    param_drop: tuple = ("family.name", "tracking.")
     axis_docs: dict = {}
     # launch.blocks_per_sm: ``prepare`` takes ``smem_pad`` (bytes of dynamic shared memory added to each
     # block's launch, the kernel's instructions unchanged); False: :meth:`padding_refusal` says why not

@@ -63,7 +63,9 @@ class _Job:
             uri, experiment = track.resolve_uri(cfg.tracking.uri), cfg.tracking.experiment
         self.tr = track.get_tracker(uri, experiment, float(cfg.tracking.wait), restore=True,
                                     stale_after=float(cfg.tracking.stale_after_s))
-        self.params = {**record.params_of(track.flatten(data)), "family": family_name(cfg)}
+        # the variant=NAME that chose this job's kernel (a file of conf/variant/ or a preset's list)
+        self.variant = (hc.runtime.choices.get("variant") if hc else None) or record.NONE
+        self.params = {**record.params_of(track.flatten(data), variant=self.variant), "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0
 
@@ -136,8 +138,12 @@ def run_job(cfg) -> dict:
 def skipped_key(params: dict) -> str:
     """The run key of a skipped combination (once per store): its params as a run key holds them
     (:func:`experiments.gpu.timing.key_params`), ``data=full`` (today's operands) left out as before the
-    key existed."""
-    kept = {k: v for k, v in key_params(params).items() if (k, v) != ("data", "full")}
+    key existed, and the params the record adds for the UI (``variant``, ``size``; ``study_kernel``
+    unset as the config gave it, ``null``) as they were before those params existed."""
+    kept = {k: v for k, v in key_params(params).items()
+            if (k, v) != ("data", "full") and k not in ("variant", "size")}
+    if kept.get("study_kernel") == record.NONE:
+        kept["study_kernel"] = "null"
     return track.run_key("skipped", sorted(kept.items()))
 
 
@@ -216,7 +222,7 @@ def _run(cfg, job: _Job) -> dict:
         return _run_kernel(cfg, job, gpu)
     counts: dict = {}
     for sub, tags in _auto_tiles(cfg, job, gpu):
-        job.params = {**record.params_of(track.flatten(sub)), "family": family_name(sub)}
+        job.params = {**record.params_of(track.flatten(sub), variant=job.variant), "family": family_name(sub)}
         for key, n in _run_kernel(sub, job, gpu, tags).items():
             counts[key] = counts.get(key, 0) + n
     return counts
@@ -334,7 +340,8 @@ def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
         key = track.run_key("gpu", *kern.identity, m, n, k, dev["gpu"], dev["compute_capability"],
                             gpu["driver"], key_items(timing), cfg.verify.rtol, *drawn)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
-        size = {"problem.m": m, "problem.n": n, "problem.k": k} if shape else {}
+        size = ({"problem.m": m, "problem.n": n, "problem.k": k, "size": record.size_label(shape)} if shape
+                else {})
         params = {**job.params, **size, "verify.seed_used": seed}
         if cfg.tracking.rerun:
             state, rid = "new", job.start(name, {**tags, "run_key": key}, params)

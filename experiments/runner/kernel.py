@@ -288,7 +288,7 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
                                          "options": list(build.options)}})
     kern = Kernel(spec.entry, spec.arch, {art: build.source} if art else {},
                   (fam.identity(spec), sha, tools["ptxas_version"]), fam.unit(spec),
-                  functools.partial(record.run_name, fam, spec), call,
+                  functools.partial(record.run_name, fam, spec, variant=params.get("variant")), call,
                   functools.partial(fam.rate, spec), shapes,
                   record.params_of(params, fam, spec.flat()), tags)
     try:

@@ -10,10 +10,15 @@ from ..metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, 
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "replicate_metrics",
-           "run_name", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
+           "run_name", "size_label", "NONE", "SWEPT_PARAMS", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
            "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS",
            "MEMBER", "NEW", "REUSED", "reused_in", "reused_count", "FAILED_STAGES", "failure_summary"]
+
+# the value of a param a run has no value of (``variant``, ``study_kernel``, ``size``: params_of, size_label)
+NONE = "none"
+# params every run carries for a sweep's views to group and compare on; not part of any run key
+SWEPT_PARAMS = ("variant", "study_kernel", "size", "precision")
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -90,16 +95,25 @@ def clock_reasons(mask: int | None) -> str:
     return "+".join(names + ([hex(rest)] if rest else [])) or "none"
 
 
-def run_name(family, spec, size: tuple[int, int, int] | None = None) -> str:
-    """A run's name, made to read well when the UI cuts it: the size first (``512x1024x256`` for a
-    non-square size; none for static runs and for families that ignore it), then the family's own
-    rule (``family.name_tokens(spec)``: the default family's ``8192 int8 bk64 m16n8k32 s3 256x128``)
-    or, without one, the family, the precision and the values of its option axes, e.g.
-    ``1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``."""
-    parts = []
+def size_label(size: tuple[int, int, int] | None) -> str:
+    """The param ``size`` of a run: ``8192`` for a square problem, ``MxNxK`` otherwise, :data:`NONE` for
+    a run measured at no size (a static run, a family that ignores the size)."""
+    if size is None:
+        return NONE
+    m, n, k = size
+    return str(m) if m == n == k else f"{m}x{n}x{k}"
+
+
+def run_name(family, spec, size: tuple[int, int, int] | None = None, variant: str | None = None) -> str:
+    """A run's name, made to read well when the UI cuts it: what a sweep varies first, the variant
+    (``variant=NAME`` that chose the kernel, where one did: the kernels of a study differ there first),
+    then the size (``512x1024x256`` for a non-square size; none for static runs and for families that
+    ignore it), then the family's own rule (``family.name_tokens(spec)``: the default family's
+    ``8192 int8 bk64 m16n8k32 s3 256x128``) or, without one, the family, the precision and the values of
+    its option axes, e.g. ``int8_wmma 1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``."""
+    parts = [variant] if variant and variant != NONE else []
     if size is not None:
-        m, n, k = size
-        parts.append(str(m) if m == n == k else f"{m}x{n}x{k}")
+        parts.append(size_label(size))
     own = family.name_tokens(spec)
     if own is not None:
         return " ".join(parts + own)
@@ -179,13 +193,22 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
             f"clock-event reasons during timing: {clocks}")
 
 
-def params_of(flat_config: dict, family=None, spec_flat: dict | None = None) -> dict:
+def params_of(flat_config: dict, family=None, spec_flat: dict | None = None, variant: str | None = None) -> dict:
     """The run's params: the flattened config without ``tracking.*`` (where the store lives is not a
     property of the run); given the kernel's ``family`` and its spec (``spec_flat``), what the family
     logs of them (``family.run_params``: ``family`` and ``spec.<key>`` values, without the config keys
-    it does not read)."""
+    it does not read). Every family logs the axes a sweep may vary (:data:`SWEPT_PARAMS`), so that the
+    runs of one sweep compare and group on them: ``variant`` (the ``variant=NAME`` that chose the
+    kernel, else :data:`NONE`), ``study_kernel`` (the study's kernel name, else :data:`NONE`) and
+    ``precision``; ``size`` is the job's, per run (:func:`size_label`)."""
     params = {k: v for k, v in flat_config.items() if not k.startswith("tracking.")}
-    return params if family is None else family.run_params(params, spec_flat or {})
+    if family is not None:
+        params = family.run_params(params, spec_flat or {})
+    params["variant"] = variant or params.get("variant") or NONE
+    params.setdefault("size", NONE)
+    if params.get("study_kernel") in (None, "null", "None", ""):
+        params["study_kernel"] = NONE
+    return params
 
 
 def outcome_of(run) -> str:
