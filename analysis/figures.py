@@ -17,6 +17,7 @@ import pandas as pd
 
 from .predictors import PREDICTORS
 from .runs import MEDIAN_US, THROUGHPUT, config_axes, ok_runs, short_labels, size_order
+from experiments.store.record import EMULATED
 
 __all__ = ["labelled", "throughput_vs_size", "predictors_vs_throughput", "speedup_table",
            "speedup_vs_baseline", "marginal_means", "all_figures", "save"]
@@ -35,11 +36,12 @@ def _plt():
 
 def labelled(df: pd.DataFrame) -> pd.DataFrame:
     """Measured rows with a display ``label`` (the study's name when a run has one, else the kernel
-    name without the tokens all kernels share) and ``size`` as an ordered categorical."""
+    name without the tokens all kernels share; followed by EMULATED where the kernel emulates its MMA,
+    tag mma_native=false) and ``size`` as an ordered categorical."""
     d = ok_runs(df).copy()
     short = short_labels(d["kernel"].dropna())
-    d["label"] = [s if isinstance(s, str) else short.get(k, k)
-                  for s, k in zip(d["study_kernel"], d["kernel"], strict=True)]
+    d["label"] = [(s if isinstance(s, str) else short.get(k, k)) + (f" {EMULATED}" if m == "false" else "")
+                  for s, k, m in zip(d["study_kernel"], d["kernel"], d["mma_native"], strict=True)]
     d["size"] = pd.Categorical(d["size"], categories=size_order(d), ordered=True)
     return d
 

@@ -41,7 +41,7 @@ __all__ = ["PREDICTORS", "MEASURES", "CIRCULARITY", "OCCUPANCY_LEVERS", "TRAFFIC
            "kernel_identity",
            "load_replicates", "DRAM_BOUND_PCT"]
 
-DRAM_BYTES, BYTES_PER_FLOP, THEORETICAL = "dram_bytes", "dram_bytes_per_flop", "theoretical_occupancy"
+DRAM_BYTES, BYTES_PER_FLOP, THEORETICAL = "dram_bytes", "dram_bytes_per_flop", "theoretical_occupancy_pct"
 # the ncu columns the figures draw: column -> (label, scale of the statistics)
 PREDICTORS = {
     OCCUPANCY: ("achieved occupancy (%)", "linear"),
@@ -361,7 +361,7 @@ def _lever_measure(g: pd.DataFrame, lever: str) -> tuple[np.ndarray, str, str]:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.log(pd.to_numeric(g[DRAM_BYTES], errors="coerce").to_numpy(float)), "DRAM bytes", "log"
     ach = pd.to_numeric(g[OCCUPANCY], errors="coerce")
-    theo = 100 * pd.to_numeric(g.get(THEORETICAL, pd.Series(np.nan, g.index)), errors="coerce")
+    theo = pd.to_numeric(g.get(THEORETICAL, pd.Series(np.nan, g.index)), errors="coerce")
     has = ach.notna().groupby(g["_group"]).transform("all")      # a kernel's runs all have the counter
     name = ("achieved occupancy" if has.all() else "theoretical occupancy" if not has.any()
             else "achieved (theoretical where missing) occupancy")

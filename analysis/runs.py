@@ -80,7 +80,8 @@ COLUMNS: tuple[Column, ...] = (
     *(Column(name, "metric", key, "float", describe(key)) for name, key in (
         ("median_us", "median_us"), ("min_us", "min_us"), ("max_us", "max_us"), ("spread", "spread"),
         ("throughput", "throughput"), ("registers", "registers"),
-        ("theoretical_occupancy", "theoretical_occupancy"),
+        ("theoretical_occupancy_pct", "theoretical_occupancy_pct"),
+        ("theoretical_occupancy", "theoretical_occupancy"),       # runs logged before the % (0..1)
         ("sm_clock_mhz_before", "sm_clock_mhz_before"), ("sm_clock_mhz_after", "sm_clock_mhz_after"),
         ("ncu_duration_us", "ncu.duration_us"), ("achieved_occupancy_pct", "ncu.achieved_occupancy_pct"),
         ("ncu_theoretical_occupancy_pct", "ncu.theoretical_occupancy_pct"),
@@ -149,6 +150,9 @@ def tidy_from_runs(runs: typing.Iterable, experiment: str = "") -> pd.DataFrame:
         elif key not in types and (df[key].dtype == object or pd.api.types.is_string_dtype(df[key])):
             df[key] = infer(df[key])
     df["family"] = df["family"].fillna(DEFAULT)
+    # one scale: runs logged before theoretical_occupancy_pct hold the fraction 0..1
+    occ = "theoretical_occupancy_pct"
+    df[occ] = df[occ].fillna(100 * df["theoretical_occupancy"])
     older = {"FINISHED": "verified", "FAILED": "failed", "KILLED": "skipped", "RUNNING": "running"}
     df["outcome"] = df["outcome"].fillna(df["status"].map(older))
     df.loc[(df["outcome"] == "verified") & (df["backend"] == "static"), "outcome"] = "static"

@@ -1,5 +1,21 @@
 """Every metric a run logs, declared once: name, unit, one-line description, where the number comes
-from, and the decimals it is logged with (rounded within its noise; None: logged as measured).
+from, and how it is rounded at log time to what the measurement supports (decimals, or significant
+digits; neither: logged as measured, integers and exact counts):
+
+| quantity | rounding |
+| --- | --- |
+| times (`median_us`, `min_us`, `max_us`, `replicate_median_us`), `throughput` | 5 significant digits |
+| `jit_s` (one JIT's wall time) | 3 significant digits |
+| `verify_max_error` | 4 significant digits |
+| clocks (MHz), power (W), `theoretical_occupancy_pct` (%) | 1 decimal |
+| `throughput_per_ghz`, `throughput_at_max_clock`, `pct_of_peak`, sweep seconds | 2 decimals |
+| spreads, `speedup_vs_<family>` | 4 decimals; energy: 3 (J) and 6 (J per launch) |
+| `ncu.<name>`: counts (byte, cycle, inst, ...) | as ncu gives them (integers) |
+| `ncu.<name>`: every other unit (%, hz, byte/s, ratios) | 4 significant digits (ncu's own report shows 3-4) |
+| registers, bytes, instructions, blocks, launches | exact |
+
+One scale per quantity: occupancy is a percentage everywhere it is shown (``theoretical_occupancy_pct``,
+``ncu.*_occupancy_pct``; runs logged before hold ``theoretical_occupancy`` as 0..1, which readers convert).
 
 The loggers round through :func:`rounded`, the reports label their columns with :func:`label` and the
 analysis (analysis/runs.py) documents its columns with :func:`describe`. A name with ``<...>`` is a
@@ -9,6 +25,7 @@ from their own table, conf/ncu/metrics.yaml (experiments.ncu.load_table), never 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass
 
@@ -42,6 +59,18 @@ class Metric:
     description: str
     source: str
     decimals: int | None = None
+    digits: int | None = None        # significant digits, where decimals do not fit the range
+
+    def round(self, v):
+        """``v`` rounded as declared (decimals, else significant digits); as it is otherwise, and for
+        None, 0, an integer with significant digits or a value that is not finite."""
+        if v is None or isinstance(v, bool):
+            return v
+        if self.decimals is not None:
+            return round(v, self.decimals)
+        if self.digits is not None and isinstance(v, float) and v and math.isfinite(v):
+            return float(f"{v:.{self.digits}g}")
+        return v
 
     @functools.cached_property
     def _regex(self) -> re.Pattern:
@@ -62,28 +91,29 @@ _THR = "throughput's unit (tag throughput_unit)"
 DECLARED: tuple[Metric, ...] = (
     # -- timing and result (experiments.runner.job)
     _M("throughput", "TFLOP/s, TOP/s or GB/s (tag throughput_unit)",
-       "the family's work (2MNK for a GEMM) / median_us", _TIMED, 2),
+       "the family's work (2MNK for a GEMM) / median_us", _TIMED, digits=5),
     _M("median_us", "us", "median time per launch over the batches (all batches of all replicates, "
-       "timing.repeats)", _TIMED, 3),
-    _M("min_us", "us", "fastest batch, time per launch", _TIMED, 3),
-    _M("max_us", "us", "slowest batch, time per launch", _TIMED, 3),
+       "timing.repeats)", _TIMED, digits=5),
+    _M("min_us", "us", "fastest batch, time per launch", _TIMED, digits=5),
+    _M("max_us", "us", "slowest batch, time per launch", _TIMED, digits=5),
     _M("spread", "(max - min) / median", "spread of the batches' times per launch", _TIMED, 4),
     _M("launches_per_batch", "launches", "kernel launches in one timed batch", _TIMED),
     _M("batches", "batches", "timed batches, all replicates", _TIMED),
     _M("replicate_median_us", "us", "median time per launch of one replicate of the timed measurement "
-       "(MLflow step = replicate 0..R-1)", _TIMED, 3),
+       "(MLflow step = replicate 0..R-1)", _TIMED, digits=5),
     _M("replicates", "replicates", "replicates of the timed measurement, apart in time (timing.repeats)",
        _TIMED),
     _M("replicate_spread", "(max - min) / median", "spread of the replicates' medians (R >= 2)", _TIMED, 4),
     # -- verification and the JIT (experiments.gpu.worker)
     _M("verify_max_error", "|C - C_ref|", "largest error against the float64 reference",
-       "experiments.gpu.verify against a float64 reference"),
+       "experiments.gpu.verify against a float64 reference", digits=4),
     _M("verify_mismatches", "elements", "output elements outside the tolerance", "experiments.gpu.verify"),
-    _M("verify_rtol", "tolerance", "the tolerance verification used (0 = exact)", "experiments.gpu.verify"),
+    _M("verify_rtol", "tolerance", "runs logged before the tag verify_tolerance: the tolerance "
+       "verification used (0 = exact)", "experiments.gpu.verify"),
     _M("jit_registers", "registers/thread", "registers of the loaded kernel", "CuPy RawModule num_regs"),
     _M("jit_local_bytes", "bytes/thread", "local memory of the loaded kernel",
        "CuPy RawModule local_size_bytes"),
-    _M("jit_s", "s", "time to load (JIT) the kernel", "time.perf_counter around the module load"),
+    _M("jit_s", "s", "time to load (JIT) the kernel", "time.perf_counter around the module load", digits=3),
     # -- the SM clock and the power draw during timing
     _M("sm_clock_mhz_mean", "MHz", "mean SM clock during the timed batches", _NVML, 1),
     _M("sm_clock_mhz_min", "MHz", "lowest SM clock sample", _NVML),
@@ -140,9 +170,10 @@ DECLARED: tuple[Metric, ...] = (
     _M("spill_stores_bytes", "bytes/thread", "spill stores", _PTXAS),
     _M("spill_loads_bytes", "bytes/thread", "spill loads", _PTXAS),
     _M("stack_frame_bytes", "bytes/thread", "stack frame", _PTXAS),
-    _M("theoretical_occupancy", "fraction of the SM's warps", "resident warps / max, 0..1, that the launch "
-       "allows (with launch.blocks_per_sm's padding)",
-       "ptxas -v and the GPU's limits (experiments.build.assemble)"),
+    _M("theoretical_occupancy_pct", "%", "resident warps / the SM's max, in %, that the launch allows (with "
+       "launch.blocks_per_sm's padding)", "ptxas -v and the GPU's limits (experiments.build.assemble)", 1),
+    _M("theoretical_occupancy", "fraction of the SM's warps", "runs logged before theoretical_occupancy_pct: "
+       "the same as 0..1", "ptxas -v and the GPU's limits (experiments.build.assemble)"),
     _M("blocks_per_sm", "blocks", "resident blocks per SM that the launch allows (with "
        "launch.blocks_per_sm's padding)", "ptxas -v and the GPU's limits (experiments.build.assemble)"),
     _M("smem_padding_bytes", "bytes/block", "dynamic shared memory added to each block's launch to cap the "
@@ -164,6 +195,8 @@ DECLARED: tuple[Metric, ...] = (
 )
 
 _BY_NAME = {m.name: m for m in DECLARED}
+# units of conf/ncu/metrics.yaml that count things: logged as whole numbers, as ncu gives them
+NCU_COUNTS = ("byte", "cycle", "inst", "block", "register/thread", "conflict", "wavefront", "sector")
 
 
 def _ncu_metric(m) -> Metric:
@@ -171,7 +204,9 @@ def _ncu_metric(m) -> Metric:
     names = m.ncu.get("*") or "; ".join(f"{a}: {n}" for a, n in m.ncu.items())
     what = (f"{m.text[0]}: {m.text[1]}" if m.text else f"warps stalled on {m.name[len('stall_'):]}, per "
             "issued instruction" if m.name.startswith("stall_") else m.name.replace("_", " "))
-    return Metric(m.key, m.unit, what, f"ncu {names} (conf/ncu/metrics.yaml)")
+    count = m.unit in NCU_COUNTS
+    return Metric(m.key, m.unit, what, f"ncu {names} (conf/ncu/metrics.yaml)", decimals=0 if count else None,
+                  digits=None if count else 4)
 
 
 @functools.cache
@@ -194,13 +229,13 @@ def lookup(key: str) -> Metric | None:
 
 
 def rounded(values: dict) -> dict:
-    """``values`` (metric name -> number) with each number rounded to its declared decimals, in the same
-    order; numbers without decimals, and undeclared names, are kept as they are (the test suite checks
-    that every logged name is declared)."""
+    """``values`` (metric name -> number) with each number rounded as declared (:meth:`Metric.round`,
+    the module's table), in the same order; undeclared names are kept as they are (the test suite
+    checks that every logged name is declared)."""
     out = {}
     for key, v in values.items():
         m = lookup(key)
-        out[key] = round(v, m.decimals) if m is not None and m.decimals is not None and v is not None else v
+        out[key] = m.round(v) if m is not None else v
     return out
 
 

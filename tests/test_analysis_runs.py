@@ -26,7 +26,8 @@ def test_declared_names_cover_the_ncu_step_and_tracking():
                 "ncu.dram_cycles_active", "ncu.dram_active_pct", "ncu.dram_bytes", "ncu.l1_hit_rate_pct",
                 "ncu.l2_hit_rate_pct", "ncu.tensor_pipe_active_pct", "ncu.sm_clock_hz", "ncu.ipc",
                 "ncu.inst_executed", "median_us", "min_us", "max_us", "spread", "throughput", "registers",
-                "theoretical_occupancy", "kernel", "gpu", "compute_capability", "backend", "verified",
+                "theoretical_occupancy", "theoretical_occupancy_pct", "kernel", "gpu", "compute_capability",
+                "backend", "verified",
                 "throughput_unit", "problem.m", "problem.n", "problem.k", "study_kernel", "family"):
         assert key in keys, key
     assert len({(c.name, c.source) for c in COLUMNS}) == len(COLUMNS)     # one source per name and kind

@@ -74,9 +74,9 @@ def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_
     by_cap = {r.data.params["launch.blocks_per_sm"]: r for r in runs}
     assert sorted(by_cap) == ["0", "2", "9"]
     free, capped, skipped = by_cap["0"], by_cap["2"], by_cap["9"]
-    assert free.data.metrics["blocks_per_sm"] == 8 and free.data.metrics["theoretical_occupancy"] == 0.5
+    assert free.data.metrics["blocks_per_sm"] == 8 and free.data.metrics["theoretical_occupancy_pct"] == 50.0
     assert "smem_padding_bytes" not in free.data.metrics
-    assert capped.data.metrics["blocks_per_sm"] == 2 and capped.data.metrics["theoretical_occupancy"] == 0.125
+    assert capped.data.metrics["blocks_per_sm"] == 2 and capped.data.metrics["theoretical_occupancy_pct"] == 12.5
     # 228 KiB per SM: 3 blocks must not fit, so 609 units of 128 bytes, less the 1 KiB reservation
     assert capped.data.metrics["smem_padding_bytes"] == 609 * 128 - 1024 - capped.data.metrics["smem_dynamic_bytes"]
     assert capped.data.tags["kernel"] == free.data.tags["kernel"]           # the same instructions

@@ -132,7 +132,7 @@ def test_run_names_and_params():
     assert params == {"precision": "int8", "family": "wmma", "family.block": "128x128",
                       "problem.sizes": "[512]", "timing.batches": "10", "spec.arch": "sm_90",
                       "spec.entry": spec.entry, "spec.acc": "s32", "spec.bk": "64", "spec.block": "128x128",
-                      "spec.warps": "2x4"}
+                      "spec.warps": "2x4", "variant": "none", "study_kernel": "none", "size": "none"}
 
 
 # ------------------------------------------------------------------ run.py, static
@@ -172,9 +172,17 @@ def test_static_sweep_of_families(tmp_path, need_ptxas):
     rc, out = _run_cli(tmp_path, "-m", "family=wmma,cublas,peak", "precision=int8,int4", *_store(tmp_path))
     assert rc == 0, out
     runs = _children(tmp_path)
-    assert sorted(runs) == ["cublas int8", "peak int4 m16n8k64", "peak int8 m16n8k32",
-                            "skipped family=cublas precision=int4", "wmma int4 s32 128x128 2x4",
-                            "wmma int8 s32 128x128 2x4"]
+    # int4 on sm_90 is ptxas' emulation (IMMA.S8 and integer code): where the SASS says so (tag
+    # mma_native=false), the name and the description say EMULATED; the names are otherwise as before
+    for name, r in runs.items():
+        emulated = r.data.tags.get("mma_native") == "false"
+        assert (" int4 " in name + " ") >= emulated, name
+        assert name.startswith("EMULATED ") == emulated, name
+        assert r.data.tags["mlflow.note.content"].startswith("EMULATED MMA (") == emulated, name
+    assert sorted(n.removeprefix("EMULATED ") for n in runs) == [
+        "cublas int8", "peak int4 m16n8k64", "peak int8 m16n8k32", "skipped family=cublas precision=int4",
+        "wmma int4 s32 128x128 2x4", "wmma int8 s32 128x128 2x4"]
+    runs = {n.removeprefix("EMULATED "): r for n, r in runs.items()}
     assert all(r.info.status == "FINISHED" and r.data.params["family"] in ("wmma", "cublas", "peak")
                for r in runs.values())
     skipped = runs["skipped family=cublas precision=int4"]
@@ -223,20 +231,26 @@ def test_speedups_and_pct_of_peak(tmp_path):
     gemm = _add(tr, new, "mma_sync", "int8", 500.0, mma="m16n8k32")
     assert compare.relate(tr, gemm) == {gemm: {"pct_of_peak": 50.0, "peak_run": p_old}}   # latest, no baseline
     w1 = _add(tr, new, "wmma", "int8", 200.0)
-    _add(tr, new, "wmma", "int8", 250.0)                       # the best wmma run is the reference
+    w2 = _add(tr, new, "wmma", "int8", 250.0)                  # the best wmma run is the reference
     _add(tr, new, "cublas", "int8", 400.0, size=(1024, 1024, 1024))     # another size: no relation
     _add(tr, new, "cublas", "int8", 400.0, gpu="NVIDIA L4")    # another GPU: no relation
     got = compare.relate(tr, w1)
-    assert got == {gemm: {"speedup_vs_wmma": 2.0}, w1: {"pct_of_peak": 20.0, "peak_run": p_old}}
+    # each speedup names the run it divides by (tag speedup_vs_<family>.run: id and name)
+    assert got == {gemm: {"speedup_vs_wmma": 2.0, "speedup_vs_wmma.run": f"{w2} wmma int8 250.0"},
+                   w1: {"pct_of_peak": 20.0, "peak_run": p_old}}
     cub = _add(tr, new, "cublas", "int8", 625.0)
-    assert compare.relate(tr, cub)[gemm] == {"speedup_vs_cublas": 0.8}
+    assert compare.relate(tr, cub)[gemm] == {"speedup_vs_cublas": 0.8,
+                                             "speedup_vs_cublas.run": f"{cub} cublas int8 625.0"}
+    assert tr.client.get_run(gemm).data.tags["speedup_vs_wmma.run"] == f"{w2} wmma int8 250.0"
     m = tr.client.get_run(gemm).data.metrics
     assert (m["speedup_vs_wmma"], m["speedup_vs_cublas"], m["pct_of_peak"]) == (2.0, 0.8, 50.0)
     assert "speedup_vs_wmma" not in tr.client.get_run(w1).data.metrics          # baselines: no speedups
     # a GEMM run on the k16 shape divides by the k16 peak; one with another precision has no peak
     g16 = _add(tr, new, "mma_sync", "int8", 300.0, mma="m16n8k16")
     assert compare.relate(tr, g16)[g16] == {"pct_of_peak": 50.0, "peak_run": p_k16, "speedup_vs_wmma": 1.2,
-                                            "speedup_vs_cublas": 0.48}
+                                            "speedup_vs_cublas": 0.48,
+                                            "speedup_vs_wmma.run": f"{w2} wmma int8 250.0",
+                                            "speedup_vs_cublas.run": f"{cub} cublas int8 625.0"}
     g4 = _add(tr, new, "mma_sync", "int4", 10.0, mma="m16n8k64")
     assert compare.relate(tr, g4) == {}
     # a peak measured in the same sweep wins over the latest, and updates the sweep's GEMM runs
@@ -285,7 +299,10 @@ def test_pct_of_peak_divides_by_the_peak_of_the_same_instruction(tmp_path):
     assert compare.relate(tr, mine) == {mine: {"pct_of_peak": 50.0, "peak_run": p_mma}}
     cub = _add(tr, new, "cublas", "fp16", 576.0)
     assert compare.relate(tr, cub) == {cub: {"pct_of_peak": 90.0, "peak_run": p_mma},
-                                       mine: {"speedup_vs_cublas": 0.5556}, wg: {"speedup_vs_cublas": 1.2031}}
+                                       mine: {"speedup_vs_cublas": 0.5556,
+                                              "speedup_vs_cublas.run": f"{cub} cublas fp16 576.0"},
+                                       wg: {"speedup_vs_cublas": 1.2031,
+                                            "speedup_vs_cublas.run": f"{cub} cublas fp16 576.0"}}
     wg_bf16 = _add(tr, new, "wgmma", "bf16", 600.0)         # bf16 has only an mma.sync peak
     assert compare.relate(tr, wg_bf16) == {}
     assert compare.peak_of(tr, tr.client.get_run(wg_bf16), "mma_sync").data.params["precision"] == "bf16"
@@ -365,12 +382,12 @@ def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
     runs = _children(tmp_path)
     peak, dp4a = runs["peak int8 m16n8k32"], runs["512 dp4a int8 128x128"]
     flops = 2 ** 20 * 16 * 8 * 2 * 16 * 8 * 32          # units x iters x chains x 2 x 16 x 8 x K
-    assert peak.data.metrics["throughput"] == round(flops / 1000.0 / 1e6, 2)
+    assert peak.data.metrics["throughput"] == 1099.5        # 5 significant digits (experiments.metrics)
     assert "problem.m" not in peak.data.params and peak.data.tags["family_note"] == "a note"
-    assert dp4a.data.metrics["throughput"] == round(2 * 512 ** 3 / 100.0 / 1e6, 2) == 2.68
+    assert dp4a.data.metrics["throughput"] == 2.6844           # 2 * 512^3 / 100 us, 5 significant digits
     assert dp4a.data.tags["throughput_unit"] == "TOP/s" and dp4a.data.params["family"] == "dp4a"
     assert dp4a.data.tags["peak_run"] == peak.info.run_id
-    assert dp4a.data.metrics["pct_of_peak"] == round(100 * 2.68 / peak.data.metrics["throughput"], 2)
+    assert dp4a.data.metrics["pct_of_peak"] == round(100 * 2.6844 / peak.data.metrics["throughput"], 2)
     assert dp4a.data.tags["mlflow.note.content"].startswith("512x512x512: 100.0 us, 2.7 TOP/s")
     assert peak.data.tags["mlflow.note.content"].startswith(
         "peak_int8_chains8_iters16_mmam16n8k32_units1048576: 1000.0 us")

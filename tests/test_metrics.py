@@ -34,8 +34,17 @@ def test_declarations_are_complete_and_unique():
         "speedup_wmma", "temperature_c"]
     assert metrics.rounded({"throughput": 612.34567, "median_us": 1.23456, "spread": 0.123456,
                             "speedup_vs_wmma": 1.234567, "registers": 168, "other": 1.23456789}) == {
-        "throughput": 612.35, "median_us": 1.235, "spread": 0.1235, "speedup_vs_wmma": 1.2346,
+        "throughput": 612.35, "median_us": 1.2346, "spread": 0.1235, "speedup_vs_wmma": 1.2346,
         "registers": 168, "other": 1.23456789}
+    # what the store showed unrounded: jit_s 0.03602116800000488, ncu.dram_bytes_per_s 2124152229044.03,
+    # ncu.sm_clock_hz 1801048046.13; counts of ncu stay whole numbers
+    assert metrics.rounded({"jit_s": 0.03602116800000488, "ncu.dram_bytes_per_s": 2124152229044.03,
+                            "ncu.sm_clock_hz": 1801048046.13, "ncu.dram_bytes": 1234567.0,
+                            "ncu.achieved_occupancy_pct": 24.87123, "theoretical_occupancy_pct": 75.0,
+                            "median_us": 1579.12345, "throughput": 39.123456}) == {
+        "jit_s": 0.036, "ncu.dram_bytes_per_s": 2.124e12, "ncu.sm_clock_hz": 1.801e9, "ncu.dram_bytes": 1234567.0,
+        "ncu.achieved_occupancy_pct": 24.87, "theoretical_occupancy_pct": 75.0, "median_us": 1579.1,
+        "throughput": 39.123}
     assert metrics.label("median_us", "median") == "median us"
     assert metrics.label("pct_of_peak", "{unit} of peak") == "% of peak"
     with pytest.raises(KeyError, match="'speedup' is not declared in experiments/metrics.py"):
@@ -62,14 +71,22 @@ def test_every_metric_a_run_logs_is_declared_and_reaches_the_analysis(tmp_path, 
         logged = run.data.metrics
         assert metrics.undeclared(logged) == [], fam
         for key, value in logged.items():
-            if (places := metrics.lookup(key).decimals) is not None:
-                assert value == round(value, places), (fam, key, value)
+            assert value == metrics.lookup(key).round(value), (fam, key, value)
+        # no metric repeats a param: the tolerance used is a tag beside the param verify.rtol
+        assert "verify_rtol" not in logged and run.data.tags["verify_tolerance"] == "exact", fam
+        # occupancy in % only; the axes a sweep varies are params of every family
+        assert "theoretical_occupancy" not in logged and 0 < logged.get("theoretical_occupancy_pct", 1) <= 100
+        assert (run.data.params["variant"], run.data.params["study_kernel"], run.data.params["size"]) == (
+            "none", "none", "none" if fam == "peak" else "512"), fam
     ours = runs["mma_sync"].data.metrics
     assert {"pct_of_peak", "speedup_vs_dp4a", "power_w_mean", "throughput_per_w", "sm_clock_mhz_before",
             "temperature_c_after", "registers"} <= set(ours)
     assert (ours["power_w_mean"], ours["power_w_max"], ours["sm_clock_mhz_mean"]) == (612.3, 650.0, 1834.3)
     assert ours["throughput_per_w"] == round(ours["throughput"] / 612.3, 3)
     assert ours["speedup_vs_dp4a"] == round(ours["throughput"] / runs["dp4a"].data.metrics["throughput"], 4)
+    dp4a = runs["dp4a"]
+    assert runs["mma_sync"].data.tags["speedup_vs_dp4a.run"] == f"{dp4a.info.run_id} {dp4a.info.run_name}"
+    assert dp4a.info.run_name == "512 dp4a int8 128x128"
     assert runs["peak"].data.metrics["mma_per_sm_cycle"] == 0.59631
     assert not metrics.undeclared(sweep.gpu_time(list(runs.values()), 0.0, 10.0)[1])
 
@@ -78,5 +95,6 @@ def test_every_metric_a_run_logs_is_declared_and_reaches_the_analysis(tmp_path, 
                 "throughput_per_w", "sm_clock_mhz_mean", "throughput_at_max_clock", "temperature_c_before"):
         assert df.loc["mma_sync", key] == ours[key], key
     assert df.loc["dp4a", "pct_of_peak"] == runs["dp4a"].data.metrics["pct_of_peak"]
+    assert df.loc["mma_sync", "theoretical_occupancy_pct"] == ours["theoretical_occupancy_pct"]
     assert df.loc["peak", "kernel_cycles"] == 1_984_000 and df["speedup_vs_dp4a"].notna().sum() == 1
     assert set(record.KERNEL_CLOCK_FIELDS) <= set(df.columns)

@@ -3,7 +3,8 @@ GPU's measured peak (docs/DESIGN.md, "Speedups and peaks"). Metric and tag names
 
 - Every verified GEMM run of a family that is neither a baseline nor ``peak`` (the default family, ...) gets
   ``speedup_vs_<b>`` = its throughput / the throughput of the best verified run of baseline family
-  ``b`` (wmma, dp4a, cublas) on the same GPU (tag ``gpu``), problem size and precision. Baseline runs
+  ``b`` (wmma, dp4a, cublas) on the same GPU (tag ``gpu``), problem size and precision, and the tag
+  ``speedup_vs_<b>.run`` naming that run (id and name: it may be another sweep's). Baseline runs
   get no speedups. When a baseline run arrives later, the GEMM runs it is a reference of are updated.
 - Every verified GEMM run (baselines too) gets ``pct_of_peak`` = 100 x its throughput / the
   throughput of a verified ``peak`` run of the same GPU, driver, precision and tensor-core generation,
@@ -32,10 +33,10 @@ from dataclasses import dataclass
 
 from ..metrics import rounded
 from ..families import DEFAULT
-from ..store.record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP
+from ..store.record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP, SPEEDUP_RUN
 from ..store.track import sweeps_of
 
-__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
+__all__ = ["relate", "family_of", "speedups", "speedups_with_runs", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION", "data_of", "Verdict", "verdict",
            "replicates", "noise_of", "REPLICATES", "VERDICTS", "NOISE_FLOOR", "NOISE_TIMES",
            "CLOCK_TOLERANCE", "LEVEL", "NO_REPLICATES", "clock_of"]
@@ -80,16 +81,23 @@ def speedups(tr, run, only: tuple = BASELINES) -> dict:
     """``{speedup_vs_<b>: value}`` of a GEMM ``run`` for each baseline family b in ``only`` that has a
     verified run of the same GPU, size, precision and operand data with a positive throughput (the best
     of them)."""
-    out = {}
+    return speedups_with_runs(tr, run, only)[0]
+
+
+def speedups_with_runs(tr, run, only: tuple = BASELINES) -> tuple[dict, dict]:
+    """(:func:`speedups`, the tags that name the run each divides by: ``speedup_vs_<b>.run`` =
+    '<run id> <run name>' of that baseline run, which may be of another sweep)."""
+    out, refs = {}, {}
     if _thr(run) is None or "problem.m" not in run.data.params:
-        return out
+        return out, refs
     found = [r for r in verified_runs(tr, _same_problem(run))
              if family_of(r) in only and data_of(r) == data_of(run) and (_thr(r) or 0) > 0]
     for b in only:
-        best = max((_thr(r) for r in found if family_of(r) == b), default=None)
-        if best:
-            out[SPEEDUP.format(b)] = _thr(run) / best
-    return rounded(out)
+        best = max((r for r in found if family_of(r) == b), key=_thr, default=None)
+        if best is not None:
+            out[SPEEDUP.format(b)] = _thr(run) / _thr(best)
+            refs[SPEEDUP_RUN.format(b)] = f"{best.info.run_id} {best.info.run_name}"
+    return rounded(out), refs
 
 
 def peak_instruction(run) -> str:
@@ -172,14 +180,16 @@ def relate(tr, rid: str) -> dict:
     if fam in BASELINES:
         if "problem.m" in run.data.params:
             for r in verified_runs(tr, _same_problem(run)):
-                if family_of(r) not in BASELINES + (PEAK,) and (got := speedups(tr, r, (fam,))):
-                    tr.log(r.info.run_id, got)
-                    logged[r.info.run_id] = got
+                if family_of(r) not in BASELINES + (PEAK,):
+                    got, refs = speedups_with_runs(tr, r, (fam,))
+                    if got:
+                        tr.log(r.info.run_id, got, refs)
+                        logged[r.info.run_id] = {**got, **refs}
     else:
-        got = speedups(tr, run)
+        got, refs = speedups_with_runs(tr, run)
         if got:
-            tr.log(rid, got)
-        mine.update(got)
+            tr.log(rid, got, refs)
+        mine.update({**got, **refs})
     if mine:
         logged[rid] = mine
     return logged

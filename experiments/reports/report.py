@@ -58,7 +58,7 @@ from pathlib import Path
 from .compare import (CLOCK_TOLERANCE, NO_REPLICATES, NOISE_FLOOR, NOISE_TIMES, VERDICTS, clock_of, data_of,
                       noise_of, replicates, verdict)
 from ..metrics import PCT_OF_PEAK, label
-from ..store.record import reused_in
+from ..store.record import EMULATED, emulated, occupancy_pct, reused_in
 from ..store.track import StoreError, Tracker, resolve_uri, sqlite_path
 
 CLOCK, AT_MAX = "sm_clock_mhz_mean", "throughput_at_max_clock"     # experiments.metrics
@@ -95,7 +95,8 @@ def results_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
         size = (int(p["problem.m"]), int(p["problem.n"]), int(p["problem.k"]))
         status = "verified" if r.info.status == "FINISHED" else r.info.status.lower()
         status += ", reused" if reused_in(r, parent) else ""
-        rows.append((_with_data(t.get("kernel", "?"), r), size, m.get("median_us"), m.get("throughput"),
+        kern = _with_data(t.get("kernel", "?"), r) + (f" {EMULATED}" if emulated(t) else "")
+        rows.append((kern, size, m.get("median_us"), m.get("throughput"),
                      t.get("throughput_unit", ""), m.get("spread"), status, t.get("gpu", ""),
                      m.get(CLOCK), m.get(AT_MAX)))
     if not rows:
@@ -185,7 +186,7 @@ def static_table(uri: str, experiment: str = "tensor-core-ablations", sweep: str
         native = t.get("mma_native", "-")
         if native == "false":
             emulated[kern] = t.get("mma_native_reason", "")
-        occupancy = _fmt(m.get("theoretical_occupancy"), ".0%")
+        occupancy = _fmt(occupancy_pct(m), ".0f") + ("%" if occupancy_pct(m) is not None else "")
         mark = " (reused)" if reused_in(r, parent) else ""
         out.append(f"| {kern}{mark} | {arch} | {_fmt(m.get('registers'), '.0f')} | {spills} | "
                    f"{_fmt(sum(smem) if smem else None, '.0f')} | {occupancy} | {sass} | {native} |")

@@ -65,7 +65,8 @@ class _Job:
                                     stale_after=float(cfg.tracking.stale_after_s))
         # the variant=NAME that chose this job's kernel (a file of conf/variant/ or a preset's list)
         self.variant = (hc.runtime.choices.get("variant") if hc else None) or record.NONE
-        self.params = {**record.params_of(track.flatten(data), variant=self.variant), "family": family_name(cfg)}
+        self.params = {**record.params_of(track.flatten(data), variant=self.variant),
+                       "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0
 
@@ -297,10 +298,12 @@ def _run_static(cfg, job, kern: Kernel) -> dict:
         job.end("static", f"Not run: {kern.static_note}.")
         console.print(f"{job.label} {kern.entry}: {kern.static_note} [dim](static)[/]")
         return {"finished": 1}
-    occ = f"occupancy {kern.static.get('theoretical_occupancy', 0):.0%}" if asm else "no ptxas"  # the launch
+    occ = (f"occupancy {kern.static.get('theoretical_occupancy_pct', 0):.0f}%" if asm  # the launch's
+           else "no ptxas")
     regs = f"{asm.registers} regs, {asm.spill_stores} B spills" if asm else ""
     what = regs or "no resources: " + kern.static_note
-    job.end("static", f"Assembled for {kern.arch} (no GPU: not run): {what}{', ' + occ if asm else ''}.")
+    job.end("static", record.emulated_note(tags)
+            + f"Assembled for {kern.arch} (no GPU: not run): {what}{', ' + occ if asm else ''}.")
     console.print(f"{job.label} {kern.entry}: {kern.arch} {regs} {occ} [dim](static)[/]")
     return {"finished": 1}
 
@@ -381,8 +384,10 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
     FAILED when verification failed, else the timing, GPU state and results. Returns verified."""
     m, n, k = mnk
     ver = {key: res[key] for key in ("verify_max_error", "verify_mismatches", "jit_registers",
-                                     "jit_local_bytes", "jit_s", "verify_rtol") if key in res}
+                                     "jit_local_bytes", "jit_s") if key in res}
     tags = {"gpu_start_unix": f"{window[0]:.3f}", "gpu_end_unix": f"{window[1]:.3f}"}
+    if "verify_rtol" in res:        # a tag, not a metric beside the param verify.rtol it may differ from
+        tags["verify_tolerance"] = record.tolerance_text(res["verify_rtol"])
     if res.get("note"):
         tags["family_note"] = res["note"]
     label = f"{kern.entry} {m}x{n}x{k}" if sized else kern.entry
@@ -415,7 +420,8 @@ def _track_result(job, rid, kern: Kernel, res: dict, mnk, sized: bool, window) -
                               "clocks_throttled": clocks}, series)
     job.tr.artifact_text(rid, "\n".join(f"{x:.3f}" for x in t["batch_us"]), record.ARTIFACTS["batches"])
     line = record.result_line(mnk, t["median_us"], thr, kern.unit, t["spread"], clocks, clock)
-    job.end("verified", line if sized else kern.entry + line[line.index(":"):])
+    line = line if sized else kern.entry + line[line.index(":"):]
+    job.end("verified", record.emulated_note(kern.tags) + line)
     mhz = clock.get("sm_clock_mhz_window") or clock.get("sm_clock_mhz_mean")
     sm = f"  SM {mhz:.0f} MHz" if mhz else ""
     sm += f"  {clock['power_w_avg']:.0f} W" if clock.get("power_w_avg") else ""

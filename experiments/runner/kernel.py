@@ -247,7 +247,7 @@ def _static_metrics(threads: int, dyn_smem: int, asm: Assembly | None, subject) 
     if asm is not None:
         m.update(registers=asm.registers, spill_stores_bytes=asm.spill_stores,
                  spill_loads_bytes=asm.spill_loads, stack_frame_bytes=asm.stack_frame,
-                 smem_static_bytes=asm.static_smem, theoretical_occupancy=asm.occupancy,
+                 smem_static_bytes=asm.static_smem, theoretical_occupancy_pct=100 * asm.occupancy,
                  blocks_per_sm=asm.blocks_per_sm)
         if subject is not None:
             m.update(sass_summary(asm, subject)[0])
@@ -303,6 +303,8 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
     subject = sass_subject(fam, spec)
     if kern.asm is not None and subject is not None:
         tags.update(sass_summary(kern.asm, subject)[1])
+    if record.emulated(tags):       # its numbers are ptxas' emulation: the name says so
+        kern.name = functools.partial(record.run_name, fam, spec, variant=params.get("variant"), emulated=True)
     kern.static = _static_metrics(fam.threads(spec), fam.dyn_smem(spec), kern.asm, subject)
     if cap := int(cfg.get("launch", {}).get("blocks_per_sm", 0) or 0):
         _cap_blocks(kern, fam, spec, cap)
@@ -321,7 +323,7 @@ def _cap_blocks(kern: Kernel, fam, spec, cap: int) -> None:
     kern.call[1]["smem_pad"] = pad
     occupancy, blocks, _ = theoretical_occupancy(spec.arch, fam.threads(spec), kern.asm.registers,
                                                  kern.asm.static_smem + fam.dyn_smem(spec) + pad)
-    kern.static.update(rounded({"theoretical_occupancy": occupancy, "blocks_per_sm": blocks,
+    kern.static.update(rounded({"theoretical_occupancy_pct": 100 * occupancy, "blocks_per_sm": blocks,
                                 "smem_padding_bytes": pad}))
 
 

@@ -10,15 +10,21 @@ from ..metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, 
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
            "replicate_metrics",
-           "run_name", "size_label", "NONE", "SWEPT_PARAMS", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
+           "run_name", "SPEEDUP_RUN", "size_label", "NONE", "SWEPT_PARAMS", "EMULATED", "emulated", "emulated_note",
+           "occupancy_pct", "tolerance_text", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
            "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
            "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS",
            "MEMBER", "NEW", "REUSED", "reused_in", "reused_count", "FAILED_STAGES", "failure_summary"]
 
+# the mark of an emulated kernel's run (:func:`emulated`) in its name, description and report rows
+EMULATED = "EMULATED"
 # the value of a param a run has no value of (``variant``, ``study_kernel``, ``size``: params_of, size_label)
 NONE = "none"
 # params every run carries for a sweep's views to group and compare on; not part of any run key
 SWEPT_PARAMS = ("variant", "study_kernel", "size", "precision")
+
+# tag naming the run a speedup_vs_<family> divides by (experiments.reports.compare.speedups_with_runs)
+SPEEDUP_RUN = SPEEDUP + ".run"
 
 # families whose runs are the reference points of the others (docs/DESIGN.md, "Speedups and peaks")
 BASELINES = ("wmma", "dp4a", "cublas")
@@ -58,6 +64,9 @@ TAGS = {
     "sweep_values": "a sweep's values as they ran, where Hydra expanded one otherwise than it is written",
     "long_values": "params and tags longer than MLflow allows: each keeps its start, the whole value is "
                    "the artifact long_values/<name>.txt",
+    "verify_tolerance": "the tolerance verification used: 'exact' (integer types, whatever verify.rtol "
+                        "says) or the rtol (verify.rtol; fp8 on wgmma its own, experiments.dtypes.FP8_RTOL)",
+    "speedup_vs_<family>.run": "the run speedup_vs_<family> divides by: '<run id> <run name>'",
     "skip_reason": "why the run was skipped or interrupted", "study_kernel": "the study's kernel name",
     "mma_native": "true | false | unknown: the SASS holds the tensor-core MMA of the element type",
     "mma_native_reason": "what the SASS holds instead (e.g. emulation of .s4 on sm_90)",
@@ -104,16 +113,20 @@ def size_label(size: tuple[int, int, int] | None) -> str:
     return str(m) if m == n == k else f"{m}x{n}x{k}"
 
 
-def run_name(family, spec, size: tuple[int, int, int] | None = None, variant: str | None = None) -> str:
+def run_name(family, spec, size: tuple[int, int, int] | None = None, variant: str | None = None,
+             emulated: bool = False) -> str:
     """A run's name, made to read well when the UI cuts it: what a sweep varies first, the variant
     (``variant=NAME`` that chose the kernel, where one did: the kernels of a study differ there first),
     then the size (``512x1024x256`` for a non-square size; none for static runs and for families that
     ignore it), then the family's own rule (``family.name_tokens(spec)``: the default family's
     ``8192 int8 bk64 m16n8k32 s3 256x128``) or, without one, the family, the precision and the values of
-    its option axes, e.g. ``int8_wmma 1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``."""
+    its option axes, e.g. ``int8_wmma 1024 wmma int8 s32 128x128 2x4`` or ``peak int8 m16n8k32``.
+    ``emulated``: the kernel emulates its MMA (:func:`emulated`): :data:`EMULATED` follows the size."""
     parts = [variant] if variant and variant != NONE else []
     if size is not None:
         parts.append(size_label(size))
+    if emulated:
+        parts.append(EMULATED)
     own = family.name_tokens(spec)
     if own is not None:
         return " ".join(parts + own)
@@ -209,6 +222,36 @@ def params_of(flat_config: dict, family=None, spec_flat: dict | None = None, var
     if params.get("study_kernel") in (None, "null", "None", ""):
         params["study_kernel"] = NONE
     return params
+
+
+def tolerance_text(rtol: float) -> str:
+    """The tag ``verify_tolerance`` of a verification with relative tolerance ``rtol``: 'exact' for 0,
+    else the number (e.g. '0.001')."""
+    return "exact" if rtol == 0 else f"{rtol:g}"
+
+
+def occupancy_pct(metrics: dict) -> float | None:
+    """A run's theoretical occupancy in % (metric ``theoretical_occupancy_pct``; runs logged before it
+    hold ``theoretical_occupancy`` as 0..1), or None where it has neither."""
+    if metrics.get("theoretical_occupancy_pct") is not None:
+        return metrics["theoretical_occupancy_pct"]
+    old = metrics.get("theoretical_occupancy")
+    return None if old is None else round(100 * old, 1)
+
+
+def emulated(tags: dict) -> bool:
+    """Whether a run's kernel emulates the tensor-core MMA of its element type (tag ``mma_native=false``:
+    its numbers are ptxas' emulation, not the tensor cores'; :data:`EMULATED` marks them)."""
+    return tags.get("mma_native") == "false"
+
+
+def emulated_note(tags: dict) -> str:
+    """The start of an emulated kernel's run description (:func:`emulated`): 'EMULATED MMA (<what the
+    SASS holds instead>): '; '' for any other run."""
+    if not emulated(tags):
+        return ""
+    why = tags.get("mma_native_reason", "")
+    return f"{EMULATED} MMA{f' ({why})' if why else ''}: not the tensor cores' throughput. "
 
 
 def outcome_of(run) -> str:
