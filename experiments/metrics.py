@@ -10,8 +10,9 @@ digits; neither: logged as measured, integers and exact counts):
 | clocks (MHz), power (W), `theoretical_occupancy_pct` (%) | 1 decimal |
 | `throughput_per_ghz`, `throughput_at_max_clock`, `pct_of_peak`, sweep seconds | 2 decimals |
 | spreads, `speedup_vs_<family>` | 4 decimals; energy: 3 (J) and 6 (J per launch) |
-| `ncu.<name>`: counts (byte, cycle, inst, ...) | as ncu gives them (integers) |
-| `ncu.<name>`: every other unit (%, hz, byte/s, ratios) | 4 significant digits (ncu's own report shows 3-4) |
+| `ncu.<name>`: counts (byte, cycle, inst, ...) | as ncu gives them |
+| `ncu.<name>` in % | 2 decimals (as ncu shows them) |
+| `ncu.<name>`: every other unit (hz, byte/s, ratios, us) | 5 significant digits |
 | registers, bytes, instructions, blocks, launches | exact |
 
 One scale per quantity: occupancy is a percentage everywhere it is shown (``theoretical_occupancy_pct``,
@@ -195,7 +196,7 @@ DECLARED: tuple[Metric, ...] = (
 )
 
 _BY_NAME = {m.name: m for m in DECLARED}
-# units of conf/ncu/metrics.yaml that count things: logged as whole numbers, as ncu gives them
+# units of conf/ncu/metrics.yaml that count things: logged as ncu gives them
 NCU_COUNTS = ("byte", "cycle", "inst", "block", "register/thread", "conflict", "wavefront", "sector")
 
 
@@ -204,9 +205,9 @@ def _ncu_metric(m) -> Metric:
     names = m.ncu.get("*") or "; ".join(f"{a}: {n}" for a, n in m.ncu.items())
     what = (f"{m.text[0]}: {m.text[1]}" if m.text else f"warps stalled on {m.name[len('stall_'):]}, per "
             "issued instruction" if m.name.startswith("stall_") else m.name.replace("_", " "))
-    count = m.unit in NCU_COUNTS
-    return Metric(m.key, m.unit, what, f"ncu {names} (conf/ncu/metrics.yaml)", decimals=0 if count else None,
-                  digits=None if count else 4)
+    pct, count = m.unit == "%", m.unit in NCU_COUNTS
+    return Metric(m.key, m.unit, what, f"ncu {names} (conf/ncu/metrics.yaml)", decimals=2 if pct else None,
+                  digits=None if pct or count else 5)
 
 
 @functools.cache

@@ -42,7 +42,7 @@ def test_declarations_are_complete_and_unique():
                             "ncu.sm_clock_hz": 1801048046.13, "ncu.dram_bytes": 1234567.0,
                             "ncu.achieved_occupancy_pct": 24.87123, "theoretical_occupancy_pct": 75.0,
                             "median_us": 1579.12345, "throughput": 39.123456}) == {
-        "jit_s": 0.036, "ncu.dram_bytes_per_s": 2.124e12, "ncu.sm_clock_hz": 1.801e9, "ncu.dram_bytes": 1234567.0,
+        "jit_s": 0.036, "ncu.dram_bytes_per_s": 2.1242e12, "ncu.sm_clock_hz": 1.801e9, "ncu.dram_bytes": 1234567.0,
         "ncu.achieved_occupancy_pct": 24.87, "theoretical_occupancy_pct": 75.0, "median_us": 1579.1,
         "throughput": 39.123}
     assert metrics.label("median_us", "median") == "median us"

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import NcuConfigError, NcuParseError, canonical, load_set, load_table
 from .launch import kernel_filter, ncu_command, plan_item, profile_items
+from ..metrics import rounded
 from ..store.track import (PROJECT_ROOT, StoreError, StoreUnavailable, check_schema, get_tracker, resolve_uri,
                     sweep_runs, sweeps_of)
 
@@ -287,7 +288,7 @@ def _record(client, todo, done, failed, reports, mset, arch, tags, stamp, kfilte
             if why.endswith("not returned"):
                 not_returned[(k, why)].append(r.info.run_name)
         lost = "; ".join(f"{k} ({v})" for k, v in missing.items()) or "none"
-        _log(client, rid, metrics, {**tags, "ncu": "done", "ncu.missing": lost, "ncu.report_id": la.id,
+        _log(client, rid, rounded(metrics), {**tags, "ncu": "done", "ncu.missing": lost, "ncu.report_id": la.id,
                                     "ncu.report": where.get(rid, ""), "ncu.kernel_filter": kfilter},
              {"ncu/ncu_raw.csv": csv.launch_csv(la)})
         if "ncu_error" in r.data.tags:
