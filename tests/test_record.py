@@ -100,7 +100,10 @@ def test_sweep_note_has_the_best_kernel_per_size_and_the_skipped_reasons():
     lines = note.splitlines()
     assert lines[0] == "`python run.py -m precision=int8 ktile=32,64`"
     assert lines[2] == "1 failed, 1 skipped, 2 verified."
-    assert "| int8 | 8192x8192x8192 | gemm_int8_bk64 | 1579.1 | 696.3 TOP/s |" in lines
+    table = lines[lines.index("```text") + 1:lines.index("```")]
+    assert [c.strip() for c in table[2].split("  ") if c] == [
+        "int8", "8192", "gemm_int8_bk64", "1579.1", "696.3 TOP/s", "gemm_int8_bk32", "+7.1%",
+        "not tested (timing.repeats=1)"]
     assert "- precision=int8 mma=m16n8k64: mma=m16n8k64 is not valid" in lines
     assert "- 512 int8 bk64: verification failed: 3 elements" in lines
     assert lines[-1] == ("Units: `throughput` TFLOP/s, TOP/s or GB/s (tag throughput_unit); `median_us` us.")
@@ -137,3 +140,43 @@ def test_git_commit_is_the_projects_own(tmp_path, monkeypatch):
     head = subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     assert job.git_commit() == head.strip()
     job.git_commit.cache_clear()
+
+
+def test_sweep_note_says_what_was_swept_and_each_winners_margin_against_the_noise():
+    """The parent's first screen: the swept axes with their values, per precision and size the winner (its
+    variant, EMULATED where its MMA is emulated) with its margin over the runner-up and whether the margin
+    is beyond the replicate noise (compare.verdict), in a fixed-width table whose columns are padded."""
+    size = {"problem.m": "8192", "problem.n": "8192", "problem.k": "8192", "precision": "int8", "size": "8192"}
+    k32, pack = "gemm_int8_bk32_m16n8k32_ldx4x2_ca_bcol_s2_32x64_w2x4_g1", "gemm_int8_ldmanman_w2x4_g1"
+    runs = [_run("a", "verified", {**size, "variant": "int8_ptx_mma_k32"}, {"throughput": 142.7, "median_us": 7705.3},
+                 {"kernel": k32, "throughput_unit": "TOP/s"}),
+            _run("b", "verified", {**size, "variant": "int8_ptx_manual_pack"},
+                 {"throughput": 74.5, "median_us": 14760.0}, {"kernel": pack, "throughput_unit": "TOP/s"}),
+            _run("c", "verified", {**size, "size": "512", "problem.m": "512", "problem.n": "512", "problem.k": "512",
+                                   "variant": "int8_ptx_mma_k32"}, {"throughput": 10.0, "median_us": 26.8},
+                 {"kernel": k32, "throughput_unit": "TOP/s"}),
+            _run("d", "verified", {**size, "size": "512", "problem.m": "512", "problem.n": "512", "problem.k": "512",
+                                   "variant": "int8_ptx_manual_pack"}, {"throughput": 9.9, "median_us": 27.1},
+                 {"kernel": pack, "throughput_unit": "TOP/s"}),
+            _run("e", "verified", {**size, "precision": "int4", "variant": "int4_ptx_mma_k64"},
+                 {"throughput": 39.1, "median_us": 28120.0},
+                 {"kernel": "gemm_int4", "throughput_unit": "TOP/s", "mma_native": "false"})]
+    reps = {"a": [7700.0, 7705.0, 7710.0], "b": [14700.0, 14760.0, 14800.0], "c": [26.0, 26.8, 27.6],
+            "d": [26.2, 27.1, 28.0]}
+    note = sweep_note("python run.py -m experiment=l4_run2_int8", runs, None, lambda r: reps.get(r.info.run_name, []))
+    lines = note.splitlines()
+    assert ("Swept: variant (3): int8_ptx_mma_k32, int8_ptx_manual_pack, int4_ptx_mma_k64; size (2): 512, 8192; "
+            "precision (2): int8, int4.") in lines
+    table = lines[lines.index("```text") + 1:lines.index("```")]
+    cells = [[c for c in row.split("  ") if c] for row in table]
+    assert [c.strip() for c in cells[0]] == ["precision", "size", "winner", "median us", "throughput", "runner-up",
+                                             "margin", "vs noise"]
+    assert [c.strip() for c in cells[2]] == ["int4", "8192", "int4_ptx_mma_k64 EMULATED", "28120.0", "39.1 TOP/s",
+                                             "-", "-", "only one kernel"]
+    assert [c.strip() for c in cells[3]] == ["int8", "512", "int8_ptx_mma_k32", "26.8", "10.0 TOP/s",
+                                             "int8_ptx_manual_pack", "+1.0%", "within noise (R=3, +-9.5%)"]
+    assert [c.strip() for c in cells[4]] == ["int8", "8192", "int8_ptx_mma_k32", "7705.3", "142.7 TOP/s",
+                                             "int8_ptx_manual_pack", "+91.5%", "beyond noise (R=3, +-1.0%)"]
+    # padded: every row of the table is as wide as its columns, the columns line up
+    starts = {table[0].index("runner-up")} | {row.index("int8_ptx_manual_pack") for row in table[3:]}
+    assert len(starts) == 1

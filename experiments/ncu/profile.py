@@ -288,7 +288,8 @@ def _record(client, todo, done, failed, reports, mset, arch, tags, stamp, kfilte
             if why.endswith("not returned"):
                 not_returned[(k, why)].append(r.info.run_name)
         lost = "; ".join(f"{k} ({v})" for k, v in missing.items()) or "none"
-        _log(client, rid, rounded(metrics), {**tags, "ncu": "done", "ncu.missing": lost, "ncu.report_id": la.id,
+        metrics = rounded(metrics)          # as experiments.metrics declares: % to 2 decimals, rates 5 digits
+        _log(client, rid, metrics, {**tags, "ncu": "done", "ncu.missing": lost, "ncu.report_id": la.id,
                                     "ncu.report": where.get(rid, ""), "ncu.kernel_filter": kfilter},
              {"ncu/ncu_raw.csv": csv.launch_csv(la)})
         if "ncu_error" in r.data.tags:

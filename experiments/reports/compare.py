@@ -36,7 +36,8 @@ from ..families import DEFAULT
 from ..store.record import BASELINES, PCT_OF_PEAK, PEAK, SPEEDUP, SPEEDUP_RUN
 from ..store.track import sweeps_of
 
-__all__ = ["relate", "family_of", "speedups", "speedups_with_runs", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
+__all__ = ["relate", "family_of", "speedups", "peak_of", "verified_runs", "peak_instruction", "VERIFIED",
+           "speedups_with_runs",
            "instruction_of_peak", "feed_of", "PEAK_INSTRUCTION", "data_of", "Verdict", "verdict",
            "replicates", "noise_of", "REPLICATES", "VERDICTS", "NOISE_FLOOR", "NOISE_TIMES",
            "CLOCK_TOLERANCE", "LEVEL", "NO_REPLICATES", "clock_of"]

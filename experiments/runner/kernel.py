@@ -304,7 +304,8 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
     if kern.asm is not None and subject is not None:
         tags.update(sass_summary(kern.asm, subject)[1])
     if record.emulated(tags):       # its numbers are ptxas' emulation: the name says so
-        kern.name = functools.partial(record.run_name, fam, spec, variant=params.get("variant"), emulated=True)
+        kern.name = functools.partial(record.run_name, fam, spec, variant=params.get("variant"),
+                                      emulated=True)
     kern.static = _static_metrics(fam.threads(spec), fam.dyn_smem(spec), kern.asm, subject)
     if cap := int(cfg.get("launch", {}).get("blocks_per_sm", 0) or 0):
         _cap_blocks(kern, fam, spec, cap)

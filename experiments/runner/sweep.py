@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ..store.record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count,
                             sweep_note, sweep_view, throughput_figure)
+from ..reports.compare import replicates
 from ..reports.report import static_command
 from .job import warm_process
 from .kernel import resolved
@@ -665,7 +666,8 @@ class SweepCallback(Callback):
                 tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
         busy_line, busy = gpu_time(new, self.t0, time.time())
         tracker.log(parent, {**busy, "runs_reused": reused},
-                    tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs, parent)})
+                    tags={"runs": summary, "mlflow.note.content": sweep_note(
+                        self.command, runs, parent, lambda r: replicates(tracker, r))})
         with tempfile.TemporaryDirectory() as tmp:
             fig = Path(tmp) / ARTIFACTS["figure"]
             if throughput_figure(runs, fig):

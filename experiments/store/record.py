@@ -9,12 +9,12 @@ from __future__ import annotations
 from ..metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
-           "replicate_metrics",
-           "run_name", "SPEEDUP_RUN", "size_label", "NONE", "SWEPT_PARAMS", "EMULATED", "emulated", "emulated_note",
-           "occupancy_pct", "tolerance_text", "result_line", "params_of", "outcome_of", "sweep_note", "plotting",
-           "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
-           "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS",
-           "MEMBER", "NEW", "REUSED", "reused_in", "reused_count", "FAILED_STAGES", "failure_summary"]
+           "replicate_metrics", "run_name", "SPEEDUP_RUN", "swept_axes", "winners", "padded",
+           "with_analysis", "ANALYSIS_HEAD", "size_label", "NONE", "SWEPT_PARAMS", "EMULATED", "emulated",
+           "emulated_note", "occupancy_pct", "tolerance_text", "result_line", "params_of", "outcome_of",
+           "sweep_note", "plotting", "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
+           "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS", "MEMBER", "NEW", "REUSED", "reused_in", "reused_count",
+           "FAILED_STAGES", "failure_summary"]
 
 # the mark of an emulated kernel's run (:func:`emulated`) in its name, description and report rows
 EMULATED = "EMULATED"
@@ -206,7 +206,8 @@ def result_line(size, median_us: float, throughput: float, unit: str, spread: fl
             f"clock-event reasons during timing: {clocks}")
 
 
-def params_of(flat_config: dict, family=None, spec_flat: dict | None = None, variant: str | None = None) -> dict:
+def params_of(flat_config: dict, family=None, spec_flat: dict | None = None,
+              variant: str | None = None) -> dict:
     """The run's params: the flattened config without ``tracking.*`` (where the store lives is not a
     property of the run); given the kernel's ``family`` and its spec (``spec_flat``), what the family
     logs of them (``family.run_params``: ``family`` and ``spec.<key>`` values, without the config keys
@@ -280,35 +281,26 @@ def reused_count(runs: list, parent: str | None) -> int:
     return sum(reused_in(r, parent) for r in runs)
 
 
-def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
-    """The parent run's description (markdown): the command, the outcome counts (and how many of the
-    runs the sweep ``parent`` reused from earlier sweeps), the best verified kernel per precision,
-    operand data (``data=<kind>`` after the precision where not full) and size (marked "reused" where
-    the sweep reused it), the skipped combinations with their reasons, and the units of the metrics the
-    runs logged (experiments.metrics.units_line)."""
+def sweep_note(command: str, runs: list, parent: str | None = None, replicates=None) -> str:
+    """The parent run's description (Markdown, the first screen of the sweep in the MLflow UI): the
+    command, the outcome counts (and how many of the runs the sweep ``parent`` reused from earlier
+    sweeps), what was swept (:func:`swept_axes`), the winner per precision (with ``data=<kind>`` where
+    not full) and size with its margin over the runner-up (:func:`winners`; ``replicates(run)`` -> the
+    run's replicate medians in us, to say whether the margin is beyond the replicate noise), the
+    skipped combinations with their reasons, the failures, and the units of the metrics the runs
+    logged (experiments.metrics.units_line). The table is fixed-width text in a code block: MLflow's
+    Markdown preview draws table cells without padding. ``python -m analysis.report`` adds its verdicts
+    and a link to its report below (:func:`with_analysis`)."""
     import collections
     counts = collections.Counter(outcome_of(r) for r in runs)
     reused = reused_count(runs, parent)
     lines = [f"`{command}`", "", ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
              + (f"; {reused} of them reused (measured by an earlier sweep)" if reused else "") + "."]
-    best: dict = {}
-    for r in runs:
-        m = r.data.metrics
-        if outcome_of(r) != "verified" or "throughput" not in m:
-            continue
-        p = r.data.params
-        prec = p.get("precision", "?") + ("" if p.get("data", "full") == "full" else f" data={p['data']}")
-        key = (prec, int(p.get("problem.m", 0)), int(p.get("problem.n", 0)), int(p.get("problem.k", 0)))
-        if key not in best or m["throughput"] > best[key].data.metrics["throughput"]:
-            best[key] = r
-    if best:
-        lines += ["", "| precision | M x N x K | best kernel | median us | throughput |",
-                  "| --- | --- | --- | ---: | ---: |"]
-        for (prec, m, n, k), r in sorted(best.items()):
-            mark = " (reused)" if reused_in(r, parent) else ""
-            lines.append(f"| {prec} | {m}x{n}x{k} | {r.data.tags.get('kernel', r.info.run_name)}{mark} | "
-                         f"{r.data.metrics['median_us']:.1f} | {r.data.metrics['throughput']:.1f} "
-                         f"{r.data.tags.get('throughput_unit', '')} |")
+    if axes := swept_axes(runs):
+        lines += ["", "Swept: " + "; ".join(f"{k} ({len(v)}): {', '.join(v)}" for k, v in axes.items()) + "."]
+    if rows := winners(runs, parent, replicates):
+        lines += ["", "Winner per precision and size, and its margin over the runner-up:", "", "```text",
+                  *padded(rows), "```"]
     skipped = [r for r in runs if outcome_of(r) == "skipped"]
     if skipped:
         lines += ["", "Skipped combinations (they cannot exist; not failures):"]
@@ -321,6 +313,110 @@ def sweep_note(command: str, runs: list, parent: str | None = None) -> str:
     if units := units_line({k for r in runs for k in r.data.metrics}):
         lines += ["", units]
     return "\n".join(lines)
+
+
+# params that never tell a sweep's points apart (bookkeeping, or another spelling of a swept value)
+_NOT_AXES = ("verify.seed_used", "problem.", "spec.", "tracking.", "study_kernel")
+
+
+def swept_axes(runs: list) -> dict[str, list[str]]:
+    """What a sweep varied: param -> its distinct values (in order of appearance, sizes smallest first)
+    among the runs that are no skipped combination, for each param with two or more values, ``variant``
+    first and then ``size``; bookkeeping params and other spellings of a swept value (``problem.*``,
+    ``spec.*``, ``study_kernel``, ``verify.seed_used``) left out."""
+    values: dict = {}
+    for r in runs:
+        if outcome_of(r) == "skipped":
+            continue
+        for k, v in r.data.params.items():
+            if not k.startswith(_NOT_AXES):
+                values.setdefault(k, {})[v] = None
+    axes = {k: list(v) for k, v in values.items() if len(v) >= 2}
+    if "size" in axes:
+        axes["size"] = sorted(axes["size"], key=lambda s: (s == NONE, [int(x) for x in s.split("x")]
+                                                           if s != NONE else []))
+    order = ["variant", "size"]
+    return {k: axes[k] for k in sorted(axes, key=lambda k: (order.index(k) if k in order else 2, k))}
+
+
+def _kernel_label(run) -> str:
+    """A kernel in the parent's table: its variant where one chose it, else its entry name; EMULATED
+    after it where it emulates its MMA."""
+    p, t = run.data.params, run.data.tags
+    name = p.get("variant") if p.get("variant", NONE) != NONE else t.get("kernel", run.info.run_name)
+    return name + (f" {EMULATED}" if emulated(t) else "")
+
+
+def winners(runs: list, parent: str | None = None, replicates=None) -> list[list[str]]:
+    """The rows of the parent's winner table (header first): per precision (``data=<kind>`` after it
+    where not full) and size, the verified run of highest throughput (marked "(reused)" where the
+    sweep ``parent`` reused it), its median time and throughput with unit, the runner-up and the
+    margin (winner / runner-up - 1), and whether the margin is beyond the replicate noise:
+    :func:`experiments.reports.compare.verdict` of the two runs' replicate medians (``replicates(run)``
+    -> list, us) where both have two or more (timing.repeats), else "not tested (timing.repeats=1)".
+    [] without a verified run."""
+    groups: dict = {}
+    for r in runs:
+        m, p = r.data.metrics, r.data.params
+        if outcome_of(r) != "verified" or "throughput" not in m:
+            continue
+        prec = p.get("precision", "?") + ("" if p.get("data", "full") == "full" else f" data={p['data']}")
+        size = tuple(int(p.get(f"problem.{d}", 0)) for d in "mnk")
+        groups.setdefault((prec, size), []).append(r)
+    if not groups:
+        return []
+    rows = [["precision", "size", "winner", "median us", "throughput", "runner-up", "margin", "vs noise"]]
+    for (prec, size), group in sorted(groups.items()):
+        group.sort(key=lambda r: -r.data.metrics["throughput"])
+        best, m = group[0], group[0].data.metrics
+        row = [prec, size_label(size) if any(size) else NONE,
+               _kernel_label(best) + (" (reused)" if reused_in(best, parent) else ""),
+               f"{m['median_us']:.1f}" if "median_us" in m else "-",
+               f"{m['throughput']:.1f} {best.data.tags.get('throughput_unit', '')}".strip()]
+        if len(group) < 2:
+            rows.append(row + ["-", "-", "only one kernel"])
+            continue
+        second = group[1]
+        margin = m["throughput"] / second.data.metrics["throughput"] - 1
+        rows.append(row + [_kernel_label(second), f"{margin:+.1%}", _beyond_noise(best, second, replicates)])
+    return rows
+
+
+def _beyond_noise(best, second, replicates) -> str:
+    """Whether ``best`` is faster than ``second`` beyond their replicate noise, in a table cell."""
+    from ..reports.compare import verdict
+    a, b = (replicates(second), replicates(best)) if replicates else ([], [])
+    if min(len(a), len(b)) < 2:
+        return "not tested (timing.repeats=1)"
+    v = verdict(a, b)
+    word = {"faster": "beyond noise", "same": "within noise", "slower": "reversed"}.get(v.call, "not told apart")
+    return f"{word} (R={min(v.replicates)}, +-{v.margin:.1%})" if v.margin else word
+
+
+def padded(rows: list[list[str]]) -> list[str]:
+    """``rows`` (header first) as fixed-width text lines, each column padded to its widest cell and two
+    spaces apart (numbers right-aligned), with a rule under the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    numeric = [all(_numeric(r[i]) for r in rows[1:]) for i in range(len(widths))]
+
+    def line(r):
+        cells = zip(r, widths, numeric, strict=True)
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in cells).rstrip()
+    return [line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]]
+
+
+def _numeric(cell: str) -> bool:
+    return bool(cell) and (cell[0].isdigit() or cell[0] in "+-") and cell != "-"
+
+
+ANALYSIS_HEAD = "### Analysis"     # where python -m analysis.report's part of a parent's description starts
+
+
+def with_analysis(note: str, section: list[str]) -> str:
+    """The parent's description ``note`` with its analysis part (lines from :data:`ANALYSIS_HEAD`)
+    replaced by ``section`` (its lines, the head first)."""
+    kept = note.split("\n" + ANALYSIS_HEAD)[0].rstrip("\n")
+    return kept + "\n\n" + "\n".join(section)
 
 
 def plotting():
