@@ -1,5 +1,7 @@
 """Write the analysis report of a sweep, an experiment or a study: ``report.md`` with its figures and
-tables beside it, logged to the sweep's parent run (artifact folder ``report/``).
+tables beside it, and ``report.html``, the same report self-contained (figures inlined), which the MLflow
+UI shows with its figures; logged to the sweep's parent run (artifact folder ``report/``), whose
+description then ends with the verdicts, the claims tally and a link to the HTML report.
 
     python -m analysis.report --sweep latest                     # the newest sweep in the default store
     python -m analysis.report --sweep <parent run id> --study l4 # with the L4 study's claims table
@@ -29,7 +31,7 @@ from .predictors import tables as predictor_tables
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
 from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, size_order, unmeasured_note
 
-__all__ = ["STUDIES", "Report", "write_report", "main"]
+__all__ = ["STUDIES", "Report", "write_report", "html_report", "describe_parent", "HTML", "main"]
 
 STUDIES = {"l4": DEFAULT_CLAIMS}
 _CAPTIONS = {"throughput_vs_size": "Throughput against problem size, per kernel",
@@ -40,11 +42,13 @@ _CAPTIONS = {"throughput_vs_size": "Throughput against problem size, per kernel"
 
 @dataclass
 class Report:
-    """What :func:`write_report` wrote: the markdown, its folder, the files, and the notes."""
+    """What :func:`write_report` wrote: the markdown, its folder, the files, the notes, and the summary
+    (per GPU the predictor study's answer and the claims tally, for the parent's description)."""
     text: str
     out_dir: Path
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
 
 
 def _slug(s: str) -> str:
@@ -83,7 +87,7 @@ def _overview(df: pd.DataFrame, notes: list[str]) -> list[str]:
 
 
 def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, reference, baseline,
-                 n_boot: int, files: list, notes: list[str]) -> list[str]:
+                 n_boot: int, files: list, notes: list[str], summary: list[str]) -> list[str]:
     lines = [f"## {gpu}", ""]
     pivot = tables.results_pivot(figures.labelled(d))
     unit = ", ".join(d["throughput_unit"].dropna().unique()) or "-"
@@ -99,7 +103,7 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
             lines.append(f"- {_CAPTIONS[name]}: not drawn, {note}.")
             notes.append(f"{gpu}: {_CAPTIONS[name].lower()}: {note}.")
     lines += ["", "### Does occupancy or DRAM activity predict throughput?", ""]
-    lines += _predictor_lines(d, suffix, out, n_boot, files, notes, gpu)
+    lines += _predictor_lines(d, suffix, out, n_boot, files, notes, gpu, summary)
     lines.append("")
     side = tables.beside_study(ok_runs(d), reference)
     if not side.empty:
@@ -117,6 +121,9 @@ def _gpu_section(d: pd.DataFrame, gpu: str, suffix: str, out: Path, spec, refere
         t.to_csv(out / f"claims{suffix}.csv", index=False)
         files.append(out / f"claims{suffix}.csv")
         counts = t["verdict"].value_counts()
+        summary.append(f"{gpu}: claims of {spec.get('study', 'the study')}: {counts.get('holds', 0)} hold, "
+                       f"{counts.get('fails', 0)} fail, {counts.get('inconclusive', 0)} inconclusive, "
+                       f"{counts.get('not testable here', 0)} not testable here")
         lines += [f"### Claims of the study: {spec.get('study', '')}", "",
                   f"{counts.get('holds', 0)} hold, {counts.get('fails', 0)} fail, "
                   f"{counts.get('inconclusive', 0)} are inconclusive and "
@@ -149,10 +156,11 @@ def _replicates(d: pd.DataFrame) -> dict:
 
 
 def _predictor_lines(d: pd.DataFrame, suffix: str, out: Path, n_boot: int, files: list, notes: list[str],
-                     gpu: str) -> list[str]:
+                     gpu: str, summary: list[str]) -> list[str]:
     """The predictor section: the one-paragraph answer, then the tables its numbers come from."""
     res = predictor_study(d, n_boot=n_boot, replicates=_replicates(d))
     print(f"{gpu}: {res.verdict}")
+    summary.append(f"{gpu}: {res.verdict}")
     lines = [f"**Answer.** {res.verdict}", ""]
     if res.circularity:
         lines += [f"> **Circularity flag (DRAM bandwidth utilisation).** {res.circularity}", ""]
@@ -199,6 +207,7 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     files: list[Path] = []
+    summary: list[str] = []
     src = df.attrs
     lines = [f"# {title}", "",
              (f"Tidy table `{src['table']}`" if src.get("table") else f"Store `{src.get('uri', '-')}`")
@@ -210,7 +219,7 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     for gpu in gpus:
         d = df[df["gpu"] == gpu]
         suffix = "" if len(gpus) == 1 else "_" + _slug(gpu)
-        lines += _gpu_section(d, gpu, suffix, out, spec, reference, baseline, n_boot, files, notes)
+        lines += _gpu_section(d, gpu, suffix, out, spec, reference, baseline, n_boot, files, notes, summary)
     if spec is not None and "reference" in spec and reference is None:
         notes.append("The study's own numbers were not found (no reference experiment in the store and no "
                      "CSV folder): published values are not rechecked (python -m analysis.reference).")
@@ -225,8 +234,53 @@ def write_report(df: pd.DataFrame, out_dir: str | Path, title: str, spec: dict |
     files.append(out / "runs.csv")
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
-    files.append(out / "report.md")
-    return Report(text, out, files, notes)
+    (out / HTML).write_text(html_report(text, out, title))
+    files += [out / "report.md", out / HTML]
+    return Report(text, out, files, notes, summary)
+
+
+HTML = "report.html"        # the report, self-contained: what the MLflow UI shows with its figures
+_STYLE = ("body{font-family:sans-serif;max-width:75em;margin:1em auto;line-height:1.4}"
+          "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .6em}"
+          "img{max-width:100%}code{background:#f4f4f4}")
+
+
+def html_report(text: str, folder: Path, title: str) -> str:
+    """The Markdown report ``text`` as one self-contained HTML page: tables with padded cells, and each
+    figure it links (``![caption](name.png)``, a file of ``folder``) inlined as base64 data, so that the
+    page shows its figures wherever it is opened (MLflow's artifact view, a mail). A figure that is not
+    in ``folder`` stays a link."""
+    import base64
+    import html
+
+    from markdown_it import MarkdownIt
+
+    def inline(m: re.Match) -> str:
+        path = folder / m.group(2)
+        if not path.is_file():
+            return m.group(0)
+        return f"![{m.group(1)}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+    text = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", inline, text)
+    body = MarkdownIt("commonmark").enable("table").render(text)
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>\n{body}</body></html>\n")
+
+
+def describe_parent(client, parent: str, rep: Report) -> str:
+    """End the description of the sweep's parent run ``parent`` with the report's part (replacing the
+    one an earlier report wrote, experiments.store.record.with_analysis): a link to the HTML report in
+    the run's artifacts (report/report.html, which the MLflow UI shows with its figures), the predictor
+    study's answer and the claims tally per GPU. Returns the new description."""
+    from experiments.store.record import ANALYSIS_HEAD, with_analysis
+    run = client.get_run(parent)
+    link = f"#/experiments/{run.info.experiment_id}/runs/{parent}/artifacts/report/{HTML}"
+    section = [ANALYSIS_HEAD, "", f"[The analysis report]({link}) (`report/{HTML}`, figures inline; "
+               "report.md, figures and tables beside it), written "
+               f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m analysis.report`.", ""]
+    section += [f"- {line}" for line in rep.summary] or ["- No GPU run to analyse."]
+    note = with_analysis(run.data.tags.get("mlflow.note.content", ""), section)
+    client.set_tag(parent, "mlflow.note.content", note)
+    return note
 
 
 def main(argv=None) -> Report:
@@ -301,7 +355,8 @@ def main(argv=None) -> Report:
         client.log_artifacts(parents[0], str(folder), "report")
         if single:
             client.log_artifact(parents[0], str(out), "report")
-        print(f"Logged to parent run {parents[0]} (artifacts/report/).")
+        describe_parent(client, parents[0], rep)
+        print(f"Logged to parent run {parents[0]} (artifacts/report/; its description links {HTML}).")
     else:
         print(f"Not logged: the runs belong to {len(parents)} sweeps; pass --sweep to log to one parent run.")
     return rep

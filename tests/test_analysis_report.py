@@ -85,8 +85,27 @@ def test_report_on_sweep_with_ncu_and_failed_members(store, tmp_path):
     assert "1 FAILED run(s) are left out of every statistic and claim" in text
     import mlflow
     logged = {Path(a.path).name for a in mlflow.MlflowClient(store["uri"]).list_artifacts(store["ncu"], "report")}
-    assert {"report.md", "throughput_vs_size.png", "claims.csv", "runs.csv"} <= logged
+    assert {"report.md", "report.html", "throughput_vs_size.png", "claims.csv", "runs.csv"} <= logged
     assert rep.out_dir == out
+    # the HTML report shows its figures wherever it is opened (MLflow's artifact view): inlined, padded cells
+    page = (out / "report.html").read_text()
+    assert page.count("<img src=\"data:image/png;base64,") == 3 and ".png)" not in page and ".png\"" not in page
+    assert "<table>" in page and "padding:.25em .6em" in page and "<td>C2b</td>" in page
+    # the parent's description ends with the verdict, the claims tally and the link to the HTML report
+    client = mlflow.MlflowClient(store["uri"])
+    run = client.get_run(store["ncu"])
+    note = run.data.tags["mlflow.note.content"]
+    link = f"(#/experiments/{run.info.experiment_id}/runs/{store['ncu']}/artifacts/report/report.html)"
+    section = note[note.index("### Analysis"):].splitlines()
+    assert section[2].startswith(f"[The analysis report]{link}")
+    assert section[4] == f"- NVIDIA H200: {rep.summary[0].split(': ', 1)[1]}" and "No interventional" in section[4]
+    assert re.fullmatch(r"- NVIDIA H200: claims of .+: \d+ hold, \d+ fail, \d+ inconclusive, \d+ not testable "
+                        r"here", section[5]), section[5]
+    # a second report replaces its part, the rest of the description stays
+    before = note[:note.index("### Analysis")]
+    report.describe_parent(client, store["ncu"], rep)
+    again = client.get_run(store["ncu"]).data.tags["mlflow.note.content"]
+    assert again.count("### Analysis") == 1 and again.startswith(before)
 
 
 def test_report_to_a_markdown_file_keeps_its_figures_beside_it(store, tmp_path):

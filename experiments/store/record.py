@@ -415,8 +415,8 @@ ANALYSIS_HEAD = "### Analysis"     # where python -m analysis.report's part of a
 def with_analysis(note: str, section: list[str]) -> str:
     """The parent's description ``note`` with its analysis part (lines from :data:`ANALYSIS_HEAD`)
     replaced by ``section`` (its lines, the head first)."""
-    kept = note.split("\n" + ANALYSIS_HEAD)[0].rstrip("\n")
-    return kept + "\n\n" + "\n".join(section)
+    kept = ("\n" + note).split("\n" + ANALYSIS_HEAD)[0].strip("\n")
+    return (kept + "\n\n" if kept else "") + "\n".join(section)
 
 
 def plotting():
