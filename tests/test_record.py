@@ -180,3 +180,29 @@ def test_sweep_note_says_what_was_swept_and_each_winners_margin_against_the_nois
     # padded: every row of the table is as wide as its columns, the columns line up
     starts = {table[0].index("runner-up")} | {row.index("int8_ptx_manual_pack") for row in table[3:]}
     assert len(starts) == 1
+
+
+def test_sweep_note_of_runs_in_a_store_tests_the_margin_against_their_replicates(tmp_path, monkeypatch):
+    """Through the runner (GPU worker replaced) with three replicates each: the note reads the replicate
+    medians from the store (metric history, compare.replicates) and says the winner's margin is beyond
+    the noise; the runs carry size as one value."""
+    from test_family_runner import EXPERIMENT, _compose, _stub_gpu
+
+    from experiments.reports.compare import replicates
+    from experiments.store.track import Tracker
+    job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
+    worker.kernel_clock = {"replicate_median_us": [99.5, 100.0, 100.5]}
+    assert job.run_job(_compose("precision=int8", "ktile=32", "problem.sizes=[512]", *store))["finished"] == 1
+    worker.us, worker.kernel_clock = 150.0, {"replicate_median_us": [149.0, 150.0, 151.0]}
+    assert job.run_job(_compose("precision=int8", "ktile=64", "problem.sizes=[512]", *store))["finished"] == 1
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", EXPERIMENT, create=False)
+    runs = [r for r in tr.client.search_runs([tr.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.params["size"] for r in runs) == ["512", "512"]
+    note = sweep_note("cmd", runs, None, lambda r: replicates(tr, r)).splitlines()
+    assert "Swept: ktile (2): 32, 64." in note or "Swept: ktile (2): 64, 32." in note
+    row = next(line for line in note if line.startswith("int8"))
+    cells = [c.strip() for c in row.split("  ") if c]
+    fast = next(r for r in runs if r.data.params["ktile"] == "32")
+    slow = next(r for r in runs if r.data.params["ktile"] == "64")
+    assert cells == ["int8", "512", fast.data.tags["kernel"], "100.0", "2.7 TOP/s", slow.data.tags["kernel"],
+                     "+50.0%", "beyond noise (R=3, +-1.8%)"]
