@@ -28,6 +28,9 @@ def test_run_name_leads_with_the_size_then_what_differs_from_the_default_kernel(
                loader_b="manual", cache_op="ca", b_layout="row", acc="auto", l2_hint_a="none",
                l2_hint_b="evict_last")
     assert run_name(DEFAULT, study, (2048,) * 3) == "2048 int4 bk64 s2 32x64 ldx4man ca l2xl brow m16n8k64"
+    # the warp grid and the block-row grouping too, where they differ from the default kernel's (4x2, 8)
+    assert run_name(DEFAULT, NS(**vars(study), warps_m=2, warps_n=4, group_m=1), (2048,) * 3) == (
+        "2048 int4 bk64 s2 32x64 ldx4man ca l2xl brow w2x4 g1 m16n8k64")
 
 
 def test_params_leave_out_the_store_and_repeated_spec_fields():
@@ -206,3 +209,40 @@ def test_sweep_note_of_runs_in_a_store_tests_the_margin_against_their_replicates
     slow = next(r for r in runs if r.data.params["ktile"] == "64")
     assert cells == ["int8", "512", fast.data.tags["kernel"], "100.0", "2.7 TOP/s", slow.data.tags["kernel"],
                      "+50.0%", "beyond noise (R=3, +-1.8%)"]
+
+
+def test_two_different_kernels_never_share_a_name():
+    """One entry name per run name and target, so that no two kernels of a sweep share a name whatever it
+    varies: the default family's kernels with each field changed alone and in pairs (the warp grid and the
+    block-row grouping were once missing from its names), and every point of the other families' spaces
+    (wgmma: a sample)."""
+    import dataclasses
+    import itertools
+
+    from experiments.families.mma_sync.spec import KernelSpec
+    from experiments.hardware import ARCHS
+    base = KernelSpec(precision="int8", ktile=64, mma_k=32, bm=256, bn=128, warps_m=4, warps_n=2, stages=3,
+                      cache_op="cg", arch="sm_90")
+    other = {"precision": "int4", "ktile": 32, "mma_k": 64, "bm": 128, "bn": 64, "warps_m": 2, "warps_n": 4,
+             "stages": 2, "cache_op": "ca", "group_m": 1, "loader_a": "manual", "loader_b": "x4",
+             "b_layout": "row", "acc": "f16", "l2_hint_a": "evict_last", "l2_hint_b": "evict_first",
+             "smem_layout": "swizzled", "l2_prefetch": "128B"}
+    from experiments.spec import SpecError
+
+    def replaced(changes):
+        try:
+            return [dataclasses.replace(base, **dict(changes))]
+        except SpecError:            # a pair that makes no kernel
+            return []
+    specs = {"mma_sync": [sp for n in (1, 2) for pair in itertools.combinations(other.items(), n)
+                          for sp in replaced(pair)]}
+    for name in families.names():
+        if name != "mma_sync":
+            fam = families.get(name)
+            specs[name] = [sp for arch in ARCHS for sp in itertools.islice(fam.space(arch), 0, 3000, 3)]
+    for name, points in specs.items():
+        by_name: dict = {}
+        for sp in points:
+            # per target: a peak kernel is sized for its arch (fewer iterations where int4 is emulated)
+            by_name.setdefault((sp.arch, run_name(families.get(name), sp, (4096,) * 3)), set()).add(sp.entry)
+        assert by_name and all(len(entries) == 1 for entries in by_name.values()), name

@@ -215,7 +215,7 @@ def test_swizzled_kernels_are_named_and_keyed_apart():
     padded, swizzled = KernelSpec(**kw), KernelSpec(**kw, smem_layout="swizzled")
     assert swizzled.entry == "gemm_int8_bk64_m16n8k32_ldx4x4_cg_sw_bcol_s3_128x256_w2x4_g8"
     assert padded.entry == swizzled.entry.replace("_sw", "")
-    assert run_name(fam, swizzled, (8192,) * 3) == "8192 int8 bk64 128x256 ldx4x4 sw m16n8k32 s3"
+    assert run_name(fam, swizzled, (8192,) * 3) == "8192 int8 bk64 128x256 ldx4x4 sw w2x4 m16n8k32 s3"
     assert "smem_layout" not in dict(fam.identity(padded))
     assert dict(fam.identity(swizzled))["smem_layout"] == "swizzled"
     assert [kv for kv in fam.identity(swizzled) if kv[0] != "smem_layout"] == fam.identity(padded)
@@ -235,7 +235,7 @@ def test_l2_prefetch_kernels_are_named_keyed_and_assembled_apart(tmp_path, need_
     plain, pf = KernelSpec(**kw), KernelSpec(**kw, l2_prefetch="256B")
     assert pf.entry == "gemm_fp16_bk32_m16n8k16_ldx4x2_cg_l2xl_pf256B_bcol_s3_128x128_w2x2_g8"
     assert plain.entry == pf.entry.replace("_pf256B", "")
-    assert run_name(fam, pf, (4096,) * 3) == "4096 fp16 128x128 l2xl pf256B bk32 m16n8k16 s3"
+    assert run_name(fam, pf, (4096,) * 3) == "4096 fp16 128x128 l2xl pf256B w2x2 bk32 m16n8k16 s3"
     assert "l2_prefetch" not in dict(fam.identity(plain))
     assert [kv for kv in fam.identity(pf) if kv[0] != "l2_prefetch"] == fam.identity(plain)
     a, b = render(plain), render(pf)

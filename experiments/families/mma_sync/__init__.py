@@ -36,7 +36,7 @@ KEY_DEFAULTS = {"smem_layout": "padded", "l2_prefetch": "none"}
 # run names: the values of the default kernel; a run name puts the axes that differ from them first
 _SHORT = {"manual": "man", "none": "x", "evict_first": "f", "evict_last": "l", "evict_normal": "n"}
 _DEFAULT_TOKENS = {"bk": "bk32", "s": "s3", "tile": "256x128", "ld": "ldx4x2", "cache": "cg", "l2": "",
-                   "b": "", "acc": "", "sw": "", "pf": ""}
+                   "b": "", "acc": "", "sw": "", "pf": "", "w": "w4x2", "g": "g8"}
 
 _LOADED: dict = {}       # (entry, PTX) -> (kernel, JIT seconds): one JIT per kernel per worker process
 
@@ -151,8 +151,9 @@ class MmaSyncFamily(Family):
     # ------------------------------------------------------------------ names and params of a run
     def name_tokens(self, spec: KernelSpec) -> list:
         """The precision, then the axes that differ from the default kernel (e.g. ``s2`` in a sweep over
-        stages), then the others: ``int8 bk64 m16n8k32 s3 256x128``,
-        ``int4 bk64 s2 32x64 ldx4man ca l2xl brow m16n8k64``."""
+        stages; every axis the entry name spells, so that two kernels never share a name), then the
+        others: ``int8 bk64 m16n8k32 s3 256x128``, ``int4 bk64 s2 32x64 ldx4man ca l2xl brow w2x4 g1
+        m16n8k64``."""
         get = lambda name, default: getattr(spec, name, default)  # noqa: E731
         hints = (get("l2_hint_a", "none"), get("l2_hint_b", "none"))
         tokens = {"bk": f"bk{spec.ktile}", "mma": spec.mma_shape, "s": f"s{spec.stages}",
@@ -165,7 +166,8 @@ class MmaSyncFamily(Family):
                   "acc": (f"acc{get('acc', 'auto')}" if get("acc", "auto") not in ("auto", "f32", "s32")
                           else ""),
                   "sw": "sw" if get("smem_layout", "padded") == "swizzled" else "",
-                  "pf": "" if get("l2_prefetch", "none") == "none" else f"pf{get('l2_prefetch', 'none')}"}
+                  "pf": "" if get("l2_prefetch", "none") == "none" else f"pf{get('l2_prefetch', 'none')}",
+                  "w": f"w{get('warps_m', 4)}x{get('warps_n', 2)}", "g": f"g{get('group_m', 8)}"}
         differ = [v for k, v in tokens.items() if v and k in _DEFAULT_TOKENS and v != _DEFAULT_TOKENS[k]]
         usual = [tokens[k] for k in ("bk", "mma", "s", "tile") if tokens[k] not in differ]
         return [spec.precision] + differ + usual
