@@ -389,7 +389,8 @@ def _beyond_noise(best, second, replicates) -> str:
     if min(len(a), len(b)) < 2:
         return "not tested (timing.repeats=1)"
     v = verdict(a, b)
-    word = {"faster": "beyond noise", "same": "within noise", "slower": "reversed"}.get(v.call, "not told apart")
+    word = {"faster": "beyond noise", "same": "within noise", "slower": "reversed"}.get(v.call,
+                                                                                     "not told apart")
     return f"{word} (R={min(v.replicates)}, +-{v.margin:.1%})" if v.margin else word
 
 
