@@ -330,3 +330,30 @@ def test_against_refuses_what_cannot_be_compared(tmp_path, capsys):
         with pytest.raises(SystemExit, match=why):
             main(["--uri", f"sqlite:///{tmp_path / name}"])
         assert (tmp_path / name).read_bytes() == content
+
+
+def test_an_emulated_kernels_rows_say_so_and_old_occupancy_reads_as_percent(tmp_path):
+    """int4 at 39 TOP/s beside int8 at 706: the emulated kernel's rows (tag mma_native=false) say EMULATED
+    in the results table, the by-family table and the analysis table's label; a store logged before the
+    % keeps its 0..1 occupancy, which the readers show in %."""
+    from analysis.figures import labelled
+    from analysis.runs import load_runs
+    from experiments.reports.report import families_table, static_table
+    tr = Tracker(empty_store_at(tmp_path / "m.db"), "e")
+    for prec, us, native in (("int8", 1557.0, "true"), ("int4", 28120.0, "false")):
+        rid = tr.start(f"8192 {prec}", {"problem.m": 8192, "problem.n": 8192, "problem.k": 8192, "precision": prec,
+                                        "family": "mma_sync"},
+                       {"backend": "gpu", "gpu": "NVIDIA H200", "kernel": f"gemm_{prec}", "throughput_unit": "TOP/s",
+                        "mma_native": native, "outcome": "verified"})
+        tr.log(rid, {"median_us": us, "throughput": round(2 * 8192 ** 3 / us / 1e6, 1), "spread": 0.02})
+        tr.end(rid)
+    static = tr.start("int8 old", {}, {"backend": "static", "kernel": "gemm_old", "arch": "sm_90", "outcome": "static"})
+    tr.log(static, {"theoretical_occupancy": 0.125, "registers": 168})
+    tr.end(static)
+    rows = [line for line in results_table(tr.uri, "e").splitlines() if line.startswith("| NVIDIA H200")]
+    assert [row.split(" | ")[1] for row in rows] == ["gemm_int4 EMULATED", "gemm_int8"]
+    by_family = [line for line in families_table(tr.uri, "e").splitlines() if "| 8192x8192x8192 |" in line]
+    assert [row.split(" | ")[3] for row in by_family] == ["gemm_int4 EMULATED", "gemm_int8"]
+    assert "| 12% |" in static_table(tr.uri, "e")
+    d = labelled(load_runs(tr.uri, "e"))
+    assert sorted(d["label"]) == ["int4 EMULATED", "int8"]        # the tokens both share left out

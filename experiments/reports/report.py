@@ -267,7 +267,8 @@ def families_table(uri: str, experiment: str = "tensor-core-ablations", sweep: s
             r = best[key]
             m = r.data.metrics
             cells = [key[1], "x".join(map(str, key[2])), key[3],
-                     r.data.tags.get("kernel", "?") + (" (reused)" if reused_in(r, parent) else ""),
+                     r.data.tags.get("kernel", "?") + (f" {EMULATED}" if emulated(r.data.tags) else "")
+                     + (" (reused)" if reused_in(r, parent) else ""),
                      f"{m['throughput']:.1f} {r.data.tags.get('throughput_unit', '')}",
                      _fmt(m.get(PCT_OF_PEAK), ".1f")]
             cells += [_speedup_cell(m.get(SPEEDUP.format(b)), tr, r, best.get((*key[:3], _with_data(b, r))),
