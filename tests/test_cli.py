@@ -164,8 +164,11 @@ def test_headline_sweep(headline):
         seen.add(key)
         assert p["spec.mma"] == AUTO_MMA[key]
         assert t["kernel"].startswith(f"gemm_{key[0]}_bk{key[1]}_{AUTO_MMA[key]}_ldx4x2_")
-        assert r.info.run_name == f"{key[0]} bk{key[1]} {AUTO_MMA[key]} s3 256x128"   # no size: static
-        assert t["outcome"] == "static" and t["mlflow.note.content"].startswith("Assembled for sm_90")
+        mark = "EMULATED " if t.get("mma_native") == "false" else ""     # int4 on sm_90: ptxas' emulation
+        assert r.info.run_name == f"{mark}{key[0]} bk{key[1]} {AUTO_MMA[key]} s3 256x128"   # no size: static
+        note = t["mlflow.note.content"]
+        assert t["outcome"] == "static" and note.startswith("EMULATED MMA (" if mark else "Assembled for sm_90")
+        assert "Assembled for sm_90 (no GPU: not run)" in note
         assert not any(k.startswith("tracking.") for k in p)
         assert len(t["ptx_sha256"]) == 64
     assert seen == set(AUTO_MMA)
