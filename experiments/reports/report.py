@@ -720,8 +720,9 @@ def main(argv=None) -> int:
             text = static_table(uri, args.experiment, args.sweep)
         else:
             text = table(uri, args.experiment, args.sweep)
-    except StoreError as exc:
-        raise SystemExit(f"Store error: {exc}") from None
+    except StoreError as exc:                  # no such store, run or sweep: the input, like a usage error
+        print(f"Store error: {exc}", file=sys.stderr)
+        return 2
     if text.startswith((NOTHING_MEASURED, NO_STATIC)):    # nothing to table: an --out file is kept
         print(text + (f"{args.out} left as it is.\n" if args.out else ""), end="", file=sys.stderr)
         return 2
