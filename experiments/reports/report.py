@@ -581,13 +581,18 @@ def verdict_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
     sides, or a run that was not verified on a GPU."""
     tr = Tracker(uri, experiment, create=False)
     runs, name, parent = _side(tr, sweep)
-    refs, ref_name, _ = _side(tr, against, parent)
+    refs, ref_name, ref_parent = _side(tr, against, parent)
     if {r.info.run_id for r in runs} & {r.info.run_id for r in refs}:
         raise StoreError(f"{name} and {ref_name} hold the same runs: give two sweeps (or runs) to compare "
                          "(a sweep that finds its runs measured reuses them: tracking.rerun=true measures "
                          "again)")
     timed = lambda rs: [r for r in rs if math.isfinite(_us(r)) and _us(r) > 0]   # noqa: E731
     runs, refs = timed(runs), timed(refs)
+    for side, sweep_id in ((runs, parent), (refs, ref_parent)):
+        if not side and sweep_id:              # e.g. two sweeps of static runs: nothing timed to compare
+            return _nothing_measured(tr, uri, "", ": a verdict needs verified GPU runs on both sides; their "
+                                     "kernels compare as " + static_command(uri, experiment, sweep_id),
+                                     sweep_id)
     axes = _compared(runs, refs)
     shared = sorted({k for r in runs + refs for k in r.data.params} - set(axes) - set(PER_RUN))
     latest = {}
