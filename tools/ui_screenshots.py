@@ -5,9 +5,9 @@
 Starts ``mlflow server`` on a free loopback port for the store, opens it in Debian's Chromium driven
 by Selenium and chromedriver (apt-get install chromium chromium-driver; pip install selenium), and
 takes, at 1500 x 900: the sweep's runs from the link run.py prints, its charts, the parent run's
-page (its description), a verified run's page, the PTX preview and a skipped and a failed run where
-the store has them. The sweep is the latest one (``--sweep PARENT_RUN_ID`` for another). The same
-server and browser set-up is what tests/test_ui_view.py checks the view with.
+page (its description) and figure, a verified (or static) run's page, its PTX preview, and a skipped
+and a failed run where the store has them. The sweep is the latest one (``--sweep PARENT_RUN_ID`` for
+another). The same server and browser set-up is what tests/test_ui_view.py checks the view with.
 """
 from __future__ import annotations
 
@@ -100,14 +100,14 @@ def open_page(tab, url: str) -> None:
     tab.get(url)
 
 
-def wait_for(tab, css: str, timeout: float = 20.0, text: str | None = None):
-    """The first element matching the CSS selector ``css`` (and holding ``text`` when given) once the
-    page shows it; raises TimeoutError naming what was awaited."""
+def wait_for(tab, css: str, timeout: float = 20.0, text: str | None = None, exact: bool = False):
+    """The first element matching the CSS selector ``css`` (and holding ``text`` when given; being it
+    with ``exact``) once the page shows it; raises TimeoutError naming what was awaited."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         for el in tab.find_elements("css selector", css):
             with contextlib.suppress(Exception):
-                if el.is_displayed() and (text is None or text in el.text):
+                if el.is_displayed() and (text is None or (el.text == text if exact else text in el.text)):
                     return el
         time.sleep(0.2)
     raise TimeoutError(f"the page {tab.current_url} showed no {css!r}" + (f" with {text!r}" if text else "")
@@ -124,10 +124,11 @@ def _latest_sweep(client, experiment_id: str):
 
 
 def shots(store: str, experiment: str, sweep: str | None) -> list[tuple[str, str, str | None]]:
-    """What to photograph: (file name, page below the UI's address, what to open there: None, ``charts``,
-    or an artifact's name). Raises SystemExit naming what the store lacks."""
+    """What to photograph: (file name, page below the UI's address, the artifact to open there or None).
+    Raises SystemExit naming what the store lacks."""
     import mlflow
 
+    from experiments.store.record import ARTIFACTS
     from experiments.store.track import sweep_runs
     from experiments.store.view import sweep_link
     client = mlflow.MlflowClient(store)
@@ -137,28 +138,33 @@ def shots(store: str, experiment: str, sweep: str | None) -> list[tuple[str, str
     parent = client.get_run(sweep) if sweep else _latest_sweep(client, exp.experiment_id)
     runs = sweep_runs(client, [exp.experiment_id], parent.info.run_id)
     link = sweep_link(exp.experiment_id, parent.info.run_id)
-    page = f"#/experiments/{exp.experiment_id}/runs/"
-    out = [("ui_sweep_runs", link, None), ("ui_sweep_charts", link, "charts"),
-           ("ui_sweep_parent", page + parent.info.run_id, None)]
+
+    def page(run, tab=""):       # a run's page, in the runs layout as the sweep's link opens it
+        return f"#/experiments/{exp.experiment_id}/runs/{run.info.run_id}{tab}?workflowType=machine_learning"
+
+    def has(run, name):
+        return any(a.path == name for a in client.list_artifacts(run.info.run_id))
+    out = [("ui_sweep_runs", link, None), ("ui_sweep_charts", link + "&compareRunsMode=CHART", None),
+           ("ui_sweep_parent", page(parent), None)]
+    if has(parent, ARTIFACTS["figure"]):
+        out.append(("ui_sweep_figure", page(parent, "/artifacts"), ARTIFACTS["figure"]))
     by = {o: next((r for r in runs if r.data.tags.get("outcome") == o), None)
           for o in ("verified", "static", "skipped", "failed")}
     if run := by["verified"] or by["static"]:
-        out += [("ui_run_page", page + run.info.run_id, None),
-                ("ui_ptx_preview", page + run.info.run_id + "/artifacts", "kernel.ptx.txt")]
-    out += [(f"ui_{o}_run", page + by[o].info.run_id, None) for o in ("skipped", "failed") if by[o]]
-    return out
+        out.append(("ui_run_page", page(run), None))
+        if has(run, ARTIFACTS["ptx"]):
+            out.append(("ui_ptx_preview", page(run, "/artifacts"), ARTIFACTS["ptx"]))
+    return out + [(f"ui_{o}_run", page(by[o]), None) for o in ("skipped", "failed") if by[o]]
 
 
-def take(tab, url: str, action: str | None, path: Path) -> None:
-    """Open ``url`` in ``tab``, do ``action`` (see :func:`shots`) and save the window as PNG ``path``."""
+def take(tab, url: str, artifact: str | None, path: Path) -> None:
+    """Open ``url`` in ``tab`` (and the file ``artifact`` in its artifact browser) and save the page as
+    the PNG file ``path``."""
     open_page(tab, url)
-    wait_for(tab, "main, #root > *", 30)
-    time.sleep(4)                              # the runs and their metrics arrive after the page
-    if action == "charts":
-        wait_for(tab, "[role=radio], [role=tab], label", 10, "Chart").click()
-        time.sleep(4)
-    elif action:
-        wait_for(tab, "span, div, a", 15, action).click()
+    wait_for(tab, "main, #root > *", 60)
+    time.sleep(5)                      # the runs, their metrics and the charts arrive after the page
+    if artifact:
+        wait_for(tab, "span, div, a", 30, artifact, exact=True).click()
         time.sleep(3)
     tab.save_screenshot(str(path))
 
@@ -177,9 +183,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     served = contextlib.nullcontext(args.store) if args.store.startswith("http") else ui(args.store)
     with served as base, browser() as tab:
-        for name, page, action in todo:
-            take(tab, f"{base}/{page}", action, out / f"{name}.png")
-            print(f"{out / name}.png  <- {base}/{page} {action or ''}".rstrip(), flush=True)
+        for name, page, artifact in todo:
+            take(tab, f"{base}/{page}", artifact, out / f"{name}.png")
+            print(f"{out / name}.png  <- {base}/{page} {artifact or ''}".rstrip(), flush=True)
     return 0
 
 

@@ -165,7 +165,9 @@ def sweep_view(parent: str, runs: list = (), axes=()) -> tuple[str, str]:
              "columnWidths": {_column("attributes", "Run Name"): 230,
                               _column("attributes", "Description"): 260},
              "groupBy": {"aggregateFunction": "max", "groupByKeys": [{"mode": "param", "groupByData": SIZE}]},
-             "groupsExpanded": {}, "runsHiddenMode": "SHOW_ALL", "useGroupedValuesInCharts": False,
+             # the group of runs without the param (static runs of old, a parent) open too
+             "groupsExpanded": {f"param.{SIZE}": True}, "runsHiddenMode": "SHOW_ALL",
+             "useGroupedValuesInCharts": False,
              "hideEmptyCharts": True, "compareRunCharts": charts, "compareRunSections": sections,
              "isAccordionReordered": True}
     return VIEW_TAG.format(parent), json.dumps(state)
