@@ -40,6 +40,7 @@ def test_view_groups_by_size_shows_every_run_and_the_swept_axes():
     assert state["groupBy"] == {"aggregateFunction": "max",
                                 "groupByKeys": [{"mode": "param", "groupByData": "size"}]}
     assert state["runsHiddenMode"] == "SHOW_ALL" and state["useGroupedValuesInCharts"] is False
+    assert state["groupsExpanded"] == {"param.size": True}         # runs without a size: open too
     cols = state["selectedColumns"]
     assert cols[:5] == ["metrics.`throughput`", "tags.`throughput_unit`", "metrics.`median_us`",
                         "tags.`outcome`", "tags.`mma_native`"]
