@@ -512,6 +512,7 @@ class SweepCallback(Callback):
         self.benchmark = dict(benchmark) if benchmark else None
         self.variants = OmegaConf.to_container(variants) if OmegaConf.is_config(variants) else variants
         self.measured = False
+        self.axes: list = []           # the config keys the sweep sweeps: columns of its view in the UI
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from ..gpu.worker import nvml_gpu
@@ -553,7 +554,7 @@ class SweepCallback(Callback):
         self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
-        self.axes = swept_axes(_overrides(config, multirun)[1]) if multirun else []   # the view's columns
+        self.axes = swept_axes(_overrides(config, multirun)[1]) if multirun else []
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
         # every job writes to this store and experiment, also in another process or folder (chdir)

@@ -5,7 +5,8 @@ A sweep stores its view in the experiment as the UI's shared view state (experim
 runs layout (``workflowType=machine_learning``, not the GenAI start page). The view:
 
 - lists the sweep's runs, those it reused included (tag ``in_sweep.<parent>``), every one visible:
-  grouped by problem size (param ``size``), each group's row holding the best (max) of every metric;
+  grouped by problem size (param ``size``), each group's row holding the best (max) of every metric,
+  best throughput first;
 - shows the description, throughput and its unit, median time, outcome, ``mma_native``, kernel, the
   param of every axis the sweep swept, the key Nsight Compute counters when the runs have them, and
   the membership tag (``new`` or ``reused``);
@@ -15,8 +16,10 @@ runs layout (``workflowType=machine_learning``, not the GenAI start page). The v
 
 Run colours (tag ``mlflow.runColor``, :func:`run_colors`): one hue per precision (the order of
 experiments.dtypes.DType), one shade of it per kernel of the sweep, so that the size chart separates the
-kernels and the counter charts the precisions. The state's field names are those of MLflow 3's
-``ExperimentPageUIState`` and ``RunsChartsCardConfig`` (its frontend, ``mlflow/server/js``).
+kernels and the counter charts the precisions. The tag is the run's: a run a later sweep reuses takes
+that sweep's colour. The state's field names are those of MLflow 3.17's ``ExperimentPageUIState``,
+``RunsGroupByConfig`` and ``RunsChartsCardConfig`` (its frontend, ``mlflow/server/js``);
+tests/test_ui_view.py checks them in a browser.
 """
 from __future__ import annotations
 
