@@ -217,3 +217,16 @@ def test_the_parent_shows_its_description_on_its_first_screen(ui):
     ui_screenshots.open_page(tab, shown[0].get_attribute("href"))       # the link opens a new tab
     ui_screenshots.wait_for(tab, "body", 60, "12 matching runs")
     assert "Group by: size" in tab.find_element("css selector", "body").text
+
+
+def test_the_screenshot_script_plans_the_pages_the_store_has(ui):
+    """tools/ui_screenshots.py: the sweep's runs and charts, its parent, a verified run's page; no figure,
+    PTX, skipped or failed run where the store has none; a store without the experiment says so."""
+    base, (_, exp, parent, kernels, _), _ = ui
+    plan = ui_screenshots.shots(base, EXPERIMENT, None)
+    assert [name for name, _, _ in plan] == ["ui_sweep_runs", "ui_sweep_charts", "ui_sweep_parent", "ui_run_page"]
+    assert plan[0][1] == sweep_link(exp, parent) and plan[1][1] == sweep_link(exp, parent) + "&compareRunsMode=CHART"
+    assert plan[2][1] == f"#/experiments/{exp}/runs/{parent}?workflowType=machine_learning"
+    assert plan[3][1].split("/runs/")[1].split("?")[0] in kernels
+    with pytest.raises(SystemExit, match="has no experiment 'nope' \\(--experiment NAME\\)"):
+        ui_screenshots.shots(base, "nope", None)
