@@ -35,28 +35,46 @@ def _sinfo(monkeypatch, rows: str):
 PRESET = {"cpus_per_task": 2, "mem_gb": 4, "gpus_per_task": 1, "tasks_per_node": 1, "partition": None}
 
 
+NO_GPU = {"gpus_per_task": None, "gpus_per_node": None}
+
+
 def test_resources_no_node_has_are_refused_with_what_the_nodes_have(monkeypatch):
-    """8 CPUs and 32 GB per job on a 2-CPU node: the array pended for ever (Reason=PartitionConfig)."""
+    """8 CPUs and 32 GB per job on a 2-CPU node: the array pended for ever (Reason=PartitionConfig).
+    The preset's GPU is asked for only where the backend uses one and the partition has one: on a
+    GPU-less partition the command as written (backend=auto) asked for 1 GPU and was refused."""
     _sinfo(monkeypatch, "debug*|2|24105|(null)\n")
     with pytest.raises(SystemExit) as exc:
         slurm.check_resources({**PRESET, "cpus_per_task": 8, "mem_gb": 32})
     assert str(exc.value) == (
-        "Slurm cannot run this sweep's jobs on partition debug: each asks for 8 CPU(s), 32768 MB and 1 GPU(s), "
+        "Slurm cannot run this sweep's jobs on partition debug: each asks for 8 CPU(s), 32768 MB and 0 GPU(s), "
         "and its largest node has 2 CPU(s), 24105 MB and 0 GPU(s) (sinfo); the jobs would pend for ever. Ask "
-        "for what a node has: hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=23 "
-        "hydra.launcher.gpus_per_task=null (backend=static needs no GPU; backend=gpu needs a partition with "
-        "GPUs); or choose another partition (`sinfo -s`). Nothing was submitted.")
-    slurm.check_resources({**PRESET, "gpus_per_task": None})          # the preset fits a 2-CPU node
+        "for what a node has: hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=23; or choose another "
+        "partition (`sinfo -s`). Nothing was submitted.")
+    assert slurm.check_resources(PRESET) == NO_GPU                     # the preset fits a 2-CPU node
+    assert slurm.check_resources(PRESET, "static") == NO_GPU
+    with pytest.raises(SystemExit) as exc:
+        slurm.check_resources(PRESET, "gpu")
+    assert str(exc.value) == (
+        "backend=gpu needs GPUs, and no node of Slurm partition debug has one (sinfo GRES: (null)). Choose a "
+        "partition with GPUs (hydra.launcher.partition=..., `sinfo -o '%P %G'` lists them), or backend=static "
+        "(render and assemble only) or backend=auto (static where a node has no GPU). Nothing was submitted.")
 
 
 def test_resources_of_a_gpu_partition(monkeypatch):
+    """backend=gpu may be asked from a login node without a GPU for a partition with GPUs."""
     _sinfo(monkeypatch, "cpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\n")
     with pytest.raises(SystemExit, match=r"^Slurm has no partition gpus: hydra.launcher.partition= one of cpu, "
                                          r"gpu \(sinfo; \* is the default"):
         slurm.check_resources({**PRESET, "partition": "gpus"})
-    slurm.check_resources({**PRESET, "partition": "gpu"})
-    with pytest.raises(SystemExit, match="has 64 CPU.*0 GPU.*gpus_per_task=null"):
-        slurm.check_resources(PRESET)                                  # the default partition: no GPU
+    one = {"gpus_per_task": 1, "gpus_per_node": None}
+    assert slurm.check_resources({**PRESET, "partition": "gpu"}, "gpu") == one
+    assert slurm.check_resources({**PRESET, "partition": "gpu"}) == one
+    assert slurm.check_resources({**PRESET, "partition": "gpu"}, "static") == NO_GPU
+    with pytest.raises(SystemExit, match=r"has 32 CPU.* 4 GPU.*: hydra.launcher.gpus_per_task=4; or"):
+        slurm.check_resources({**PRESET, "partition": "gpu", "gpus_per_task": 8}, "gpu")
+    assert slurm.check_resources(PRESET) == NO_GPU                     # the default partition: no GPU
+    with pytest.raises(SystemExit, match=r"^backend=gpu needs GPUs, and no node of Slurm partition cpu has one"):
+        slurm.check_resources(PRESET, "gpu")
 
 
 def _slurm_ready() -> str | None:
@@ -69,8 +87,7 @@ def _slurm_ready() -> str | None:
 
 
 needs_slurm = pytest.mark.skipif(_slurm_ready() is not None, reason=str(_slurm_ready()))
-SMALL = ["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_task=null", "hydra.launcher.mem_gb=1",
-         "precision=int8"]
+SMALL = ["-m", "hydra/launcher=slurm", "hydra.launcher.mem_gb=1", "precision=int8"]
 
 
 def _env():
@@ -168,3 +185,13 @@ def test_slurm_signals_close_the_jobs_runs_killed(tmp_path, monkeypatch):
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+@needs_slurm
+def test_backend_gpu_on_a_partition_without_gpus_is_refused_before_submitting(tmp_path):
+    """The jobs of backend=gpu on a GPU-less partition would each fail their runs (or pend for ever)."""
+    rc, out = run_cli(tmp_path, *SMALL, "backend=gpu", *store_args(tmp_path), env=_env())
+    assert rc == 1 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith("backend=gpu needs GPUs, and no node of Slurm partition debug "
+                                                   "has one (sinfo GRES: (null)). Choose a partition with GPUs")
+    assert "Submitted Slurm job" not in out and all_runs(tmp_path) == ([], [])

@@ -68,18 +68,24 @@ def _gpus(gres: str) -> int:
                if item.startswith("gpu:"))
 
 
-def check_resources(params) -> None:
-    """Raise SystemExit when no node of the partition can give one task of the launcher ``params``
-    (``hydra.launcher``: cpus_per_task, mem_gb, gpus_per_task or gpus_per_node, tasks_per_node,
-    partition; None: the cluster's default partition), naming what was asked, what the largest node
-    has (``sinfo``) and the overrides that fit. Nothing when ``sinfo`` cannot answer (Slurm says why
-    at submission)."""
+def check_resources(params, backend: str = "auto") -> dict:
+    """The GPUs a job of the sweep asks for (``{"gpus_per_task": n, "gpus_per_node": m}``, the
+    launcher settings to submit with), from the ``backend`` and what the partition's nodes have
+    (``sinfo`` GRES): none for ``static``, nor for ``auto`` on a partition without GPUs (its jobs run
+    static); else those of the launcher ``params`` (``hydra.launcher``: cpus_per_task, mem_gb,
+    gpus_per_task or gpus_per_node, tasks_per_node, partition; None: the cluster's default
+    partition). Raise SystemExit when no node of the partition can give one task
+    (``backend=gpu`` on a partition without GPUs included), naming what was asked, what the largest
+    node has and the overrides that fit. When ``sinfo`` cannot answer, no check (Slurm says why at
+    submission) and no GPU for ``static`` only."""
     partition = params.get("partition")
+    none = {"gpus_per_task": None, "gpus_per_node": None}
+    asked = none if backend == "static" else {k: params.get(k) for k in none}
     cmd = ["sinfo", "-h", "-o", "%P|%c|%m|%G"] + (["-p", str(partition)] if partition else [])
     try:
         lines = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
-        return
+        return asked
     rows = [line.split("|") for line in lines if line.count("|") == 3]
     if not partition:
         rows = [r for r in rows if r[0].endswith("*")] or rows
@@ -91,22 +97,27 @@ def check_resources(params) -> None:
                              f"{', '.join(p.rstrip('*') for p in known)} (sinfo; * is the default, also "
                              "taken without hydra.launcher.partition). Nothing was submitted.")
     if not rows:
-        return
+        return asked
     name = rows[0][0].rstrip("*")
+    nodes = [{"cpus": _number(c), "mem": _number(m), "gpus": _gpus(g)} for _, c, m, g in rows]
+    if backend == "gpu" and not any(n["gpus"] for n in nodes):
+        raise SystemExit(
+            f"backend=gpu needs GPUs, and no node of Slurm partition {name} has one (sinfo GRES: "
+            f"{', '.join(sorted({g for *_, g in rows}))}). Choose a partition with GPUs "
+            "(hydra.launcher.partition=..., `sinfo -o '%P %G'` lists them), or backend=static (render and "
+            "assemble only) or backend=auto (static where a node has no GPU). Nothing was submitted.")
+    if backend == "auto" and not any(n["gpus"] for n in nodes):
+        asked = none
     tasks = int(params.get("tasks_per_node") or 1)
     want = {"cpus": int(params.get("cpus_per_task") or 1) * tasks,
             "mem": int(float(params.get("mem_gb") or 0) * 1024),
-            "gpus": int(params.get("gpus_per_node") or 0) or int(params.get("gpus_per_task") or 0) * tasks}
-    nodes = [{"cpus": _number(c), "mem": _number(m), "gpus": _gpus(g)} for _, c, m, g in rows]
+            "gpus": int(asked["gpus_per_node"] or 0) or int(asked["gpus_per_task"] or 0) * tasks}
     if any(all(n[k] >= v for k, v in want.items()) for n in nodes):
-        return
+        return asked
     most = {k: max(n[k] for n in nodes) for k in want}
     fits = [f"hydra.launcher.cpus_per_task={max(1, most['cpus'] // tasks)}"] * (want["cpus"] > most["cpus"])
     fits += [f"hydra.launcher.mem_gb={max(1, most['mem'] // 1024)}"] * (want["mem"] > most["mem"])
-    if want["gpus"] > most["gpus"]:
-        fits += (["hydra.launcher.gpus_per_task=null (backend=static needs no GPU; backend=gpu needs a "
-                  "partition with GPUs)"] if not most["gpus"] else
-                 [f"hydra.launcher.gpus_per_task={most['gpus'] // tasks}"])
+    fits += [f"hydra.launcher.gpus_per_task={most['gpus'] // tasks}"] * (want["gpus"] > most["gpus"])
     raise SystemExit(
         f"Slurm cannot run this sweep's jobs on partition {name}: each asks for {want['cpus']} CPU(s), "
         f"{want['mem']} MB and {want['gpus']} GPU(s), and its largest node has {most['cpus']} CPU(s), "

@@ -530,7 +530,8 @@ class SweepCallback(Callback):
         guard_slurm(config.hydra.launcher)
         if remote:
             from .slurm import check_resources
-            check_resources(config.hydra.launcher)
+            with read_write(config.hydra.launcher):      # the GPUs its jobs ask for, from backend and partition
+                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend)))
         check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
