@@ -5,12 +5,14 @@ is one line and the sweep's summary, and the store ends with no run RUNNING, no 
 and no run under a deleted parent."""
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
-from test_cli import ROOT, all_runs, run_cli, store_args
+from test_cli import ROOT, _cli_env, all_runs, run_cli, store_args
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the cluster extra (pip install -e '.[cluster]')")
 from experiments.runner import slurm  # noqa: E402
@@ -83,6 +85,9 @@ def _slurm_ready() -> str | None:
     out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
     if out.returncode or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
         return f"Slurm has no node up: {(out.stderr or out.stdout).strip()}"
+    acct = subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True, text=True)
+    if acct.returncode:            # submitit reads job states with sacct
+        return f"{slurm.ACCOUNTING_DOWN} (sacct: {(acct.stderr.strip().splitlines() or ['?'])[-1]})"
     return None
 
 
@@ -109,8 +114,10 @@ def _store_is_sound(tmp):
 
 def _sacct(job: str) -> dict:
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"], capture_output=True,
-                         text=True).stdout
-    return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.split()}
+                         text=True)
+    if out.returncode:
+        pytest.fail(f"{slurm.ACCOUNTING_DOWN} (sacct: {out.stderr.strip()})")
+    return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.stdout.strip().split("\n")}
 
 
 @needs_slurm
@@ -195,3 +202,117 @@ def test_backend_gpu_on_a_partition_without_gpus_is_refused_before_submitting(tm
     assert out.strip().splitlines()[-1].startswith("backend=gpu needs GPUs, and no node of Slurm partition debug "
                                                    "has one (sinfo GRES: (null)). Choose a partition with GPUs")
     assert "Submitted Slurm job" not in out and all_runs(tmp_path) == ([], [])
+
+
+# In the processes of a command (its Slurm jobs included: sbatch hands them its environment) with
+# TC_SLOW_RUN_MARKS set: a static run stays in progress TC_SLOW_RUN_S seconds after it started, once
+# per kernel (a mark file in that folder), so that a signal finds it open and a requeued job does not wait.
+_SLOW_RUN = """import os, sys, threading, time
+def _slow():
+    while not hasattr(sys.modules.get("experiments.runner.job"), "_log_kernel_artifacts"):
+        time.sleep(0.02)
+    job = sys.modules["experiments.runner.job"]
+    log = job._log_kernel_artifacts
+    def slow(tr, rid, kern, cfg):
+        log(tr, rid, kern, cfg)
+        mark = os.path.join(os.environ["TC_SLOW_RUN_MARKS"], kern.entry)
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            time.sleep(float(os.environ["TC_SLOW_RUN_S"]))
+    job._log_kernel_artifacts = slow
+if os.environ.get("TC_SLOW_RUN_MARKS"):
+    threading.Thread(target=_slow, daemon=True).start()
+"""
+
+
+def _start(tmp, *args, slow_s=120):
+    """``python run.py ARGS`` started in ``tmp`` (output in tmp/command.log), its runs slow (_SLOW_RUN)."""
+    site = tmp / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_RUN)
+    (tmp / "marks").mkdir()
+    env = {**_cli_env(), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "TC_SLOW_RUN_MARKS": str(tmp / "marks"),
+           "TC_SLOW_RUN_S": str(slow_s)}
+    with open(tmp / "command.log", "w") as log:
+        return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args, *store_args(tmp)], cwd=tmp, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _poll(what, timeout=120):
+    """``what()`` once it is true (every 0.3 s), or fail after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while not (got := what()):
+        assert time.time() < deadline, f"not within {timeout} s: {what.__doc__}"
+        time.sleep(0.3)
+    return got
+
+
+def _in_progress(tmp, n):
+    def runs():
+        """the command's runs in progress"""
+        if not (tmp / "mlflow.db").exists():
+            return None
+        children = all_runs(tmp)[1]
+        return children if sum(c.info.status == "RUNNING" for c in children) >= n else None
+    return runs
+
+
+def _ended(proc, tmp):
+    rc = proc.wait(120)
+    return rc, (tmp / "command.log").read_text()
+
+
+@needs_slurm
+def test_ctrl_c_of_the_command_cancels_its_jobs_and_kills_their_runs(tmp_path, need_ptxas):
+    """Ctrl-C of the submitting command, checked by hand only: its two jobs, each with a run in
+    progress, are cancelled; their runs end KILLED with the reason, the parent KILLED (not deleted)."""
+    proc = _start(tmp_path, *SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32,64")
+    try:
+        _poll(_in_progress(tmp_path, 2))
+    finally:
+        proc.send_signal(signal.SIGINT)
+    rc, out = _ended(proc, tmp_path)
+    assert rc == 130 and "Traceback" not in out, out
+    job = out.split("Submitted Slurm job ")[1].split(":")[0]
+    assert f"\nCancelling 2 Slurm task(s) of this sweep (scancel {job}) ...\n" in out
+    assert out.strip().splitlines()[-1] == (
+        "Interrupted: 0 run(s) finished in this command are kept; 2 run(s) in progress marked KILLED "
+        "(outcome=interrupted); the sweep is marked KILLED. Run the same command again to resume (finished runs "
+        "are skipped, the sweep continues).")
+    assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout == ""
+    assert {state.split()[0] for state, _ in _sacct(job).values()} == {"CANCELLED"}
+    parents, children = _store_is_sound(tmp_path)
+    assert sorted((c.info.status, c.data.tags["outcome"], c.data.tags["skip_reason"]) for c in children) == [
+        ("KILLED", "interrupted", f"Slurm ended job {job}_{i} (SIGTERM: scancel, or its node is going down)")
+        for i in (0, 1)]
+    assert [(p.info.status, p.data.tags["skip_reason"]) for p in parents] == [("KILLED", "interrupted by Ctrl-C")]
+
+
+@needs_slurm
+def test_usr2_closes_the_runs_killed_and_the_requeued_job_measures_them(tmp_path, need_ptxas):
+    """USR2 (what submitit asks Slurm to send before preemption or the time limit) to a running job
+    under real Slurm, tested in-process only: its run ends KILLED with the reason, submitit requeues
+    the job, and the requeued job measures that run once more (one FINISHED run per measurement)."""
+    proc, job = _start(tmp_path, *SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32"), None
+    try:
+        _poll(_in_progress(tmp_path, 1))
+        job = next(line.split()[3].rstrip(":") for line in (tmp_path / "command.log").read_text().splitlines()
+                   if line.startswith("Submitted Slurm job "))
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        # (a sweep of one job is a plain Slurm job, no array); a requeued job waits ~2 min (Slurm's credential lifetime) before it may start again
+        _poll(lambda: "BeginTime" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True,
+                                                    text=True).stdout)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        rc, out = _ended(proc, tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["scancel", job] if job else ["true"])
+    assert rc == 0 and "Traceback" not in out, out
+    assert "1 static." in out.strip().splitlines()[-4] and _sacct(job) == {job: ("COMPLETED", "0:0")}
+    parents, children = _store_is_sound(tmp_path)
+    assert [(c.info.status, c.data.tags["slurm_job_id"], c.data.tags.get("skip_reason")) for c in children] == [
+        ("FINISHED", job, None),
+        ("KILLED", job, f"Slurm signalled job {job} to stop (USR2: preempted or at its time limit); "
+                        "submitit requeues it and it measures them again")]
+    assert len({c.data.tags["run_key"] for c in children}) == 1 and [p.info.status for p in parents] == ["FINISHED"]

@@ -35,6 +35,9 @@ from ..store import track
 __all__ = ["SlurmLauncher", "RunsFailed", "JobInterrupted", "check_resources", "job_tag", "lost_jobs"]
 
 _LOST: list = []    # one line per job of this command's sweep that Slurm ended unfinished
+_CANCELLED: list = []  # the runs of this command's jobs that ended KILLED when it cancelled them
+ACCOUNTING_DOWN = ("Slurm accounting (slurmdbd) is not answering: restart it with bash tools/slurm_one_node.sh "
+                   "(a cluster of your site: ask its administrators)")
 
 
 class RunsFailed(RuntimeError):
@@ -48,6 +51,11 @@ class JobInterrupted(RuntimeError):
 def lost_jobs() -> list[str]:
     """The lines saying which Slurm jobs of this command's sweep ended without finishing."""
     return list(_LOST)
+
+
+def cancelled_runs() -> int:
+    """How many runs of this command's Slurm jobs ended KILLED when Ctrl-C (or SIGTERM) cancelled them."""
+    return sum(_CANCELLED)
 
 
 def job_tag(overrides) -> str:
@@ -160,6 +168,10 @@ class SlurmLauncher(_Submitit):
                              + f"; `sinfo -s` lists the partitions; submitit's files: "
                              f"{str(self.params['submitit_folder']).removesuffix('/%j')})") from None
         print(f"Submitted Slurm job {jobs[0].job_id.split('_')[0]}: {len(jobs)} task(s).", flush=True)
+        watcher = _accounting_watcher()
+        for job in jobs:
+            job.watcher = watcher
+            watcher.register_job(job.job_id)
         try:
             self._wait(dict(zip(todo, jobs, strict=True)), job_overrides, returns)
         except KeyboardInterrupt:
@@ -231,19 +243,24 @@ class SlurmLauncher(_Submitit):
             _LOST.append(line)
             return _returned(overrides, {"lost": 1})
 
-    def _close_runs(self, job_ids: list, why: str) -> int:
-        """Close (KILLED, ``why``) the RUNNING runs of the Slurm jobs ``job_ids``; returns how many."""
+    def _close_runs(self, job_ids: list, why: str, since_ms: int | None = None) -> int:
+        """Close (KILLED, ``why``) the RUNNING runs of the Slurm jobs ``job_ids``; returns how many, or
+        with ``since_ms`` how many of their runs ended KILLED since then (by the jobs or here)."""
         tr, n = self._tracker(), 0
         for jid in job_ids:
             for r in tr._runs(f"tags.slurm_job_id = '{jid}' and attributes.status = 'RUNNING'"):
                 tr._close_orphan(r.info.run_id, why)
                 n += 1
+        if since_ms is not None:
+            return sum(len(tr._runs(f"tags.slurm_job_id = '{jid}' and attributes.status = 'KILLED' and "
+                                    f"attributes.end_time >= {since_ms}")) for jid in job_ids)
         return n
 
     def _cancel(self, jobs: list, why: str) -> None:
         """Cancel ``jobs`` (scancel), wait up to a minute until Slurm has ended them (their runs end
         KILLED in the job), then close the runs they left RUNNING. A second Ctrl-C waits meanwhile."""
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        since_ms = int(time.time() * 1000)
         try:
             ids = [j.job_id for j in jobs]
             print(f"\nCancelling {len(ids)} Slurm task(s) of this sweep (scancel {ids[0].split('_')[0]}) ...",
@@ -256,7 +273,7 @@ class SlurmLauncher(_Submitit):
                 if out.returncode or not out.stdout.strip():
                     break
                 time.sleep(1)
-            self._close_runs(ids, f"its Slurm job was cancelled: {why}")
+            _CANCELLED.append(self._close_runs(ids, f"its Slurm job was cancelled: {why}", since_ms))
         finally:
             signal.signal(signal.SIGINT, old)
 
@@ -298,6 +315,39 @@ def _queued(jobs: list) -> set | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return set(out.stdout.split()) if out.returncode == 0 else None
+
+
+def _accounting_watcher():
+    """submitit's ``sacct`` watcher of job states (imported here: submitit takes 0.1 s to import),
+    saying once in one line (:data:`ACCOUNTING_DOWN`) when Slurm accounting does not answer, where
+    submitit logs a warning and ``sacct`` its errors at every poll. Meanwhile a job's end is known from
+    its result file or ``squeue`` (SlurmLauncher._wait)."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    class Accounting(SlurmInfoWatcher):
+        said = False
+
+        def update(self) -> None:
+            """submitit's update (one ``sacct`` for the jobs not yet ended), its errors captured."""
+            command = self._make_command()
+            if command is None:
+                return
+            self._num_calls += 1
+            try:
+                out = subprocess.run(command, capture_output=True, timeout=60, check=True).stdout
+            except (OSError, subprocess.SubprocessError) as exc:
+                if not self.said:
+                    self.said = True
+                    said = (getattr(exc, "stderr", None) or b"").decode(errors="replace").strip().splitlines()
+                    print(f"{ACCOUNTING_DOWN}. sacct: {said[-1] if said else exc}. The sweep goes on: it follows "
+                          "its jobs by squeue and their result files.", file=sys.stderr, flush=True)
+            else:
+                self._info_dict.update(self.read_info(out))
+            self._last_status_check = time.time()
+            for job_id in self._registered - self._finished:
+                if self.is_done(job_id, mode="cache"):
+                    self._finished.add(job_id)
+    return Accounting(delay_s=60)
 
 
 def _returned(overrides, value) -> JobReturn:
