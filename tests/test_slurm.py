@@ -120,12 +120,29 @@ def _sacct(job: str) -> dict:
     return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.stdout.strip().split("\n")}
 
 
+def _accounting_down(tmp) -> dict:
+    """The environment of a command in which ``sacct`` fails as it does while slurmdbd is down."""
+    fake = tmp / "bin"
+    fake.mkdir()
+    (fake / "sacct").write_text(
+        "#!/bin/sh\necho 'sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection "
+        "to host:localhost:6819: Connection refused' >&2\necho 'sacct: error: Problem talking to the database: "
+        "Connection refused' >&2\nexit 1\n")
+    (fake / "sacct").chmod(0o755)
+    return {**_env(), "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+
+
 @needs_slurm
 def test_a_rerun_of_a_finished_sweep_submits_nothing(tmp_path, need_ptxas):
-    """Each job of a finished sweep was submitted again, and took ~22 s to say "already tracked"."""
+    """Each job of a finished sweep was submitted again, and took ~22 s to say "already tracked". The
+    first sweep runs with Slurm accounting not answering (sacct fails; the jobs run on the real Slurm):
+    each poll of the jobs printed sacct's errors and submitit's warning three times; it is one line."""
     args = [*SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32,64", *store_args(tmp_path)]
-    rc, out = run_cli(tmp_path, *args, env=_env())
-    assert rc == 0 and "Submitted Slurm job " in out and "2 static" in out, out
+    rc, out = run_cli(tmp_path, *args, env=_accounting_down(tmp_path))
+    assert rc == 0 and "Submitted Slurm job " in out and "2 static" in out and "Traceback" not in out, out
+    assert [line for line in out.splitlines() if "sacct" in line] == [
+        f"{slurm.ACCOUNTING_DOWN} (sacct: error: Problem talking to the database: Connection refused). The sweep "
+        "goes on: it follows its jobs by squeue and their result files."], out
     job = out.split("Submitted Slurm job ")[1].split(":")[0]
     assert _sacct(job) == {f"{job}_0": ("COMPLETED", "0:0"), f"{job}_1": ("COMPLETED", "0:0")}
     parents, children = _store_is_sound(tmp_path)
@@ -316,3 +333,4 @@ def test_usr2_closes_the_runs_killed_and_the_requeued_job_measures_them(tmp_path
         ("KILLED", job, f"Slurm signalled job {job} to stop (USR2: preempted or at its time limit); "
                         "submitit requeues it and it measures them again")]
     assert len({c.data.tags["run_key"] for c in children}) == 1 and [p.info.status for p in parents] == ["FINISHED"]
+

@@ -339,8 +339,8 @@ def _accounting_watcher():
                 if not self.said:
                     self.said = True
                     said = (getattr(exc, "stderr", None) or b"").decode(errors="replace").strip().splitlines()
-                    print(f"{ACCOUNTING_DOWN}. sacct: {said[-1] if said else exc}. The sweep goes on: it follows "
-                          "its jobs by squeue and their result files.", file=sys.stderr, flush=True)
+                    print(f"{ACCOUNTING_DOWN} ({said[-1] if said else exc}). The sweep goes on: it follows its "
+                          "jobs by squeue and their result files.", file=sys.stderr, flush=True)
             else:
                 self._info_dict.update(self.read_info(out))
             self._last_status_check = time.time()
