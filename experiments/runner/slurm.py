@@ -1,13 +1,16 @@
 """Hydra's submitit Slurm launcher (``hydra/launcher=slurm``) with what a sweep on a cluster needs.
 
 Before submitting (in the command that submits, on the login node):
-- :func:`check_resources`: resources no node of the partition has are refused with what its nodes
-  have (``sinfo``), instead of an array that pends for ever;
+- :func:`check_resources`: a GPU is asked for only where the backend uses one and the partition has
+  one (``backend=gpu`` on a partition without GPUs is refused); resources no node of the partition has
+  are refused with what its nodes have (``sinfo``), instead of an array that pends for ever;
 - a job whose every run the sweep already holds FINISHED is not submitted again (tag ``job.<hash>``
   of the parent run, :func:`job_tag`, written by the job when it ended with no failure).
 While the jobs run:
 - Ctrl-C cancels them (``scancel``), waits until Slurm has ended them and closes their runs KILLED;
   the parent then ends KILLED (or, with no run, is deleted): no run is left under a deleted parent;
+- when ``sacct`` cannot answer (Slurm accounting down), one line says so once (:data:`ACCOUNTING_DOWN`)
+  and the sweep goes on, a job's end known from its result file or ``squeue``;
 - a job that did not finish (cancelled, preempted and not requeued, its node failed) is one line
   naming its Slurm job and state; its runs still RUNNING are closed KILLED, and the command exits 1
   after the sweep's summary.
