@@ -1,8 +1,9 @@
-"""hydra/launcher=slurm (experiments.runner.slurm): resources checked against sinfo before submitting, and on a
-real one-node Slurm (tools/slurm_one_node.sh; skipped without one): a re-run submits nothing already
-in the store, a job's exit status says whether its runs failed, a task cancelled while the sweep runs
-is one line and the sweep's summary, and the store ends with no run RUNNING, no duplicate measurement
-and no run under a deleted parent."""
+"""hydra/launcher=slurm (experiments.runner.slurm): resources and GPUs checked against sinfo before submitting,
+and on a real one-node Slurm (tools/slurm_one_node.sh; skipped without one, or without its accounting): a
+re-run submits nothing already in the store, Slurm accounting down is one line, a job's exit status says
+whether its runs failed, a task cancelled while the sweep runs is one line and the sweep's summary, Ctrl-C
+of the command cancels its jobs, USR2 to a running job requeues it, and the store ends with no run
+RUNNING, no duplicate measurement and no run under a deleted parent."""
 import os
 import shutil
 import signal
@@ -252,16 +253,17 @@ def _start(tmp, *args, slow_s=120):
     (tmp / "marks").mkdir()
     env = {**_cli_env(), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "TC_SLOW_RUN_MARKS": str(tmp / "marks"),
            "TC_SLOW_RUN_S": str(slow_s)}
-    with open(tmp / "command.log", "w") as log:
+    with open(tmp / "command.log", "w") as log:        # Ctrl-C reaches it also where the tests ignore SIGINT
         return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args, *store_args(tmp)], cwd=tmp, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _poll(what, timeout=120):
-    """``what()`` once it is true (every 0.3 s), or fail after ``timeout`` seconds."""
+    """``what()`` once it is true (every 0.3 s), or fail after ``timeout`` seconds naming it (its docstring)."""
     deadline = time.time() + timeout
     while not (got := what()):
-        assert time.time() < deadline, f"not within {timeout} s: {what.__doc__}"
+        assert time.time() < deadline, f"not within {timeout} s: {what.__doc__ or what}"
         time.sleep(0.3)
     return got
 
@@ -276,9 +278,21 @@ def _in_progress(tmp, n):
     return runs
 
 
+def _stop(proc, tmp):
+    """Kill the command ``proc`` started in ``tmp`` if it still runs, and cancel its Slurm jobs."""
+    if proc.poll() is None:
+        proc.kill()
+        queue = subprocess.run(["squeue", "-h", "-o", "%A|%Z"], capture_output=True, text=True).stdout.split()
+        subprocess.run(["scancel", *(q.split("|")[0] for q in queue if q.endswith(f"|{tmp}"))])
+
+
 def _ended(proc, tmp):
-    rc = proc.wait(120)
-    return rc, (tmp / "command.log").read_text()
+    """(exit status, output) of the command ``proc`` started in ``tmp``, failing after 2 minutes."""
+    try:
+        return proc.wait(120), (tmp / "command.log").read_text()
+    except subprocess.TimeoutExpired:
+        _stop(proc, tmp)
+        pytest.fail(f"the command did not end within 2 minutes: {(tmp / 'command.log').read_text()}")
 
 
 @needs_slurm
@@ -315,21 +329,20 @@ def test_usr2_closes_the_runs_killed_and_the_requeued_job_measures_them(tmp_path
     """USR2 (what submitit asks Slurm to send before preemption or the time limit) to a running job
     under real Slurm, tested in-process only: its run ends KILLED with the reason, submitit requeues
     the job, and the requeued job measures that run once more (one FINISHED run per measurement)."""
-    proc, job = _start(tmp_path, *SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32"), None
+    proc = _start(tmp_path, *SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32")
     try:
         _poll(_in_progress(tmp_path, 1))
         job = next(line.split()[3].rstrip(":") for line in (tmp_path / "command.log").read_text().splitlines()
                    if line.startswith("Submitted Slurm job "))
         subprocess.run(["scancel", "--signal=USR2", job], check=True)
-        # (a sweep of one job is a plain Slurm job, no array); a requeued job waits ~2 min (Slurm's credential lifetime) before it may start again
+        # (a sweep of one job is a plain Slurm job, no array); a requeued job waits ~2 min (Slurm's
+        # credential lifetime) before it may start again
         _poll(lambda: "BeginTime" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True,
                                                     text=True).stdout)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
         rc, out = _ended(proc, tmp_path)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            subprocess.run(["scancel", job] if job else ["true"])
+        _stop(proc, tmp_path)
     assert rc == 0 and "Traceback" not in out, out
     assert "1 static." in out.strip().splitlines()[-4] and _sacct(job) == {job: ("COMPLETED", "0:0")}
     parents, children = _store_is_sound(tmp_path)

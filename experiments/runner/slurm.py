@@ -39,8 +39,8 @@ __all__ = ["SlurmLauncher", "RunsFailed", "JobInterrupted", "check_resources", "
 
 _LOST: list = []    # one line per job of this command's sweep that Slurm ended unfinished
 _CANCELLED: list = []  # the runs of this command's jobs that ended KILLED when it cancelled them
-ACCOUNTING_DOWN = ("Slurm accounting (slurmdbd) is not answering: restart it with bash tools/slurm_one_node.sh "
-                   "(a cluster of your site: ask its administrators)")
+ACCOUNTING_DOWN = ("Slurm accounting (slurmdbd) is not answering: restart it with bash "
+                   "tools/slurm_one_node.sh (a cluster of your site: ask its administrators)")
 
 
 class RunsFailed(RuntimeError):
@@ -342,8 +342,8 @@ def _accounting_watcher():
                 if not self.said:
                     self.said = True
                     said = (getattr(exc, "stderr", None) or b"").decode(errors="replace").strip().splitlines()
-                    print(f"{ACCOUNTING_DOWN} ({said[-1] if said else exc}). The sweep goes on: it follows its "
-                          "jobs by squeue and their result files.", file=sys.stderr, flush=True)
+                    print(f"{ACCOUNTING_DOWN} ({said[-1] if said else exc}). The sweep goes on: it follows "
+                          "its jobs by squeue and their result files.", file=sys.stderr, flush=True)
             else:
                 self._info_dict.update(self.read_info(out))
             self._last_status_check = time.time()
