@@ -88,7 +88,7 @@ def _slurm_ready() -> str | None:
         return f"Slurm has no node up: {(out.stderr or out.stdout).strip()}"
     acct = subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True, text=True)
     if acct.returncode:            # submitit reads job states with sacct
-        return f"{slurm.ACCOUNTING_DOWN} (sacct: {(acct.stderr.strip().splitlines() or ['?'])[-1]})"
+        return f"{slurm.ACCOUNTING_DOWN} ({(acct.stderr.strip().splitlines() or ['sacct failed'])[-1]})"
     return None
 
 
@@ -117,20 +117,34 @@ def _sacct(job: str) -> dict:
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"], capture_output=True,
                          text=True)
     if out.returncode:
-        pytest.fail(f"{slurm.ACCOUNTING_DOWN} (sacct: {out.stderr.strip()})")
+        pytest.fail(f"{slurm.ACCOUNTING_DOWN} ({(out.stderr.strip().splitlines() or ['sacct failed'])[-1]})")
     return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.stdout.strip().split("\n")}
 
 
 def _accounting_down(tmp) -> dict:
     """The environment of a command in which ``sacct`` fails as it does while slurmdbd is down."""
     fake = tmp / "bin"
-    fake.mkdir()
+    fake.mkdir(exist_ok=True)
     (fake / "sacct").write_text(
         "#!/bin/sh\necho 'sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection "
         "to host:localhost:6819: Connection refused' >&2\necho 'sacct: error: Problem talking to the database: "
         "Connection refused' >&2\nexit 1\n")
     (fake / "sacct").chmod(0o755)
     return {**_env(), "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_slurm_accounting_down_is_named_by_the_tests(tmp_path, monkeypatch):
+    """The real-Slurm tests failed on an empty sacct when slurmdbd was down; they say what is wrong."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/sh\necho idle\n")
+    (tmp_path / "bin" / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", _accounting_down(tmp_path)["PATH"])
+    said = ("Slurm accounting (slurmdbd) is not answering: restart it with bash tools/slurm_one_node.sh (a cluster of "
+            "your site: ask its administrators)")
+    assert _slurm_ready() == f"{said} (sacct: error: Problem talking to the database: Connection refused)"
+    with pytest.raises(pytest.fail.Exception) as failed:
+        _sacct("12")
+    assert str(failed.value) == f"{said} (sacct: error: Problem talking to the database: Connection refused)"
 
 
 @needs_slurm
