@@ -308,6 +308,8 @@ if __name__ == "__main__":
         ended, sweeps, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
         release_job_processes()                          # one the launcher started meanwhile, if any,
         ended += stale + close_runs_of_ended_processes()  # ... and the run it had begun
+        slurm = sys.modules.get("experiments.runner.slurm")
+        ended += slurm.cancelled_runs() if slurm else 0  # those of the Slurm jobs it cancelled
         sweep = "; the sweep is marked KILLED" if sweeps else ""
         print(f"\nInterrupted: {kept} run(s) finished in this command are kept; {ended} run(s) in progress "
               f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "

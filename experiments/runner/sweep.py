@@ -532,7 +532,8 @@ class SweepCallback(Callback):
         guard_slurm(config.hydra.launcher)
         if remote:
             from .slurm import check_resources
-            check_resources(config.hydra.launcher)
+            with read_write(config.hydra.launcher):    # the GPUs its jobs ask for: backend and partition
+                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend)))
         check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
@@ -568,6 +569,10 @@ class SweepCallback(Callback):
         _hand_to_jobs(config, handoff)
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
+        elif remote and not (config.hydra.launcher.gpus_per_task or config.hydra.launcher.gpus_per_node):
+            line = (f"backend={value(config.backend)}: the jobs ask Slurm for no GPU (the partition's nodes "
+                    "have none, or hydra.launcher.gpus_per_task=null): " + ("static runs (ptxas only)." if
+                    value(config.backend) == "auto" else "their runs fail where no GPU is visible."))
         elif remote:
             line = (f"backend={value(config.backend)}: the jobs run on the Slurm partition's nodes and use "
                     "their GPUs (a job on a node without one: " + ("its runs fail)." if value(config.backend)
