@@ -32,9 +32,9 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 __all__ = ["SearchSweeper", "Space", "parse_space", "Points", "space_problem", "objective", "storage_url",
-           "COMBINE", "AXIS"]
+           "search", "sampler", "COMBINE", "COUNTED", "AXIS"]
 
-STARTED = time.time()        # imported by Hydra's plugin scan at the command's start: the budget's clock
+
 AXIS = "axis"                # a param's value: every value the family declares for its key
 # how the objective's values at several problem sizes make one
 COMBINE = {"geomean": statistics.geometric_mean, "mean": statistics.fmean, "min": min, "max": max}
@@ -42,6 +42,20 @@ DIRECTIONS = ("maximize", "minimize")
 # before the search, its points are tried for one that is valid: every one up to SCAN_LIMIT points, for
 # SCAN_SECONDS at most
 SCAN_LIMIT, SCAN_SECONDS = 200_000, 30.0
+
+
+def _process_start() -> float:
+    """When this process started (unix seconds; Linux's /proc), else now: the minutes budget's clock."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+STARTED = _process_start()
 
 
 @dataclass
@@ -169,7 +183,8 @@ class Points:
             fam = get(family_name(cfg))
             direct = type(fam).spec_of is Family.spec_of and not tile_is_auto(cfg)
             try:
-                given = fam.options_of(cfg, self.gpu["compute_capability"] if self.gpu else None) if direct else ()
+                cc = self.gpu["compute_capability"] if self.gpu else None
+                given = fam.options_of(cfg, cc) if direct else ()
             except SpecError as exc:
                 given = str(exc)
             entry[2] = (fam, direct, given, shapes_of(cfg) if fam.sized else [])
@@ -214,6 +229,10 @@ def space_problem(config: DictConfig) -> str | None:
     if direction not in DIRECTIONS or str(opts.objective.combine) not in COMBINE:
         return (f"hydra.sweeper.objective: direction={direction}, combine={opts.objective.combine}; valid "
                 f"directions: {', '.join(DIRECTIONS)}; combine: {', '.join(COMBINE)}")
+    try:
+        sampler(str(opts.sampler), 0)
+    except ValueError as exc:
+        return str(exc)
     if (declared := lookup(metric)) is None:
         return (f"hydra.sweeper.objective.metric={metric} is no metric a run logs (experiments/metrics.py "
                 "declares them), e.g. throughput")
@@ -243,9 +262,13 @@ def space_problem(config: DictConfig) -> str | None:
     every = (f"every one of its {space.size} points" if tried == space.size else
              f"each of {tried} points drawn at random from its {space.size}")
     top = "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])[:3])
-    return (f"The search space ({' x '.join(f'{k} {len(v)}' for k, v in space.params.items())}) has no valid "
+    return (f"The search space ({_shape(space)}) has no valid "
             f"point for this target: {every} is invalid: {top}. Nothing was run or tracked; change the space "
             "or the target (target.arch, precision).")
+
+
+def _shape(space: Space) -> str:
+    return " x ".join(f"{k} {len(v)}" for k, v in space.params.items())
 
 
 def _scan_order(space: Space):
@@ -340,9 +363,9 @@ class SearchSweeper(Sweeper):
             hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list) -> list:
-        """Search until the budget is spent, the sampler finds no new valid point (``max_rejects``
-        proposals in a row invalid or tried before) or the space is exhausted; returns the JobReturns
-        of the trials this command ran. Prints each trial and the best."""
+        """Search (:func:`search`) until the budget is spent, the space is exhausted or the sampler finds
+        no new valid point; returns the JobReturns of the trials this command ran. Prints each trial
+        and the best, and logs the best to the sweep's parent run."""
         import optuna
 
         from ..store.track import SWEEP_ENV, get_tracker
@@ -354,39 +377,20 @@ class SearchSweeper(Sweeper):
         url = storage_url(uri, self.storage)
         study = optuna.create_study(study_name=key, storage=url, direction=direction, load_if_exists=True)
         again = _recover(study)
-        counted = sum(bool(t.user_attrs.get("counted")) for t in study.trials)
-        sampler = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[self.sampler_name]
-        study.sampler = sampler(seed=self.seed + len(study.trials))   # a resumed search draws anew
+        study.sampler = sampler(self.sampler_name, self.seed + len(study.trials))   # resumed: draws anew
         points = Points(self.config, space, self.hydra_context.config_loader, _gpu(self.config))
-        dists = {k: _distribution(v) for k, v in space.params.items()}
         budget = " or ".join(([f"{self.trials} trials"] if self.trials is not None else [])
-                             + ([f"{self.minutes:g} minutes"] if self.minutes is not None else [])) or "no budget"
-        print(f"Search: {space.size} points ({' x '.join(f'{k} {len(v)}' for k, v in space.params.items())}), "
-              f"{metric} {direction[:3]} ({self.objective['combine']} over the sizes); {budget}; study {key} "
-              f"in {url}: {counted} trial(s) before" + (f", {again} interrupted one(s) run again" * bool(again))
-              + ".", flush=True)
-        returns, rejects = [], 0
-        while not self._spent(counted):
-            trial = study.ask(dists)
-            point = {k: str(trial.params[k]) for k in space.params}
-            if (before := _tried(study, point, trial.number)) is not None:
-                _tell(study, trial, before.state, before.value, "duplicate",
-                      f"the point of trial {before.number}", counted=False)
-            elif problem := points.problem(point):
-                _tell(study, trial, optuna.trial.TrialState.PRUNED, None, "invalid", problem, counted=False)
-            else:
-                rejects = 0
-                returns.append(self._run(study, trial, point, space, metric))
-                counted += bool(study.trials[trial.number].user_attrs.get("counted"))
-                continue
-            rejects += 1
-            if len(_points_tried(study)) >= space.size:
-                print(f"Search stopped: every point of the space ({space.size}) was tried.", flush=True)
-                break
-            if rejects >= self.max_rejects:
-                print(f"Search stopped: the last {rejects} points the sampler proposed were invalid or tried "
-                      "before; the space holds few other valid points.", flush=True)
-                break
+                             + ([f"{self.minutes:g} minutes"] if self.minutes is not None else []))
+        print(f"Search: {space.size} points ({_shape(space)}), {metric} {direction[:3]} "
+              f"({self.objective['combine']} over the sizes); budget {budget or 'none'}; study {key} "
+              f"in {url}: {_counted(study)} trial(s) before"
+              + (f", {again} interrupted one(s) run again" if again else "") + ".", flush=True)
+        returns: list = []
+        def measure(trial, point):
+            return self._run(trial, point, space, metric, returns)
+        stop = search(study, space, points.problem, measure, self._spent, self.max_rejects)
+        if stop:
+            print(f"Search stopped: {stop}.", flush=True)
         self._report(study, metric, direction)
         return returns
 
@@ -394,34 +398,33 @@ class SearchSweeper(Sweeper):
         return ((self.trials is not None and counted >= self.trials)
                 or (self.minutes is not None and time.time() - STARTED >= 60 * float(self.minutes)))
 
-    def _run(self, study, trial, point: dict, space: Space, metric: str):
-        """Run the job of a valid point and tell Optuna its result (:func:`objective`)."""
-        import optuna
+    def _run(self, trial, point: dict, space: Space, metric: str, returns: list) -> tuple:
+        """Run the job of a valid point; its result (:func:`objective`)."""
         from hydra.core.utils import JobStatus
         overrides = space.fixed + [f"{k}={v}" for k, v in point.items()]
-        trial.set_user_attr("overrides", " ".join(f"{k}={v}" for k, v in point.items()))
+        shown = " ".join(f"{k}={v}" for k, v in point.items())
+        trial.set_user_attr("overrides", shown)
         ret = self.launcher.launch([overrides], initial_job_idx=self.job_idx)[0]
+        returns.append(ret)
         self.job_idx += 1
         if ret.status == JobStatus.FAILED:
             value, outcome, why = None, "failed", f"the job failed: {ret._return_value}"  # noqa: SLF001
         else:
-            ids = getattr(ret.return_value, "runs", [])
-            runs = [self.tracker.client.get_run(rid) for rid in dict.fromkeys(ids)]
-            value, outcome, why = objective(runs, metric, str(self.objective["combine"]))
-            trial.set_user_attr("runs", ",".join(dict.fromkeys(ids)))
-        State = optuna.trial.TrialState
-        state = {"measured": State.COMPLETE, "invalid": State.PRUNED}.get(outcome, State.FAIL)
-        _tell(study, trial, state, value, outcome, why, counted=outcome in ("measured", "failed"))
-        shown = f"{metric} {value:.6g}" if value is not None else f"{outcome}: {why}"
-        print(f"Trial {trial.number} ({trial.user_attrs['overrides']}): {shown}", flush=True)
-        return ret
+            ids = list(dict.fromkeys(getattr(ret.return_value, "runs", [])))
+            trial.set_user_attr("runs", ",".join(ids))
+            value, outcome, why = objective([self.tracker.client.get_run(rid) for rid in ids], metric,
+                                            str(self.objective["combine"]))
+        result = f"{metric} {value:.6g}" if value is not None else f"{outcome}: {why}"
+        print(f"Trial {trial.number} ({shown}): {result}", flush=True)
+        return value, outcome, why
 
     def _report(self, study, metric: str, direction: str) -> None:
         """Print the best trial and log it to the sweep's parent run (tags ``search_*``)."""
         from ..store.track import SWEEP_ENV
-        done = [t for t in study.trials if t.user_attrs.get("outcome") == "measured"]
-        counted = sum(bool(t.user_attrs.get("counted")) for t in study.trials)
-        invalid = sum(t.user_attrs.get("outcome") == "invalid" for t in study.trials)
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.user_attrs.get("outcome") == "measured"]
+        counted = _counted(study)
+        invalid = sum(t.user_attrs.get("outcome") == "invalid" for t in trials)
         tags = {"search_study": study.study_name, "search_trials": str(counted),
                 "search_invalid_points": str(invalid)}
         if done:
@@ -429,34 +432,98 @@ class SearchSweeper(Sweeper):
             tags.update(search_best=f"{metric} {best.value:.6g}: {best.user_attrs.get('overrides', '')}",
                         search_best_runs=best.user_attrs.get("runs", ""))
             print(f"Search: {counted} trial(s), {invalid} invalid point(s) skipped; best {metric} "
-                  f"{best.value:.6g} (trial {best.number}): {best.user_attrs.get('overrides', '')}", flush=True)
+                  f"{best.value:.6g} (trial {best.number}): {best.user_attrs.get('overrides', '')}",
+                  flush=True)
         else:
             print(f"Search: {counted} trial(s), none measured {metric}.", flush=True)
         if parent := os.environ.get(SWEEP_ENV["parent"]):
             self.tracker.log(parent, tags=tags)
 
 
-def _tell(study, trial, state, value, outcome: str, reason: str, counted: bool) -> None:
-    trial.set_user_attr("outcome", outcome)
-    trial.set_user_attr("counted", counted)
-    if reason:
-        trial.set_user_attr("reason", reason[:1000])
-    study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
+COUNTED = ("measured", "failed")     # the outcomes of trials that ran a job: the budget counts them
 
 
-def _tried(study, point: dict, number: int):
-    """The earlier finished trial of ``point`` (measured, failed or invalid), or None."""
-    for t in study.trials:
-        if t.number != number and t.state.is_finished() and t.user_attrs.get("outcome") != "interrupted" \
-                and {k: str(v) for k, v in t.params.items()} == point:
-            return t
+def sampler(name: str, seed: int):
+    """Optuna's sampler ``name`` (tpe, random) with ``seed``. Raises ValueError naming the valid ones."""
+    import optuna
+    kinds = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+    if name not in kinds:
+        raise ValueError(f"hydra.sweeper.sampler={name} is not valid; valid: {', '.join(kinds)}")
+    return kinds[name](seed=seed)
+
+
+def search(study, space: Space, problem, measure, spent, max_rejects: int) -> str:
+    """The search loop of the sweeper, and of the replay tool (tools/search_replay.py): ask the study
+    for a point of ``space``; a point tried before is told FAIL (outcome ``duplicate``) and a point
+    drawn at random among those not tried is asked next instead (a sampler that has converged on a
+    discrete space proposes its best again and again); a point ``problem(point)`` finds invalid (a
+    reason) is told PRUNED; neither is counted. Else ``measure(trial, point)`` gives (value, outcome,
+    reason), outcome ``measured`` (COMPLETE), ``invalid`` (PRUNED, not counted) or another (FAIL;
+    ``failed`` is counted). Until ``spent(counted trials)``; returns '' then, or why it stopped before:
+    every point of the space was tried, or ``max_rejects`` proposals in a row were not new and valid."""
+    import optuna
+    State = optuna.trial.TrialState
+    dists = {k: _distribution(v) for k, v in space.params.items()}
+    trials = study.get_trials(deepcopy=False)
+    tried = {_key(t.params) for t in trials if t.state.is_finished()
+             and t.user_attrs.get("outcome") not in ("interrupted", "duplicate")}
+    counted = sum(t.user_attrs.get("outcome") in COUNTED for t in trials)
+    rng = random.Random(len(trials))
+    rejects = 0
+    while not spent(counted):
+        trial = study.ask(dists)
+        point = {k: str(trial.params[k]) for k in space.params}
+        if _key(point) in tried:
+            _tell(study, trial, State.FAIL, None, "duplicate", "a point tried before")
+            if (other := _untried(space, tried, rng)) is not None:
+                study.enqueue_trial(_external(dists, other))
+        elif why := problem(point):
+            tried.add(_key(point))
+            _tell(study, trial, State.PRUNED, None, "invalid", why)
+        else:
+            rejects = 0
+            tried.add(_key(point))
+            value, outcome, why = measure(trial, point)
+            state = {"measured": State.COMPLETE, "invalid": State.PRUNED}.get(outcome, State.FAIL)
+            _tell(study, trial, state, value, outcome, why)
+            counted += outcome in COUNTED
+            continue
+        rejects += 1
+        if len(tried) >= space.size:
+            return f"every point of the space ({space.size}) was tried, {counted} ran"
+        if rejects >= max_rejects:
+            return (f"the last {rejects} points the sampler proposed were invalid or tried before; the space "
+                    "holds few other valid points")
+    return ""
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in params.items()))
+
+
+def _external(dists: dict, point: dict) -> dict:
+    """``point`` (key -> value string) as Optuna takes its params: an IntDistribution's as int."""
+    return {k: v if hasattr(dists[k], "choices") else int(v) for k, v in point.items()}
+
+
+def _untried(space: Space, tried: set, rng: random.Random) -> dict | None:
+    """A point of ``space`` drawn at random that is not in ``tried`` (a few hundred draws at most)."""
+    for _ in range(500):
+        point = {k: rng.choice(v) for k, v in space.params.items()}
+        if _key(point) not in tried:
+            return point
     return None
 
 
-def _points_tried(study) -> set:
-    """The points of the study's finished trials (measured, failed, invalid), each once."""
-    return {tuple(sorted((k, str(v)) for k, v in t.params.items())) for t in study.trials
-            if t.state.is_finished() and t.user_attrs.get("outcome") != "interrupted"}
+def _counted(study) -> int:
+    return sum(t.user_attrs.get("outcome") in COUNTED for t in study.get_trials(deepcopy=False))
+
+
+def _tell(study, trial, state, value, outcome: str, reason: str) -> None:
+    trial.set_user_attr("outcome", outcome)
+    if reason:
+        trial.set_user_attr("reason", reason[:1000])
+    study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
 
 
 def _recover(study) -> int:
@@ -467,7 +534,6 @@ def _recover(study) -> int:
     for t in left:
         live = optuna.trial.Trial(study, t._trial_id)  # noqa: SLF001 - Optuna's handle of a stored trial
         live.set_user_attr("outcome", "interrupted")
-        live.set_user_attr("counted", False)
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         study.enqueue_trial(dict(t.params), skip_if_exists=False)
     return len(left)
