@@ -313,7 +313,7 @@ def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str,
         values.append(r.data.metrics[metric])
     if combine == "geomean" and min(values) <= 0:
         return None, "failed", f"{metric} is {min(values)} in a run: its geometric mean is not defined"
-    return float(COMBINE[combine](values)), "measured", ""
+    return float(values[0] if len(values) == 1 else COMBINE[combine](values)), "measured", ""
 
 
 def storage_url(uri: str, given: str | None) -> str:
