@@ -211,3 +211,11 @@ def test_the_replay_tool_writes_its_table_from_a_synthetic_subspace(tmp_path):
     assert f"Median seed: {needed[1]} trials = {share:.1%} of the 96 valid points" in text
     assert ("met)." if share <= 0.15 else "not met).") in text
     assert search_replay.main([str(table), "--value", "tflops"]) == 2
+
+
+def test_a_search_preset_without_m_gives_the_command(tmp_path, run_checks):
+    rc, out = run_checks(tmp_path, "experiment=search_wgmma", "precision=bf16")
+    assert rc == 2, out
+    assert ("experiment=search_wgmma is a search (hydra/sweeper=search) over family.bn, family.consumers, "
+            "family.producer, ") in out
+    assert out.strip().endswith("nothing was run. Run it: python run.py -m experiment=search_wgmma precision=bf16")
