@@ -60,7 +60,8 @@ def _preset_yaml(group: str, name: str, dirs: tuple) -> dict:
 def config_groups() -> str:
     """The selectable config groups of conf/ and their presets, for --help (Hydra's own list also
     shows the metric sets of the ncu step and the family schemas, which a command line cannot pick)."""
-    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher")
+    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher",
+              "hydra/sweeper")
     lines = [f"{group}: {', '.join(names)}" for group in groups if (names := presets(group))]
     return "\n".join(lines) + "\n"
 
