@@ -117,6 +117,24 @@ def test_the_trial_budget_counts_runs_not_proposals(tmp_path):
     assert [t.user_attrs["outcome"] for t in _trials(tmp_path)].count("measured") == 1
 
 
+def test_a_trial_whose_run_fails_is_a_failed_trial_with_its_reason(tmp_path):
+    """ptxas rejects every mma_sync kernel of PTX ISA 9.9: each trial is FAILED with the run's error and
+    counted; the search goes on to its budget and the command exits 1 as any sweep with a failed run."""
+    rc, out = run_cli(tmp_path, "-m", "hydra/sweeper=search", "precision=int8", "backend=static",
+                      "target.ptx_version=9.9", "ktile=32,64", "pipeline.stages=2,3", *SPACE[-2:],
+                      "hydra.sweeper.trials=2", *store_args(tmp_path))
+    assert rc == 1 and "Traceback" not in out, out
+    assert "Search: 2 trial(s), " in out and "none measured registers." in out
+    failed = [t for t in _trials(tmp_path) if t.user_attrs["outcome"] == "failed"]
+    assert len(failed) == 2 and {t.state.name for t in failed} == {"FAIL"}
+    parents, children = all_runs(tmp_path)
+    assert sorted(t.user_attrs["runs"] for t in failed) == sorted(r.info.run_id for r in children)
+    for t in failed:
+        assert t.user_attrs["reason"].startswith(f"run {t.user_attrs['runs']} (")
+        assert "Unsupported .version 9.9" in t.user_attrs["reason"]
+    assert [p.info.status for p in parents] == ["FAILED"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["target.arch=sm_80", "hydra.sweeper.objective.metric=registers"],
      "The search space (family.bn 2 x family.stages 2) has no valid point for this target: every one of its 4 "
