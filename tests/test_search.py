@@ -144,6 +144,8 @@ def test_a_trial_whose_run_fails_is_a_failed_trial_with_its_reason(tmp_path):
     (["hydra.sweeper.objective.metric=speed"], "hydra.sweeper.objective.metric=speed is no metric a run logs"),
     (["hydra.sweeper.objective.metric=registers", "family.group=interval(8,32)"],
      "'family.group=interval(8,32)': a search takes the values of each key"),
+    (["hydra.sweeper.objective.metric=registers", "family.group=8,99"],
+     "The search space: family.group=99 is not valid for family=wgmma ('family.group=99'); valid: 8, 16, 32"),
     (["hydra.sweeper.objective.metric=registers", "hydra.sweeper.sampler=grid"],
      "hydra.sweeper.sampler=grid is not valid; valid: tpe, random"),
 ])

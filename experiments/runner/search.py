@@ -219,7 +219,7 @@ def space_problem(config: DictConfig) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
 
     from ..metrics import lookup
-    from .validate import Invalid
+    from .validate import Invalid, config_problem, one_line
     try:
         space = parse_space(config)
     except Invalid as exc:
@@ -242,14 +242,15 @@ def space_problem(config: DictConfig) -> str | None:
                 "(backend=static, or no NVIDIA GPU found): its runs hold ptxas' resources only. Run it on a "
                 "GPU, or search on a resource (objective.metric=registers, direction=minimize).")
     points = Points(config, space, GlobalHydra.instance().config_loader(), gpu)
-    for key, values in space.params.items():        # every declared value once
-        first = {k: v[0] for k, v in space.params.items()}
+    first = {k: v[0] for k, v in space.params.items()}
+    for key, values in space.params.items():        # every declared value once, checked as a sweep's
         for v in values:
             try:
-                points.compose({**first, key: v})
+                cfg = points.compose({**first, key: v})
             except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's errors
-                from .validate import one_line
                 return f"The search space: {key}={v}: {one_line(exc)}"
+            if problem := config_problem(cfg, [f"{key}={v}"]):
+                return f"The search space: {problem}"
     reasons: dict = {}
     stop = time.time() + SCAN_SECONDS
     for point in _scan_order(space):

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..families import DEFAULT
 
-__all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem"]
+__all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem", "config_problem"]
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEARCH_SWEEPER = "hydra_plugins.tca_search_sweeper.SearchSweeper"
@@ -263,6 +263,12 @@ def check(config: DictConfig, multirun: bool) -> None:
         from .search import space_problem
         if problem := space_problem(config):
             raise Invalid(problem)
+
+
+def config_problem(cfg: DictConfig, overrides: list) -> str | None:
+    """What :func:`check` refuses in one composed config ``cfg`` made with ``overrides`` (a family option
+    outside its declared values, a setting out of range, ...), or None: for a search's values."""
+    return _problem(cfg, overrides)
 
 
 def spec_problem(cfg: DictConfig, gpu: dict | None) -> str | None:
