@@ -81,13 +81,14 @@ def family_options(name: str) -> str:
 def shared_options() -> str:
     """The settings every family takes and their valid values, the default first, for --help: operand
     data (experiments.gpu.verify.Data), the timing regime and replicates, the launch's block cap."""
+    from experiments import families
     from experiments.gpu.timing import REGIMES
     from experiments.gpu.verify import Data
+    padded = ", ".join(n for n in families.names() if families.get(n).pads_launch)
     lines = [f"data: {' | '.join(Data.__members__)}",
              f"timing.regime: {' | '.join(REGIMES)}",
              "timing.repeats: 1 | 2 ... (replicates of the timed measurement; verdicts need 2 or more)",
-             "launch.blocks_per_sm: 0 (as many as fit) | 1 ... what the kernel reaches "
-             "(mma_sync, wmma, dp4a, wgmma)"]
+             f"launch.blocks_per_sm: 0 (as many as fit) | 1 ... what the kernel reaches ({padded})"]
     return "\n".join(f"  {line}" for line in lines) + "\n"
 
 

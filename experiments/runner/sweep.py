@@ -26,12 +26,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ..store.record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count,
-                            sweep_note, sweep_view, throughput_figure)
+                            sweep_note, throughput_figure)
 from ..reports.report import static_command
 from .job import warm_process
 from .kernel import resolved
 from ..spec import value
 from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
+from ..store.view import description_link, publish, sweep_link, swept_axes
 from .validate import SEARCH_SWEEPER, Invalid, check
 from .variants import VariantError
 from .variants import register as register_variants
@@ -513,6 +514,7 @@ class SweepCallback(Callback):
         self.benchmark = dict(benchmark) if benchmark else None
         self.variants = OmegaConf.to_container(variants) if OmegaConf.is_config(variants) else variants
         self.measured = False
+        self.axes: list = []           # the config keys the sweep sweeps: columns of its view in the UI
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from ..gpu.worker import nvml_gpu
@@ -554,6 +556,7 @@ class SweepCallback(Callback):
         self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
+        self.axes = swept_axes(_overrides(config, multirun)[1]) if multirun else []
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
         # every job writes to this store and experiment, also in another process or folder (chdir)
@@ -666,8 +669,10 @@ class SweepCallback(Callback):
             if MEMBER.format(parent) not in r.data.tags:
                 tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
         busy_line, busy = gpu_time(new, self.t0, time.time())
+        exp = tracker.experiment_id
+        note = description_link(exp, parent) + "\n\n" + sweep_note(self.command, runs, parent)
         tracker.log(parent, {**busy, "runs_reused": reused},
-                    tags={"runs": summary, "mlflow.note.content": sweep_note(self.command, runs, parent)})
+                    tags={"runs": summary, "mlflow.note.content": note})
         with tempfile.TemporaryDirectory() as tmp:
             fig = Path(tmp) / ARTIFACTS["figure"]
             if throughput_figure(runs, fig):
@@ -680,10 +685,11 @@ class SweepCallback(Callback):
         print(f"Parent run {parent}: {summary}.", flush=True)
         if busy_line:
             print(busy_line, flush=True)
-        tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
-        page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
+        publish(tracker.client, exp, parent, runs, self.axes)
+        ui = "http://127.0.0.1:5000/"
         print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
-              f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
+              f"  this sweep: {sweep_link(exp, parent, ui)}\n  all runs:   {ui}#/experiments/{exp}/runs",
+              flush=True)
         if not self.measured:                    # no GPU: the resources of its static runs
             print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
         return 1, mine, len(new), emulated, outcomes
