@@ -12,7 +12,7 @@ of every run (one per problem size), combined by ``objective.combine``. A run th
 a fault) makes a FAILED trial with its reason.
 
 The sampler's state is an Optuna storage next to the store (``search.db`` beside a SQLite store, or
-``hydra.sweeper.storage``), one study per sweep (the sweep's key): the same command continues the
+``hydra.sweeper.storage``), one study per sweep (its key) and objective: the same command continues the
 search, a trial left RUNNING by an interrupted command runs again first (its finished runs are reused)
 and a point already tried is not run again. The budget (``trials``: trials that ran a job; ``minutes``:
 wall time from the command's start) covers every command of the sweep. Options:
@@ -376,14 +376,16 @@ class SearchSweeper(Sweeper):
         uri, key = os.environ[SWEEP_ENV["uri"]], os.environ[SWEEP_ENV["key"]]
         self.tracker = get_tracker(uri, os.environ[SWEEP_ENV["experiment"]])
         url = storage_url(uri, self.storage)
-        study = optuna.create_study(study_name=key, storage=url, direction=direction, load_if_exists=True)
+        # one study per sweep and objective: the values of one study are comparable
+        name = f"{key} {metric} {direction} {self.objective['combine']}"
+        study = optuna.create_study(study_name=name, storage=url, direction=direction, load_if_exists=True)
         again = _recover(study)
         study.sampler = sampler(self.sampler_name, self.seed + len(study.trials))   # resumed: draws anew
         points = Points(self.config, space, self.hydra_context.config_loader, _gpu(self.config))
         budget = " or ".join(([f"{self.trials} trials"] if self.trials is not None else [])
                              + ([f"{self.minutes:g} minutes"] if self.minutes is not None else []))
         print(f"Search: {space.size} points ({_shape(space)}), {metric} {direction[:3]} "
-              f"({self.objective['combine']} over the sizes); budget {budget or 'none'}; study {key} "
+              f"({self.objective['combine']} over the sizes); budget {budget or 'none'}; study '{name}' "
               f"in {url}: {_counted(study)} trial(s) before"
               + (f", {again} interrupted one(s) run again" if again else "") + ".", flush=True)
         returns: list = []
