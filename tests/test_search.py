@@ -197,6 +197,26 @@ def test_the_minutes_budget_counts_from_the_command_s_start(monkeypatch):
     assert search.SearchSweeper(trials=3)._spent(3) and not search.SearchSweeper(trials=3)._spent(2)
 
 
+def test_a_resumed_search_runs_again_the_trials_of_ended_commands_only():
+    """A trial RUNNING in a command that has ended is run again; one a live command (here, this process)
+    is measuring stays its own: two commands may search one study at once."""
+    import socket
+    import subprocess
+
+    from experiments.runner import search
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    study = optuna.create_study()
+    dist = {"family.bn": optuna.distributions.CategoricalDistribution(("256", "64"))}
+    for owner, bn in ((f"{socket.gethostname()}:{ended.pid}", "64"), (search.OWNER, "256")):
+        study.enqueue_trial({"family.bn": bn})
+        study.ask(dist).set_user_attr("owner", owner)
+    assert search._recover(study) == 1
+    assert [(t.state.name, t.user_attrs.get("outcome")) for t in study.trials] == [
+        ("FAIL", "interrupted"), ("RUNNING", None), ("WAITING", None)]
+    assert study.ask(dist).params == {"family.bn": "64"}           # the interrupted point first
+
+
 def _synthetic(path: Path) -> None:
     """An exhaustive table of a made-up subspace: 96 of its 120 points valid, 8 of them failed, one best."""
     rng = random.Random(1)

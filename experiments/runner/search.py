@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -475,6 +476,7 @@ def search(study, space: Space, problem, measure, spent, max_rejects: int) -> st
     rejects = 0
     while not spent(counted):
         trial = study.ask(dists)
+        trial.set_user_attr("owner", OWNER)
         point = {k: str(trial.params[k]) for k in space.params}
         if _key(point) in tried:
             _tell(study, trial, State.FAIL, None, "duplicate", "a point tried before")
@@ -529,11 +531,31 @@ def _tell(study, trial, state, value, outcome: str, reason: str) -> None:
     study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
 
 
+OWNER = f"{socket.gethostname()}:{os.getpid()}"     # user attribute of a trial: the process that asked it
+
+
+def _ended(owner: str | None) -> bool:
+    """Whether the process ``owner`` (host:pid) that asked a trial has ended: on this host, when no such
+    process exists; a trial of another host, or without an owner, counts as ended."""
+    host, _, pid = (owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _recover(study) -> int:
-    """Trials an interrupted command left RUNNING: each told FAIL (outcome ``interrupted``, not counted)
-    and its point enqueued to be asked first. Returns how many."""
+    """Trials an interrupted command left RUNNING (their process has ended: a command running the same
+    search at the same time keeps its own): each told FAIL (outcome ``interrupted``, not counted) and its
+    point enqueued to be asked first. Returns how many."""
     import optuna
-    left = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    left = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if _ended(t.user_attrs.get("owner"))]
     for t in left:
         live = optuna.trial.Trial(study, t._trial_id)  # noqa: SLF001 - Optuna's handle of a stored trial
         live.set_user_attr("outcome", "interrupted")
