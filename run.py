@@ -60,7 +60,8 @@ def _preset_yaml(group: str, name: str, dirs: tuple) -> dict:
 def config_groups() -> str:
     """The selectable config groups of conf/ and their presets, for --help (Hydra's own list also
     shows the metric sets of the ncu step and the family schemas, which a command line cannot pick)."""
-    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher")
+    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher",
+              "hydra/sweeper")
     lines = [f"{group}: {', '.join(names)}" for group in groups if (names := presets(group))]
     return "\n".join(lines) + "\n"
 
@@ -234,6 +235,12 @@ def check_preset_sweep(argv: list) -> str | None:
     skip = set(cfg) | {i + 1 for i in cfg if "=" not in argv[i]}          # --cfg and its value
     rest = " ".join(a for i, a in enumerate(argv) if i not in skip)
     first = " ".join(f"{k}={v[0]}" for k, v in missing.items())
+    if {"override /hydra/sweeper": "search"} in ((y or {}).get("defaults") or []):   # a sampler's points
+        what = f"experiment={preset} is a search (hydra/sweeper=search) over {', '.join(missing)}"
+        return (f"# {what}; this is one job's config with them at their defaults. The search: python run.py "
+                f"--cfg hydra {rest}; run it: python run.py -m {rest}" if cfg else
+                f"{what}: it runs with -m, one job per trial; nothing was run. Run it: python run.py -m "
+                f"{rest}")
     if cfg:
         listing = f"; its variants: {VARIANTS_KEY}" if "variant" in missing and names(y or {}) else ""
         return (f"# experiment={preset} sweeps {swept}; this is one job's config with them at their "

@@ -33,7 +33,7 @@ from .kernel import resolved
 from ..spec import value
 from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
 from ..store.view import description_link, publish, sweep_link, swept_axes
-from .validate import Invalid, check
+from .validate import SEARCH_SWEEPER, Invalid, check
 from .variants import VariantError
 from .variants import register as register_variants
 
@@ -327,7 +327,9 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     task, given = _overrides(config, multirun)
     kept = [o for o in given if not _tracking_key(o)]
     jobs = "1"
-    if multirun:
+    if multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER:
+        jobs = str(config.hydra.sweeper.get("trials") or "?")      # a search: its budget of trials
+    elif multirun:
         try:
             jobs = str(count_jobs(given))
         except Exception:  # noqa: BLE001 - another sweeper's syntax: the count is unknown
