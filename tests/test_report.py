@@ -224,7 +224,6 @@ def test_medians_that_are_not_times_and_a_repeat_of_another_sweep_are_refused(tm
     """A median of 0 ended in ZeroDivisionError; one of 0 or -5 in a --repeat made the single-GPU spread
     100.5 % and every pair "within"; a --repeat sharing no (kernel, size, GPU) with the first store gave
     a spread of 0.00 % from 0 pairs; a first sweep of 0 s wall ended in ZeroDivisionError."""
-    import pytest
 
     from experiments.reports.report import against_table, main
     one = _store(tmp_path / "one.db", {("k32", 512): (10.0, 0.002)}, "GPU-a", 20.0, 9.0, 1)

@@ -158,11 +158,11 @@ def smem_padding(arch: str, threads: int, registers: int, smem_bytes: int, block
     are resident per SM on ``arch`` (launch.blocks_per_sm), the kernel's instructions unchanged.
 
     threads: per block; registers: per thread; smem_bytes: the kernel's static + dynamic shared memory
-    per block (bytes); kernel: its name, for the error. The padded block takes the least allocation (:func:`theoretical_occupancy`'s
-    granularity, with the per-block reservation) of which the SM's shared memory holds ``blocks`` and
-    not ``blocks + 1``; 0 when the kernel reaches exactly ``blocks`` already. Raises
-    :class:`experiments.spec.SpecError` naming the reachable maximum and its limiter when ``blocks`` is
-    more than the kernel reaches without padding, or not positive."""
+    per block (bytes); kernel: its name, for the error. The padded block takes the least allocation
+    (:func:`theoretical_occupancy`'s granularity, with the per-block reservation) of which the SM's
+    shared memory holds ``blocks`` and not ``blocks + 1``; 0 when the kernel reaches exactly ``blocks``
+    already. Raises :class:`experiments.spec.SpecError` naming the reachable maximum and its limiter
+    when ``blocks`` is more than the kernel reaches without padding, or not positive."""
     from ..spec import SpecError
     reach, limiter = theoretical_occupancy(arch, threads, registers, smem_bytes)[1:]
     if not 1 <= blocks <= reach:
