@@ -60,7 +60,8 @@ def _preset_yaml(group: str, name: str, dirs: tuple) -> dict:
 def config_groups() -> str:
     """The selectable config groups of conf/ and their presets, for --help (Hydra's own list also
     shows the metric sets of the ncu step and the family schemas, which a command line cannot pick)."""
-    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher")
+    groups = ("family", "precision", "tile", "problem", "experiment", "variant", "hydra/launcher",
+              "hydra/sweeper")
     lines = [f"{group}: {', '.join(names)}" for group in groups if (names := presets(group))]
     return "\n".join(lines) + "\n"
 
@@ -80,13 +81,14 @@ def family_options(name: str) -> str:
 def shared_options() -> str:
     """The settings every family takes and their valid values, the default first, for --help: operand
     data (experiments.gpu.verify.Data), the timing regime and replicates, the launch's block cap."""
+    from experiments import families
     from experiments.gpu.timing import REGIMES
     from experiments.gpu.verify import Data
+    padded = ", ".join(n for n in families.names() if families.get(n).pads_launch)
     lines = [f"data: {' | '.join(Data.__members__)}",
              f"timing.regime: {' | '.join(REGIMES)}",
              "timing.repeats: 1 | 2 ... (replicates of the timed measurement; verdicts need 2 or more)",
-             "launch.blocks_per_sm: 0 (as many as fit) | 1 ... what the kernel reaches "
-             "(mma_sync, wmma, dp4a, wgmma)"]
+             f"launch.blocks_per_sm: 0 (as many as fit) | 1 ... what the kernel reaches ({padded})"]
     return "\n".join(f"  {line}" for line in lines) + "\n"
 
 
@@ -233,6 +235,12 @@ def check_preset_sweep(argv: list) -> str | None:
     skip = set(cfg) | {i + 1 for i in cfg if "=" not in argv[i]}          # --cfg and its value
     rest = " ".join(a for i, a in enumerate(argv) if i not in skip)
     first = " ".join(f"{k}={v[0]}" for k, v in missing.items())
+    if {"override /hydra/sweeper": "search"} in ((y or {}).get("defaults") or []):   # a sampler's points
+        what = f"experiment={preset} is a search (hydra/sweeper=search) over {', '.join(missing)}"
+        return (f"# {what}; this is one job's config with them at their defaults. The search: python run.py "
+                f"--cfg hydra {rest}; run it: python run.py -m {rest}" if cfg else
+                f"{what}: it runs with -m, one job per trial; nothing was run. Run it: python run.py -m "
+                f"{rest}")
     if cfg:
         listing = f"; its variants: {VARIANTS_KEY}" if "variant" in missing and names(y or {}) else ""
         return (f"# experiment={preset} sweeps {swept}; this is one job's config with them at their "
@@ -307,6 +315,8 @@ if __name__ == "__main__":
         ended, sweeps, kept = abort_open_runs("KILLED", "interrupted by " + ("SIGTERM" if term else "Ctrl-C"))
         release_job_processes()                          # one the launcher started meanwhile, if any,
         ended += stale + close_runs_of_ended_processes()  # ... and the run it had begun
+        slurm = sys.modules.get("experiments.runner.slurm")
+        ended += slurm.cancelled_runs() if slurm else 0  # those of the Slurm jobs it cancelled
         sweep = "; the sweep is marked KILLED" if sweeps else ""
         print(f"\nInterrupted: {kept} run(s) finished in this command are kept; {ended} run(s) in progress "
               f"marked KILLED (outcome=interrupted){sweep}. Run the same command again to resume (finished "

@@ -310,8 +310,9 @@ def main(argv=None) -> Report:
     try:
         df = read_table(args.table) if args.table else load_runs(args.uri, args.experiment, args.sweep,
                                                                  args.filter)
-    except (RunsError, StoreError, FileNotFoundError) as exc:
-        raise SystemExit(f"Cannot read the runs: {exc}") from None
+    except (RunsError, StoreError, FileNotFoundError) as exc:    # the store or table as given: exit 2
+        print(f"Cannot read the runs: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.table and ok_runs(df).empty:
         print(f"Nothing to report: {', '.join(args.table)} holds no measured run.", file=sys.stderr)
         raise SystemExit(2)

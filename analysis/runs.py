@@ -213,7 +213,8 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     from experiments.store.track import StoreError, check_schema, resolve_uri, sweep_runs
     uri = resolve_uri(uri, create=False)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        raise RunsError(f"no MLflow store at {uri}: run a sweep first (python run.py ...) or pass --uri")
+        raise RunsError(f"no store at {uri[len('sqlite:///'):]} (tracking URI {uri}): run a sweep first "
+                        "(python run.py ...) or pass the URI it printed with --uri")
     try:
         check_schema(uri, write=False)            # MLflow would migrate another version's store
     except StoreError as exc:

@@ -150,9 +150,10 @@ def test_report_on_a_single_kernel(store, tmp_path):
     assert "every measured run has the same configuration: no axis to show the marginal means of" in rep.text
 
 
-def test_report_errors_name_the_problem(store, tmp_path):
-    with pytest.raises(SystemExit, match="Cannot read the runs: experiment 'x' is not in"):
+def test_report_errors_name_the_problem(store, tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
         report.main(["--uri", store["uri"], "--experiment", "x", "--out", str(tmp_path)])
+    assert done.value.code == 2 and "Cannot read the runs: experiment 'x' is not in" in capsys.readouterr().err
 
 
 def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_path, capsys):
@@ -172,8 +173,11 @@ def test_report_on_a_sweep_of_static_runs_names_the_sweep_and_what_it_holds(tmp_
         "measured on a GPU (2 static): static runs are rendered and assembled only; their table: python -m "
         f"experiments.report --static --uri {tr.uri} --sweep {parent}. Run the sweep on a GPU, then report.")
     # a plain path to the store: the advice, not a traceback
-    with pytest.raises(SystemExit, match=r"Cannot read the runs: .* as a SQLite store it is sqlite:///"):
+    with pytest.raises(SystemExit) as err:
         report.main(["--uri", str(tmp_path / "m.db"), "--out", str(tmp_path / "r")])
+    said = capsys.readouterr().err
+    assert err.value.code == 2 and said.startswith("Cannot read the runs: ")
+    assert "as a SQLite store it is sqlite:///" in said
 
 
 def test_speedup_against_a_named_baseline(ncu_runs):

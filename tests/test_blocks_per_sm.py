@@ -82,7 +82,9 @@ def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_
     assert capped.data.tags["kernel"] == free.data.tags["kernel"]           # the same instructions
     assert capped.data.tags["run_key"] != free.data.tags["run_key"]
     assert skipped.data.tags["outcome"] == "skipped" and skipped.info.status == "FINISHED"
-    assert "reaches 8 resident blocks per SM" in skipped.data.tags["skip_reason"]
+    # the reason names the kernel (with tile=auto the user did not choose it)
+    assert (f"launch.blocks_per_sm=9 is not valid for {free.data.tags['kernel']} on sm_90: without padding it "
+            "reaches 8 resident blocks per SM") in skipped.data.tags["skip_reason"]
     assert skipped.data.tags["skip_reason"].endswith("valid: 0 (as many as fit) or 1 ... 8")
     # runs of one kernel at two caps had one name and one row of the static table
     assert capped.info.run_name == free.info.run_name + " blocks_per_sm=2"

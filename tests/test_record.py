@@ -1,11 +1,10 @@
 """experiments/store/record.py: how runs present themselves (names, decoded tags, descriptions, the UI view)."""
-import json
 from types import SimpleNamespace as NS
 
 import pytest
 
 from experiments import families
-from experiments.store.record import clock_reasons, params_of, run_name, sweep_note, sweep_view
+from experiments.store.record import clock_reasons, params_of, run_name, sweep_note
 
 DEFAULT = families.get(families.DEFAULT)
 
@@ -110,16 +109,6 @@ def test_sweep_note_has_the_best_kernel_per_size_and_the_skipped_reasons():
     assert "- precision=int8 mma=m16n8k64: mma=m16n8k64 is not valid" in lines
     assert "- 512 int8 bk64: verification failed: 3 elements" in lines
     assert lines[-1] == ("Units: `throughput` TFLOP/s, TOP/s or GB/s (tag throughput_unit); `median_us` us.")
-
-
-def test_sweep_view_filters_the_sweep_and_shows_the_result_columns():
-    tag, value = sweep_view("abc123")
-    assert tag == "mlflow.sharedViewState.abc123"
-    state = json.loads(value)
-    assert state["searchFilter"] == "tags.`in_sweep.abc123` LIKE '%'"     # the runs it made or reused
-    assert state["selectedColumns"][:3] == ["attributes.`Description`", "metrics.`throughput`",
-                                            "tags.`throughput_unit`"]
-    assert state["selectedColumns"][-1] == "tags.`in_sweep.abc123`"       # new or reused
 
 
 def test_git_commit_is_the_projects_own(tmp_path, monkeypatch):

@@ -1,16 +1,19 @@
-"""hydra/launcher=slurm (experiments.runner.slurm): resources checked against sinfo before submitting, and on a
-real one-node Slurm (tools/slurm_one_node.sh; skipped without one): a re-run submits nothing already
-in the store, a job's exit status says whether its runs failed, a task cancelled while the sweep runs
-is one line and the sweep's summary, and the store ends with no run RUNNING, no duplicate measurement
-and no run under a deleted parent."""
+"""hydra/launcher=slurm (experiments.runner.slurm): resources and GPUs checked against sinfo before submitting,
+and on a real one-node Slurm (tools/slurm_one_node.sh; skipped without one, or without its accounting): a
+re-run submits nothing already in the store, Slurm accounting down is one line, a job's exit status says
+whether its runs failed, a task cancelled while the sweep runs is one line and the sweep's summary, Ctrl-C
+of the command cancels its jobs, USR2 to a running job requeues it, and the store ends with no run
+RUNNING, no duplicate measurement and no run under a deleted parent."""
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
-from test_cli import ROOT, all_runs, run_cli, store_args
+from test_cli import ROOT, _cli_env, all_runs, run_cli, store_args
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the cluster extra (pip install -e '.[cluster]')")
 from experiments.runner import slurm  # noqa: E402
@@ -35,28 +38,46 @@ def _sinfo(monkeypatch, rows: str):
 PRESET = {"cpus_per_task": 2, "mem_gb": 4, "gpus_per_task": 1, "tasks_per_node": 1, "partition": None}
 
 
+NO_GPU = {"gpus_per_task": None, "gpus_per_node": None}
+
+
 def test_resources_no_node_has_are_refused_with_what_the_nodes_have(monkeypatch):
-    """8 CPUs and 32 GB per job on a 2-CPU node: the array pended for ever (Reason=PartitionConfig)."""
+    """8 CPUs and 32 GB per job on a 2-CPU node: the array pended for ever (Reason=PartitionConfig).
+    The preset's GPU is asked for only where the backend uses one and the partition has one: on a
+    GPU-less partition the command as written (backend=auto) asked for 1 GPU and was refused."""
     _sinfo(monkeypatch, "debug*|2|24105|(null)\n")
     with pytest.raises(SystemExit) as exc:
         slurm.check_resources({**PRESET, "cpus_per_task": 8, "mem_gb": 32})
     assert str(exc.value) == (
-        "Slurm cannot run this sweep's jobs on partition debug: each asks for 8 CPU(s), 32768 MB and 1 GPU(s), "
+        "Slurm cannot run this sweep's jobs on partition debug: each asks for 8 CPU(s), 32768 MB and 0 GPU(s), "
         "and its largest node has 2 CPU(s), 24105 MB and 0 GPU(s) (sinfo); the jobs would pend for ever. Ask "
-        "for what a node has: hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=23 "
-        "hydra.launcher.gpus_per_task=null (backend=static needs no GPU; backend=gpu needs a partition with "
-        "GPUs); or choose another partition (`sinfo -s`). Nothing was submitted.")
-    slurm.check_resources({**PRESET, "gpus_per_task": None})          # the preset fits a 2-CPU node
+        "for what a node has: hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=23; or choose another "
+        "partition (`sinfo -s`). Nothing was submitted.")
+    assert slurm.check_resources(PRESET) == NO_GPU                     # the preset fits a 2-CPU node
+    assert slurm.check_resources(PRESET, "static") == NO_GPU
+    with pytest.raises(SystemExit) as exc:
+        slurm.check_resources(PRESET, "gpu")
+    assert str(exc.value) == (
+        "backend=gpu needs GPUs, and no node of Slurm partition debug has one (sinfo GRES: (null)). Choose a "
+        "partition with GPUs (hydra.launcher.partition=..., `sinfo -o '%P %G'` lists them), or backend=static "
+        "(render and assemble only) or backend=auto (static where a node has no GPU). Nothing was submitted.")
 
 
 def test_resources_of_a_gpu_partition(monkeypatch):
+    """backend=gpu may be asked from a login node without a GPU for a partition with GPUs."""
     _sinfo(monkeypatch, "cpu*|64|512000|(null)\ngpu|32|256000|gpu:h100:4(S:0-1)\n")
     with pytest.raises(SystemExit, match=r"^Slurm has no partition gpus: hydra.launcher.partition= one of cpu, "
                                          r"gpu \(sinfo; \* is the default"):
         slurm.check_resources({**PRESET, "partition": "gpus"})
-    slurm.check_resources({**PRESET, "partition": "gpu"})
-    with pytest.raises(SystemExit, match="has 64 CPU.*0 GPU.*gpus_per_task=null"):
-        slurm.check_resources(PRESET)                                  # the default partition: no GPU
+    one = {"gpus_per_task": 1, "gpus_per_node": None}
+    assert slurm.check_resources({**PRESET, "partition": "gpu"}, "gpu") == one
+    assert slurm.check_resources({**PRESET, "partition": "gpu"}) == one
+    assert slurm.check_resources({**PRESET, "partition": "gpu"}, "static") == NO_GPU
+    with pytest.raises(SystemExit, match=r"has 32 CPU.* 4 GPU.*: hydra.launcher.gpus_per_task=4; or"):
+        slurm.check_resources({**PRESET, "partition": "gpu", "gpus_per_task": 8}, "gpu")
+    assert slurm.check_resources(PRESET) == NO_GPU                     # the default partition: no GPU
+    with pytest.raises(SystemExit, match=r"^backend=gpu needs GPUs, and no node of Slurm partition cpu has one"):
+        slurm.check_resources(PRESET, "gpu")
 
 
 def _slurm_ready() -> str | None:
@@ -65,12 +86,14 @@ def _slurm_ready() -> str | None:
     out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
     if out.returncode or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
         return f"Slurm has no node up: {(out.stderr or out.stdout).strip()}"
+    acct = subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True, text=True)
+    if acct.returncode:            # submitit reads job states with sacct
+        return f"{slurm.ACCOUNTING_DOWN} ({(acct.stderr.strip().splitlines() or ['sacct failed'])[-1]})"
     return None
 
 
 needs_slurm = pytest.mark.skipif(_slurm_ready() is not None, reason=str(_slurm_ready()))
-SMALL = ["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_task=null", "hydra.launcher.mem_gb=1",
-         "precision=int8"]
+SMALL = ["-m", "hydra/launcher=slurm", "hydra.launcher.mem_gb=1", "precision=int8"]
 
 
 def _env():
@@ -92,16 +115,51 @@ def _store_is_sound(tmp):
 
 def _sacct(job: str) -> dict:
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"], capture_output=True,
-                         text=True).stdout
-    return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.split()}
+                         text=True)
+    if out.returncode:
+        pytest.fail(f"{slurm.ACCOUNTING_DOWN} ({(out.stderr.strip().splitlines() or ['sacct failed'])[-1]})")
+    return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.stdout.strip().split("\n")}
+
+
+def _accounting_down(tmp) -> dict:
+    """The environment of a command in which ``sacct`` fails as it does while slurmdbd is down."""
+    fake = tmp / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "sacct").write_text(
+        "#!/bin/sh\necho 'sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection "
+        "to host:localhost:6819: Connection refused' >&2\necho 'sacct: error: Problem talking to the database: "
+        "Connection refused' >&2\nexit 1\n")
+    (fake / "sacct").chmod(0o755)
+    return {**_env(), "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_slurm_accounting_down_is_named_by_the_tests(tmp_path, monkeypatch):
+    """The real-Slurm tests failed on an empty sacct when slurmdbd was down; they say what is wrong."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/sh\necho idle\n")
+    (tmp_path / "bin" / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", _accounting_down(tmp_path)["PATH"])
+    said = ("Slurm accounting (slurmdbd) is not answering: restart it with bash tools/slurm_one_node.sh (a cluster of "
+            "your site: ask its administrators)")
+    assert _slurm_ready() == f"{said} (sacct: error: Problem talking to the database: Connection refused)"
+    with pytest.raises(pytest.fail.Exception) as failed:
+        _sacct("12")
+    assert str(failed.value) == f"{said} (sacct: error: Problem talking to the database: Connection refused)"
 
 
 @needs_slurm
 def test_a_rerun_of_a_finished_sweep_submits_nothing(tmp_path, need_ptxas):
-    """Each job of a finished sweep was submitted again, and took ~22 s to say "already tracked"."""
+    """Each job of a finished sweep was submitted again, and took ~22 s to say "already tracked". The
+    first sweep runs with Slurm accounting not answering (sacct fails; the jobs run on the real Slurm):
+    each poll of the jobs printed sacct's errors and submitit's warning three times; it is one line."""
     args = [*SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32,64", *store_args(tmp_path)]
-    rc, out = run_cli(tmp_path, *args, env=_env())
-    assert rc == 0 and "Submitted Slurm job " in out and "2 static" in out, out
+    rc, out = run_cli(tmp_path, *args, env=_accounting_down(tmp_path))
+    assert rc == 0 and "Submitted Slurm job " in out and "2 static" in out and "Traceback" not in out, out
+    assert ("backend=auto: the jobs ask Slurm for no GPU (the partition's nodes have none, or hydra.launcher."
+            "gpus_per_task=null): static runs (ptxas only).") in out.splitlines()    # README's command, as written
+    assert [line for line in out.splitlines() if "sacct" in line] == [
+        f"{slurm.ACCOUNTING_DOWN} (sacct: error: Problem talking to the database: Connection refused). The sweep "
+        "goes on: it follows its jobs by squeue and their result files."], out
     job = out.split("Submitted Slurm job ")[1].split(":")[0]
     assert _sacct(job) == {f"{job}_0": ("COMPLETED", "0:0"), f"{job}_1": ("COMPLETED", "0:0")}
     parents, children = _store_is_sound(tmp_path)
@@ -168,3 +226,143 @@ def test_slurm_signals_close_the_jobs_runs_killed(tmp_path, monkeypatch):
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+@needs_slurm
+def test_backend_gpu_on_a_partition_without_gpus_is_refused_before_submitting(tmp_path):
+    """The jobs of backend=gpu on a GPU-less partition would each fail their runs (or pend for ever)."""
+    rc, out = run_cli(tmp_path, *SMALL, "backend=gpu", *store_args(tmp_path), env=_env())
+    assert rc == 1 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith("backend=gpu needs GPUs, and no node of Slurm partition debug "
+                                                   "has one (sinfo GRES: (null)). Choose a partition with GPUs")
+    assert "Submitted Slurm job" not in out and all_runs(tmp_path) == ([], [])
+
+
+# In the processes of a command (its Slurm jobs included: sbatch hands them its environment) with
+# TC_SLOW_RUN_MARKS set: a static run stays in progress TC_SLOW_RUN_S seconds after it started, once
+# per kernel (a mark file in that folder), so that a signal finds it open and a requeued job does not wait.
+_SLOW_RUN = """import os, sys, threading, time
+def _slow():
+    while not hasattr(sys.modules.get("experiments.runner.job"), "_log_kernel_artifacts"):
+        time.sleep(0.02)
+    job = sys.modules["experiments.runner.job"]
+    log = job._log_kernel_artifacts
+    def slow(tr, rid, kern, cfg):
+        log(tr, rid, kern, cfg)
+        mark = os.path.join(os.environ["TC_SLOW_RUN_MARKS"], kern.entry)
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            time.sleep(float(os.environ["TC_SLOW_RUN_S"]))
+    job._log_kernel_artifacts = slow
+if os.environ.get("TC_SLOW_RUN_MARKS"):
+    threading.Thread(target=_slow, daemon=True).start()
+"""
+
+
+def _start(tmp, *args, slow_s=120):
+    """``python run.py ARGS`` started in ``tmp`` (output in tmp/command.log), its runs slow (_SLOW_RUN)."""
+    site = tmp / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_RUN)
+    (tmp / "marks").mkdir()
+    env = {**_cli_env(), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "TC_SLOW_RUN_MARKS": str(tmp / "marks"),
+           "TC_SLOW_RUN_S": str(slow_s)}
+    with open(tmp / "command.log", "w") as log:        # Ctrl-C reaches it also where the tests ignore SIGINT
+        return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args, *store_args(tmp)], cwd=tmp, env=env,
+                                stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _poll(what, timeout=120):
+    """``what()`` once it is true (every 0.3 s), or fail after ``timeout`` seconds naming it (its docstring)."""
+    deadline = time.time() + timeout
+    while not (got := what()):
+        assert time.time() < deadline, f"not within {timeout} s: {what.__doc__ or what}"
+        time.sleep(0.3)
+    return got
+
+
+def _in_progress(tmp, n):
+    def runs():
+        """the command's runs in progress"""
+        if not (tmp / "mlflow.db").exists():
+            return None
+        children = all_runs(tmp)[1]
+        return children if sum(c.info.status == "RUNNING" for c in children) >= n else None
+    return runs
+
+
+def _stop(proc, tmp):
+    """Kill the command ``proc`` started in ``tmp`` if it still runs, and cancel its Slurm jobs."""
+    if proc.poll() is None:
+        proc.kill()
+        queue = subprocess.run(["squeue", "-h", "-o", "%A|%Z"], capture_output=True, text=True).stdout.split()
+        subprocess.run(["scancel", *(q.split("|")[0] for q in queue if q.endswith(f"|{tmp}"))])
+
+
+def _ended(proc, tmp):
+    """(exit status, output) of the command ``proc`` started in ``tmp``, failing after 2 minutes."""
+    try:
+        return proc.wait(120), (tmp / "command.log").read_text()
+    except subprocess.TimeoutExpired:
+        _stop(proc, tmp)
+        pytest.fail(f"the command did not end within 2 minutes: {(tmp / 'command.log').read_text()}")
+
+
+@needs_slurm
+def test_ctrl_c_of_the_command_cancels_its_jobs_and_kills_their_runs(tmp_path, need_ptxas):
+    """Ctrl-C of the submitting command, checked by hand only: its two jobs, each with a run in
+    progress, are cancelled; their runs end KILLED with the reason, the parent KILLED (not deleted)."""
+    proc = _start(tmp_path, *SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32,64")
+    try:
+        _poll(_in_progress(tmp_path, 2))
+    finally:
+        proc.send_signal(signal.SIGINT)
+    rc, out = _ended(proc, tmp_path)
+    assert rc == 130 and "Traceback" not in out, out
+    job = out.split("Submitted Slurm job ")[1].split(":")[0]
+    assert f"\nCancelling 2 Slurm task(s) of this sweep (scancel {job}) ...\n" in out
+    assert out.strip().splitlines()[-1] == (
+        "Interrupted: 0 run(s) finished in this command are kept; 2 run(s) in progress marked KILLED "
+        "(outcome=interrupted); the sweep is marked KILLED. Run the same command again to resume (finished runs "
+        "are skipped, the sweep continues).")
+    assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout == ""
+    assert {state.split()[0] for state, _ in _sacct(job).values()} == {"CANCELLED"}
+    parents, children = _store_is_sound(tmp_path)
+    assert sorted(c.data.tags["slurm_job_id"] for c in children) == [f"{job}_0", f"{job}_1"]
+    for c in children:       # closed by the job on scancel's SIGTERM, or after Slurm killed it by the command
+        assert (c.info.status, c.data.tags["outcome"]) == ("KILLED", "interrupted")
+        assert c.data.tags["skip_reason"] in (
+            f"Slurm ended job {c.data.tags['slurm_job_id']} (SIGTERM: scancel, or its node is going down)",
+            "its Slurm job was cancelled: the sweep was interrupted (Ctrl-C or SIGTERM of the submitting command)")
+    assert [(p.info.status, p.data.tags["skip_reason"]) for p in parents] == [("KILLED", "interrupted by Ctrl-C")]
+
+
+@needs_slurm
+def test_usr2_closes_the_runs_killed_and_the_requeued_job_measures_them(tmp_path, need_ptxas):
+    """USR2 (what submitit asks Slurm to send before preemption or the time limit) to a running job
+    under real Slurm, tested in-process only: its run ends KILLED with the reason, submitit requeues
+    the job, and the requeued job measures that run once more (one FINISHED run per measurement)."""
+    proc = _start(tmp_path, *SMALL, "hydra.launcher.cpus_per_task=1", "ktile=32")
+    try:
+        _poll(_in_progress(tmp_path, 1))
+        job = next(line.split()[3].rstrip(":") for line in (tmp_path / "command.log").read_text().splitlines()
+                   if line.startswith("Submitted Slurm job "))
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        # (a sweep of one job is a plain Slurm job, no array); a requeued job waits ~2 min (Slurm's
+        # credential lifetime) before it may start again
+        _poll(lambda: "BeginTime" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True,
+                                                    text=True).stdout)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        rc, out = _ended(proc, tmp_path)
+    finally:
+        _stop(proc, tmp_path)
+    assert rc == 0 and "Traceback" not in out, out
+    assert "1 static." in out.strip().splitlines()[-4] and _sacct(job) == {job: ("COMPLETED", "0:0")}
+    parents, children = _store_is_sound(tmp_path)
+    assert [(c.info.status, c.data.tags["slurm_job_id"], c.data.tags.get("skip_reason")) for c in children] == [
+        ("FINISHED", job, None),
+        ("KILLED", job, f"Slurm signalled job {job} to stop (USR2: preempted or at its time limit); "
+                        "submitit requeues it and it measures them again")]
+    assert len({c.data.tags["run_key"] for c in children}) == 1 and [p.info.status for p in parents] == ["FINISHED"]
+

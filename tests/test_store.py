@@ -150,9 +150,13 @@ def test_file_store_uri_gets_one_clear_line(tmp_path):
     assert not (tmp_path / "mlruns").exists() and not (tmp_path / "file:").exists()
 
 
-def test_report_is_read_only(tmp_path, module_cli):
-    rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{tmp_path}/typo.db", cwd=ROOT)
-    assert rc != 0 and "no store at" in err and "typo.db" in err
+@pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "experiments.profile",
+                                    "analysis.report"])
+def test_readers_refuse_a_missing_store_alike(tmp_path, module_cli, module):
+    """Every reader exits 2 on a store that is not there (the report exited 1, the others 2), names the path,
+    and creates nothing."""
+    rc, _, err = module_cli(module, "--uri", f"sqlite:///{tmp_path}/typo.db", cwd=ROOT)
+    assert rc == 2 and "no store at" in err and f"{tmp_path}/typo.db" in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
 
 

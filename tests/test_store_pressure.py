@@ -72,7 +72,7 @@ def test_store_of_an_older_mlflow_is_kept_before_it_is_upgraded(tmp_path, capsys
     shutil.copy(_mlflow_2_16_store(), db)
     before, rows = _sha(db), _dump(db)
     rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
-    assert rc == 1 and "Traceback" not in err, err
+    assert rc == 2 and "Traceback" not in err, err
     assert f"was written by an older MLflow (schema revision {MLFLOW_2_16_HEAD}" in err
     assert f"mlflow db upgrade sqlite:///{db}" in err
     with pytest.raises(RunsError, match="older MLflow"):
@@ -108,7 +108,7 @@ def test_store_of_a_newer_mlflow_is_left_alone_with_the_pip_command(tmp_path, mo
     assert rc == 1 and "Traceback" not in out, out
     assert advice in out and f"pip install 'mlflow>{mlflow.__version__}'" in out, out
     rc, _, err = module_cli("experiments.report", "--uri", f"sqlite:///{db}", cwd=ROOT)
-    assert rc == 1 and advice in err and "Traceback" not in err, err
+    assert rc == 2 and advice in err and "Traceback" not in err, err
     assert _sha(db) == before and _revision(db) == "f00dfeed1234"
 
 

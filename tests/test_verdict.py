@@ -187,8 +187,8 @@ def test_against_refuses_runs_it_cannot_compare(tmp_path, capsys):
                                                   "needs an earlier sweep"),
                        (["--against", only], f"sweep {only} and sweep {only} hold the same runs"),
                        (["--against", "0" * 32], f"'{'0' * 32}' is not a run id in {tr.uri}")):
-        with pytest.raises(SystemExit, match="Store error: " + text.replace("(", r"\(").replace(")", r"\)")):
-            main(["--uri", tr.uri, "--experiment", "e", *argv])
+        assert main(["--uri", tr.uri, "--experiment", "e", *argv]) == 2
+        assert capsys.readouterr().err.startswith(f"Store error: {text}")
     with pytest.raises(SystemExit) as exc:
         main(["--uri", tr.uri, "--experiment", "e", "--against", only, "--repeat", tr.uri])
     assert exc.value.code == 2 and "drop --repeat" in capsys.readouterr().err
@@ -250,3 +250,23 @@ def test_a_mistyped_run_id_for_against_is_not_read_as_a_store(tmp_path, module_c
     assert rc == 2 and err.strip().splitlines()[-1].endswith(
         "--against 'nosuchrun' is neither runs of this store (previous, or a run id: 32 hex digits) nor another "
         "store (a tracking URI such as sqlite:///PATH/mlflow.db, or a path to one)"), err
+
+
+def test_against_between_sweeps_of_static_runs_says_what_they_hold(tmp_path, capsys):
+    """Two GPU-less sweeps: "--against previous" said "they hold 0 and 0 verified GPU run(s)" with no reason
+    and no way on; it names the static runs and the command that tables them."""
+    from experiments.reports.report import main
+    tr = _tracker(tmp_path)
+    sweeps = []
+    for label in ("a", "b"):
+        parent = tr.start(f"sweep {label}", {}, {"kind": "sweep", "sweep_key": label})
+        for i in range(2):
+            tr.end(tr.start(f"static {label}{i}", {"precision": "int8"},
+                            {"backend": "static", "outcome": "static"}, parent))
+        tr.end(parent)
+        sweeps.append(parent)
+    assert main(["--uri", tr.uri, "--experiment", "e", "--against", "previous"]) == 2
+    assert capsys.readouterr().err == (
+        f"No run in sweep {sweeps[1]} of {tr.uri} was measured on a GPU yet: 2 static run(s) (rendered and "
+        "assembled only): a verdict needs verified GPU runs on both sides; their kernels compare as python -m "
+        f"experiments.report --static --uri {tr.uri} --experiment e --sweep {sweeps[1]}\n")

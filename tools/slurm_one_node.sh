@@ -29,7 +29,7 @@ chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
 
 # accounting: MariaDB for slurmdbd
-if ! mysqladmin ping --silent 2>/dev/null; then
+if ! mysqladmin ping --silent >/dev/null 2>&1; then
     (mysqld_safe --skip-networking=0 --bind-address=127.0.0.1 >/dev/null 2>&1 &)
     for _ in $(seq 60); do mysqladmin ping --silent >/dev/null 2>&1 && break; sleep 0.5; done
 fi
@@ -73,8 +73,11 @@ MinJobAge=300
 NodeName=$node CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
-pgrep -x slurmdbd >/dev/null || /usr/sbin/slurmdbd
-for _ in $(seq 60); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.5; done
+for _ in $(seq 60); do   # (re)start slurmdbd once one that was stopped has exited, until it answers
+    sacctmgr -n list cluster >/dev/null 2>&1 && break
+    pgrep -x slurmdbd >/dev/null || /usr/sbin/slurmdbd
+    sleep 0.5
+done
 sacctmgr -i add cluster onenode >/dev/null 2>&1 || true
 pgrep -x slurmctld >/dev/null || /usr/sbin/slurmctld
 pgrep -x slurmd >/dev/null || /usr/sbin/slurmd
@@ -85,4 +88,5 @@ for _ in $(seq 60); do
     sleep 0.5
 done
 sinfo -h -o "%P %D %c %m %t" | sed "s/^/slurm one node: partition nodes cpus mem_mb state = /"
-sacct -n -X -S now >/dev/null  # accounting answers (submitit reads job states with sacct)
+sacct -n -X -S now >/dev/null || {   # submitit reads job states with sacct
+    echo "slurm_one_node.sh: Slurm accounting (slurmdbd) is not answering: see /var/log/slurm/slurmdbd.log" >&2; exit 1; }

@@ -75,10 +75,12 @@ def start_postgres(folder: Path) -> tuple[str, subprocess.Popen]:
     return f"postgresql+psycopg2://mlflow@127.0.0.1:{port}/mlflow", proc
 
 
-def start_server(backend: str, folder: Path, workers: int = 2) -> tuple[str, subprocess.Popen]:
+def start_server(backend: str, folder: Path, workers: int = 2,
+                 env: dict | None = None) -> tuple[str, subprocess.Popen]:
     """Start ``mlflow server`` on a free loopback port with the store ``backend`` and artifacts in
-    ``folder``/artifacts; returns (its URI, the process) once it answers /health. Raises RuntimeError
-    with the server's last lines when it does not start within two minutes."""
+    ``folder``/artifacts, with the environment variables ``env`` added; returns (its URI, the process)
+    once it answers /health. Raises RuntimeError with the server's last lines when it does not start
+    within two minutes."""
     port = _free_port()
     log = open(Path(folder) / "mlflow-server.log", "w")   # noqa: SIM115 - the server's, for as long as it runs
     names = ",".join(sorted({"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}))
@@ -86,7 +88,7 @@ def start_server(backend: str, folder: Path, workers: int = 2) -> tuple[str, sub
                              str(port), "--backend-store-uri", backend, "--default-artifact-root",
                              str(Path(folder) / "artifacts"), "--workers", str(workers),
                              "--allowed-hosts", ",".join(f"{n},{n}:{port}" for n in names.split(","))],
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -152,20 +152,21 @@ def theoretical_occupancy(arch: str, threads: int, registers: int, smem_bytes: i
     return blocks * warps / lim.max_warps_sm, blocks, limiter
 
 
-def smem_padding(arch: str, threads: int, registers: int, smem_bytes: int, blocks: int) -> int:
+def smem_padding(arch: str, threads: int, registers: int, smem_bytes: int, blocks: int,
+                 kernel: str = "this kernel") -> int:
     """Bytes of dynamic shared memory to add to each block's launch so that at most ``blocks`` blocks
     are resident per SM on ``arch`` (launch.blocks_per_sm), the kernel's instructions unchanged.
 
     threads: per block; registers: per thread; smem_bytes: the kernel's static + dynamic shared memory
-    per block (bytes). The padded block takes the least allocation (:func:`theoretical_occupancy`'s
-    granularity, with the per-block reservation) of which the SM's shared memory holds ``blocks`` and
-    not ``blocks + 1``; 0 when the kernel reaches exactly ``blocks`` already. Raises
-    :class:`experiments.spec.SpecError` naming the reachable maximum and its limiter when ``blocks`` is
-    more than the kernel reaches without padding, or not positive."""
+    per block (bytes); kernel: its name, for the error. The padded block takes the least allocation
+    (:func:`theoretical_occupancy`'s granularity, with the per-block reservation) of which the SM's
+    shared memory holds ``blocks`` and not ``blocks + 1``; 0 when the kernel reaches exactly ``blocks``
+    already. Raises :class:`experiments.spec.SpecError` naming the reachable maximum and its limiter
+    when ``blocks`` is more than the kernel reaches without padding, or not positive."""
     from ..spec import SpecError
     reach, limiter = theoretical_occupancy(arch, threads, registers, smem_bytes)[1:]
     if not 1 <= blocks <= reach:
-        raise SpecError(f"launch.blocks_per_sm={blocks} is not valid for this kernel on {arch}: without "
+        raise SpecError(f"launch.blocks_per_sm={blocks} is not valid for {kernel} on {arch}: without "
                         f"padding it reaches {reach} resident block{'s' * (reach != 1)} per SM (limited by "
                         f"{limiter}: {threads} threads, {registers} registers per thread, {smem_bytes} bytes "
                         f"of shared memory per block); valid: 0 (as many as fit) or 1 ... {reach}")

@@ -372,6 +372,13 @@ class Family:
                 seen.add(s.entry)
                 yield s
 
+    def declared(self, key: str) -> tuple:
+        """The values this family declares for the config key ``key`` (``precision``, ``family.<axis>``), in
+        declared order, for a search over its space (experiments.runner.search); () for a key it does not
+        declare."""
+        axis = key.removeprefix("family.")
+        return tuple(self.axes.get(axis, ())) if key == "precision" or key != axis else ()
+
     def describe(self) -> str:
         """Axes and rules as text (for ``--help``)."""
         lines = [f"family={self.name}: {self.title}"]

@@ -132,4 +132,4 @@ def launch_padding(fam: Family, spec: FamilySpec, asm: Assembly | None, blocks: 
         raise RuntimeError(f"launch.blocks_per_sm={blocks} needs the registers and static shared memory of "
                            f"{spec.entry} from ptxas, which are missing: {note}")
     smem = asm.static_smem + fam.dyn_smem(spec)
-    return smem_padding(spec.arch, fam.threads(spec), asm.registers, smem, blocks)
+    return smem_padding(spec.arch, fam.threads(spec), asm.registers, smem, blocks, spec.entry)

@@ -583,13 +583,18 @@ def verdict_table(uri: str, experiment: str = "tensor-core-ablations", sweep: st
     sides, or a run that was not verified on a GPU."""
     tr = Tracker(uri, experiment, create=False)
     runs, name, parent = _side(tr, sweep)
-    refs, ref_name, _ = _side(tr, against, parent)
+    refs, ref_name, ref_parent = _side(tr, against, parent)
     if {r.info.run_id for r in runs} & {r.info.run_id for r in refs}:
         raise StoreError(f"{name} and {ref_name} hold the same runs: give two sweeps (or runs) to compare "
                          "(a sweep that finds its runs measured reuses them: tracking.rerun=true measures "
                          "again)")
     timed = lambda rs: [r for r in rs if math.isfinite(_us(r)) and _us(r) > 0]   # noqa: E731
     runs, refs = timed(runs), timed(refs)
+    for side, sweep_id in ((runs, parent), (refs, ref_parent)):
+        if not side and sweep_id:              # e.g. two sweeps of static runs: nothing timed to compare
+            return _nothing_measured(tr, uri, "", ": a verdict needs verified GPU runs on both sides; their "
+                                     "kernels compare as " + static_command(uri, experiment, sweep_id),
+                                     sweep_id)
     axes = _compared(runs, refs)
     shared = sorted({k for r in runs + refs for k in r.data.params} - set(axes) - set(PER_RUN))
     latest = {}
@@ -722,8 +727,9 @@ def main(argv=None) -> int:
             text = static_table(uri, args.experiment, args.sweep)
         else:
             text = table(uri, args.experiment, args.sweep)
-    except StoreError as exc:
-        raise SystemExit(f"Store error: {exc}") from None
+    except StoreError as exc:                  # no such store, run or sweep: the input, like a usage error
+        print(f"Store error: {exc}", file=sys.stderr)
+        return 2
     if text.startswith((NOTHING_MEASURED, NO_STATIC)):    # nothing to table: an --out file is kept
         print(text + (f"{args.out} left as it is.\n" if args.out else ""), end="", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ from ..spec import SpecError, sm_count, value
 from ..gpu.timing import key_items, key_params
 from ..gpu.worker import GpuWorker, WorkerError, claim_gpu, gpu_lock, nvml_gpu
 
-__all__ = ["run_job", "JobError", "git_commit", "warm_process", "skipped_key"]
+__all__ = ["run_job", "Counts", "JobError", "git_commit", "warm_process", "skipped_key"]
 
 console = Console(highlight=False, soft_wrap=True)
 _WORKER = GpuWorker()         # one GPU process per sweep process, kept across its jobs
@@ -41,6 +41,16 @@ _WORKER = GpuWorker()         # one GPU process per sweep process, kept across i
 
 class JobError(RuntimeError):
     """The job cannot run here (no GPU for backend=gpu, CuPy unusable); the message says what to do."""
+
+
+class Counts(dict):
+    """What :func:`run_job` returns: the counts of its runs' outcomes (a dict, e.g. ``{"finished": 1}``)
+    and in ``runs`` the ids of every run the job started or found done or under way (claim), in
+    order: a search reads its trial's results from them (experiments.runner.search)."""
+
+    def __init__(self, counts: dict, runs=()):
+        super().__init__(counts)
+        self.runs = list(runs)
 
 
 class _Job:
@@ -69,6 +79,7 @@ class _Job:
                        "family": family_name(cfg)}
         self.rid: str | None = None        # the run in progress
         self.started = 0
+        self.runs: list = []               # every run started or claimed (Counts.runs)
 
     def parent(self) -> str:
         """The sweep's parent: made by the sweep's start (multirun), else found or made now."""
@@ -77,10 +88,12 @@ class _Job:
     def start(self, name: str, tags: dict, params: dict | None = None) -> str:
         self.rid = self.tr.start(name, params or self.params, tags, self.parent())
         self.started += 1
+        self.runs.append(self.rid)
         return self.rid
 
     def claim(self, key: str, name: str, tags: dict, params: dict | None = None) -> tuple[str, str]:
         state, rid = self.tr.claim(key, name, params or self.params, tags, self.parent)
+        self.runs.append(rid)
         if state == "new":
             self.rid, self.started = rid, self.started + 1
         return state, rid
@@ -100,14 +113,21 @@ class _Job:
         self.rid = None
 
 
-def run_job(cfg) -> dict:
-    """Run one job of the sweep for the composed config ``cfg``; returns counts of run outcomes.
+def run_job(cfg) -> Counts:
+    """Run one job of the sweep for the composed config ``cfg``; returns counts of run outcomes, with
+    the ids of its runs (:class:`Counts`).
 
     Outside a multirun, raises SpecError (an impossible configuration, before any work) or JobError.
     In a multirun both become runs with their reason (FINISHED with outcome=skipped, FAILED), as does
     any other exception, and the job returns; KeyboardInterrupt propagates (run.py closes the open runs).
     """
     job = _Job(cfg)
+    counts = _outcomes(cfg, job)
+    return Counts(counts, job.runs)
+
+
+def _outcomes(cfg, job: _Job) -> dict:
+    """run_job's counts (see there)."""
     try:
         return _run(cfg, job)
     except SpecError as exc:

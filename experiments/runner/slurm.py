@@ -1,13 +1,16 @@
 """Hydra's submitit Slurm launcher (``hydra/launcher=slurm``) with what a sweep on a cluster needs.
 
 Before submitting (in the command that submits, on the login node):
-- :func:`check_resources`: resources no node of the partition has are refused with what its nodes
-  have (``sinfo``), instead of an array that pends for ever;
+- :func:`check_resources`: a GPU is asked for only where the backend uses one and the partition has
+  one (``backend=gpu`` on a partition without GPUs is refused); resources no node of the partition has
+  are refused with what its nodes have (``sinfo``), instead of an array that pends for ever;
 - a job whose every run the sweep already holds FINISHED is not submitted again (tag ``job.<hash>``
   of the parent run, :func:`job_tag`, written by the job when it ended with no failure).
 While the jobs run:
 - Ctrl-C cancels them (``scancel``), waits until Slurm has ended them and closes their runs KILLED;
   the parent then ends KILLED (or, with no run, is deleted): no run is left under a deleted parent;
+- when ``sacct`` cannot answer (Slurm accounting down), one line says so once (:data:`ACCOUNTING_DOWN`)
+  and the sweep goes on, a job's end known from its result file or ``squeue``;
 - a job that did not finish (cancelled, preempted and not requeued, its node failed) is one line
   naming its Slurm job and state; its runs still RUNNING are closed KILLED, and the command exits 1
   after the sweep's summary.
@@ -35,6 +38,9 @@ from ..store import track
 __all__ = ["SlurmLauncher", "RunsFailed", "JobInterrupted", "check_resources", "job_tag", "lost_jobs"]
 
 _LOST: list = []    # one line per job of this command's sweep that Slurm ended unfinished
+_CANCELLED: list = []  # the runs of this command's jobs that ended KILLED when it cancelled them
+ACCOUNTING_DOWN = ("Slurm accounting (slurmdbd) is not answering: restart it with bash "
+                   "tools/slurm_one_node.sh (a cluster of your site: ask its administrators)")
 
 
 class RunsFailed(RuntimeError):
@@ -48,6 +54,11 @@ class JobInterrupted(RuntimeError):
 def lost_jobs() -> list[str]:
     """The lines saying which Slurm jobs of this command's sweep ended without finishing."""
     return list(_LOST)
+
+
+def cancelled_runs() -> int:
+    """How many runs of this command's Slurm jobs ended KILLED when Ctrl-C (or SIGTERM) cancelled them."""
+    return sum(_CANCELLED)
 
 
 def job_tag(overrides) -> str:
@@ -68,18 +79,24 @@ def _gpus(gres: str) -> int:
                if item.startswith("gpu:"))
 
 
-def check_resources(params) -> None:
-    """Raise SystemExit when no node of the partition can give one task of the launcher ``params``
-    (``hydra.launcher``: cpus_per_task, mem_gb, gpus_per_task or gpus_per_node, tasks_per_node,
-    partition; None: the cluster's default partition), naming what was asked, what the largest node
-    has (``sinfo``) and the overrides that fit. Nothing when ``sinfo`` cannot answer (Slurm says why
-    at submission)."""
+def check_resources(params, backend: str = "auto") -> dict:
+    """The GPUs a job of the sweep asks for (``{"gpus_per_task": n, "gpus_per_node": m}``, the
+    launcher settings to submit with), from the ``backend`` and what the partition's nodes have
+    (``sinfo`` GRES): none for ``static``, nor for ``auto`` on a partition without GPUs (its jobs run
+    static); else those of the launcher ``params`` (``hydra.launcher``: cpus_per_task, mem_gb,
+    gpus_per_task or gpus_per_node, tasks_per_node, partition; None: the cluster's default
+    partition). Raise SystemExit when no node of the partition can give one task
+    (``backend=gpu`` on a partition without GPUs included), naming what was asked, what the largest
+    node has and the overrides that fit. When ``sinfo`` cannot answer, no check (Slurm says why at
+    submission) and no GPU for ``static`` only."""
     partition = params.get("partition")
+    none = {"gpus_per_task": None, "gpus_per_node": None}
+    asked = none if backend == "static" else {k: params.get(k) for k in none}
     cmd = ["sinfo", "-h", "-o", "%P|%c|%m|%G"] + (["-p", str(partition)] if partition else [])
     try:
         lines = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
-        return
+        return asked
     rows = [line.split("|") for line in lines if line.count("|") == 3]
     if not partition:
         rows = [r for r in rows if r[0].endswith("*")] or rows
@@ -91,22 +108,27 @@ def check_resources(params) -> None:
                              f"{', '.join(p.rstrip('*') for p in known)} (sinfo; * is the default, also "
                              "taken without hydra.launcher.partition). Nothing was submitted.")
     if not rows:
-        return
+        return asked
     name = rows[0][0].rstrip("*")
+    nodes = [{"cpus": _number(c), "mem": _number(m), "gpus": _gpus(g)} for _, c, m, g in rows]
+    if backend == "gpu" and not any(n["gpus"] for n in nodes):
+        raise SystemExit(
+            f"backend=gpu needs GPUs, and no node of Slurm partition {name} has one (sinfo GRES: "
+            f"{', '.join(sorted({g for *_, g in rows}))}). Choose a partition with GPUs "
+            "(hydra.launcher.partition=..., `sinfo -o '%P %G'` lists them), or backend=static (render and "
+            "assemble only) or backend=auto (static where a node has no GPU). Nothing was submitted.")
+    if backend == "auto" and not any(n["gpus"] for n in nodes):
+        asked = none
     tasks = int(params.get("tasks_per_node") or 1)
     want = {"cpus": int(params.get("cpus_per_task") or 1) * tasks,
             "mem": int(float(params.get("mem_gb") or 0) * 1024),
-            "gpus": int(params.get("gpus_per_node") or 0) or int(params.get("gpus_per_task") or 0) * tasks}
-    nodes = [{"cpus": _number(c), "mem": _number(m), "gpus": _gpus(g)} for _, c, m, g in rows]
+            "gpus": int(asked["gpus_per_node"] or 0) or int(asked["gpus_per_task"] or 0) * tasks}
     if any(all(n[k] >= v for k, v in want.items()) for n in nodes):
-        return
+        return asked
     most = {k: max(n[k] for n in nodes) for k in want}
     fits = [f"hydra.launcher.cpus_per_task={max(1, most['cpus'] // tasks)}"] * (want["cpus"] > most["cpus"])
     fits += [f"hydra.launcher.mem_gb={max(1, most['mem'] // 1024)}"] * (want["mem"] > most["mem"])
-    if want["gpus"] > most["gpus"]:
-        fits += (["hydra.launcher.gpus_per_task=null (backend=static needs no GPU; backend=gpu needs a "
-                  "partition with GPUs)"] if not most["gpus"] else
-                 [f"hydra.launcher.gpus_per_task={most['gpus'] // tasks}"])
+    fits += [f"hydra.launcher.gpus_per_task={most['gpus'] // tasks}"] * (want["gpus"] > most["gpus"])
     raise SystemExit(
         f"Slurm cannot run this sweep's jobs on partition {name}: each asks for {want['cpus']} CPU(s), "
         f"{want['mem']} MB and {want['gpus']} GPU(s), and its largest node has {most['cpus']} CPU(s), "
@@ -149,6 +171,10 @@ class SlurmLauncher(_Submitit):
                              + f"; `sinfo -s` lists the partitions; submitit's files: "
                              f"{str(self.params['submitit_folder']).removesuffix('/%j')})") from None
         print(f"Submitted Slurm job {jobs[0].job_id.split('_')[0]}: {len(jobs)} task(s).", flush=True)
+        watcher = _accounting_watcher()
+        for job in jobs:
+            job.watcher = watcher
+            watcher.register_job(job.job_id)
         try:
             self._wait(dict(zip(todo, jobs, strict=True)), job_overrides, returns)
         except KeyboardInterrupt:
@@ -220,19 +246,24 @@ class SlurmLauncher(_Submitit):
             _LOST.append(line)
             return _returned(overrides, {"lost": 1})
 
-    def _close_runs(self, job_ids: list, why: str) -> int:
-        """Close (KILLED, ``why``) the RUNNING runs of the Slurm jobs ``job_ids``; returns how many."""
+    def _close_runs(self, job_ids: list, why: str, since_ms: int | None = None) -> int:
+        """Close (KILLED, ``why``) the RUNNING runs of the Slurm jobs ``job_ids``; returns how many, or
+        with ``since_ms`` how many of their runs ended KILLED since then (by the jobs or here)."""
         tr, n = self._tracker(), 0
         for jid in job_ids:
             for r in tr._runs(f"tags.slurm_job_id = '{jid}' and attributes.status = 'RUNNING'"):
                 tr._close_orphan(r.info.run_id, why)
                 n += 1
+        if since_ms is not None:
+            return sum(len(tr._runs(f"tags.slurm_job_id = '{jid}' and attributes.status = 'KILLED' and "
+                                    f"attributes.end_time >= {since_ms}")) for jid in job_ids)
         return n
 
     def _cancel(self, jobs: list, why: str) -> None:
         """Cancel ``jobs`` (scancel), wait up to a minute until Slurm has ended them (their runs end
         KILLED in the job), then close the runs they left RUNNING. A second Ctrl-C waits meanwhile."""
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        since_ms = int(time.time() * 1000)
         try:
             ids = [j.job_id for j in jobs]
             print(f"\nCancelling {len(ids)} Slurm task(s) of this sweep (scancel {ids[0].split('_')[0]}) ...",
@@ -245,7 +276,7 @@ class SlurmLauncher(_Submitit):
                 if out.returncode or not out.stdout.strip():
                     break
                 time.sleep(1)
-            self._close_runs(ids, f"its Slurm job was cancelled: {why}")
+            _CANCELLED.append(self._close_runs(ids, f"its Slurm job was cancelled: {why}", since_ms))
         finally:
             signal.signal(signal.SIGINT, old)
 
@@ -287,6 +318,39 @@ def _queued(jobs: list) -> set | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return set(out.stdout.split()) if out.returncode == 0 else None
+
+
+def _accounting_watcher():
+    """submitit's ``sacct`` watcher of job states (imported here: submitit takes 0.1 s to import),
+    saying once in one line (:data:`ACCOUNTING_DOWN`) when Slurm accounting does not answer, where
+    submitit logs a warning and ``sacct`` its errors at every poll. Meanwhile a job's end is known from
+    its result file or ``squeue`` (SlurmLauncher._wait)."""
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    class Accounting(SlurmInfoWatcher):
+        said = False
+
+        def update(self) -> None:
+            """submitit's update (one ``sacct`` for the jobs not yet ended), its errors captured."""
+            command = self._make_command()
+            if command is None:
+                return
+            self._num_calls += 1
+            try:
+                out = subprocess.run(command, capture_output=True, timeout=60, check=True).stdout
+            except (OSError, subprocess.SubprocessError) as exc:
+                if not self.said:
+                    self.said = True
+                    said = (getattr(exc, "stderr", None) or b"").decode(errors="replace").strip().splitlines()
+                    print(f"{ACCOUNTING_DOWN} ({said[-1] if said else exc}). The sweep goes on: it follows "
+                          "its jobs by squeue and their result files.", file=sys.stderr, flush=True)
+            else:
+                self._info_dict.update(self.read_info(out))
+            self._last_status_check = time.time()
+            for job_id in self._registered - self._finished:
+                if self.is_done(job_id, mode="cache"):
+                    self._finished.add(job_id)
+    return Accounting(delay_s=60)
 
 
 def _returned(overrides, value) -> JobReturn:

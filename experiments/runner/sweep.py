@@ -26,14 +26,15 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ..store.record import (ARTIFACTS, MEMBER, NEW, failure_summary, outcome_of, plotting, reused_count,
-                            sweep_note, sweep_view, throughput_figure)
+                            sweep_note, throughput_figure)
 from ..reports.compare import replicates
 from ..reports.report import static_command
 from .job import warm_process
 from .kernel import resolved
 from ..spec import value
 from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
-from .validate import Invalid, check
+from ..store.view import description_link, publish, sweep_link, swept_axes
+from .validate import SEARCH_SWEEPER, Invalid, check
 from .variants import VariantError
 from .variants import register as register_variants
 
@@ -327,7 +328,9 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     task, given = _overrides(config, multirun)
     kept = [o for o in given if not _tracking_key(o)]
     jobs = "1"
-    if multirun:
+    if multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER:
+        jobs = str(config.hydra.sweeper.get("trials") or "?")      # a search: its budget of trials
+    elif multirun:
         try:
             jobs = str(count_jobs(given))
         except Exception:  # noqa: BLE001 - another sweeper's syntax: the count is unknown
@@ -512,6 +515,7 @@ class SweepCallback(Callback):
         self.benchmark = dict(benchmark) if benchmark else None
         self.variants = OmegaConf.to_container(variants) if OmegaConf.is_config(variants) else variants
         self.measured = False
+        self.axes: list = []           # the config keys the sweep sweeps: columns of its view in the UI
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from ..gpu.worker import nvml_gpu
@@ -531,7 +535,8 @@ class SweepCallback(Callback):
         guard_slurm(config.hydra.launcher)
         if remote:
             from .slurm import check_resources
-            check_resources(config.hydra.launcher)
+            with read_write(config.hydra.launcher):    # the GPUs its jobs ask for: backend and partition
+                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend)))
         check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
@@ -553,6 +558,7 @@ class SweepCallback(Callback):
         self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
+        self.axes = swept_axes(_overrides(config, multirun)[1]) if multirun else []
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
         # every job writes to this store and experiment, also in another process or folder (chdir)
@@ -566,6 +572,10 @@ class SweepCallback(Callback):
         _hand_to_jobs(config, handoff)
         if value(config.backend) == "static":
             line = "backend=static: rendering and assembling with ptxas only (no verification or timing)."
+        elif remote and not (config.hydra.launcher.gpus_per_task or config.hydra.launcher.gpus_per_node):
+            line = (f"backend={value(config.backend)}: the jobs ask Slurm for no GPU (the partition's nodes "
+                    "have none, or hydra.launcher.gpus_per_task=null): " + ("static runs (ptxas only)." if
+                    value(config.backend) == "auto" else "their runs fail where no GPU is visible."))
         elif remote:
             line = (f"backend={value(config.backend)}: the jobs run on the Slurm partition's nodes and use "
                     "their GPUs (a job on a node without one: " + ("its runs fail)." if value(config.backend)
@@ -665,9 +675,11 @@ class SweepCallback(Callback):
             if MEMBER.format(parent) not in r.data.tags:
                 tracker.client.set_tag(r.info.run_id, MEMBER.format(parent), NEW)
         busy_line, busy = gpu_time(new, self.t0, time.time())
+        exp = tracker.experiment_id
+        note = description_link(exp, parent) + "\n\n" + sweep_note(self.command, runs, parent,
+                                                                    lambda r: replicates(tracker, r))
         tracker.log(parent, {**busy, "runs_reused": reused},
-                    tags={"runs": summary, "mlflow.note.content": sweep_note(
-                        self.command, runs, parent, lambda r: replicates(tracker, r))})
+                    tags={"runs": summary, "mlflow.note.content": note})
         with tempfile.TemporaryDirectory() as tmp:
             fig = Path(tmp) / ARTIFACTS["figure"]
             if throughput_figure(runs, fig):
@@ -680,10 +692,11 @@ class SweepCallback(Callback):
         print(f"Parent run {parent}: {summary}.", flush=True)
         if busy_line:
             print(busy_line, flush=True)
-        tracker.client.set_experiment_tag(tracker.experiment_id, *sweep_view(parent))
-        page = f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs"
+        publish(tracker.client, exp, parent, runs, self.axes)
+        ui = "http://127.0.0.1:5000/"
         print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
-              f"  this sweep: {page}?viewStateShareKey={parent}\n  all runs:   {page}", flush=True)
+              f"  this sweep: {sweep_link(exp, parent, ui)}\n  all runs:   {ui}#/experiments/{exp}/runs",
+              flush=True)
         if not self.measured:                    # no GPU: the resources of its static runs
             print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
         return 1, mine, len(new), emulated, outcomes

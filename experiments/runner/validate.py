@@ -14,9 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..families import DEFAULT
 
-__all__ = ["Invalid", "one_line", "check", "job_overrides"]
+__all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem", "config_problem"]
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+SEARCH_SWEEPER = "hydra_plugins.tca_search_sweeper.SearchSweeper"
 
 
 class Invalid(SystemExit):
@@ -258,9 +259,29 @@ def check(config: DictConfig, multirun: bool) -> None:
                 raise Invalid(problem)
     if not multirun and (problem := _spec_problem(config)):
         raise Invalid(problem)
+    if multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER:
+        from .search import space_problem
+        if problem := space_problem(config):
+            raise Invalid(problem)
 
 
-def _spec_problem(cfg: DictConfig) -> str | None:
+def config_problem(cfg: DictConfig, overrides: list) -> str | None:
+    """What :func:`check` refuses in one composed config ``cfg`` made with ``overrides`` (a family option
+    outside its declared values, a setting out of range, ...), or None: for a search's values."""
+    return _problem(cfg, overrides)
+
+
+def spec_problem(cfg: DictConfig, gpu: dict | None) -> str | None:
+    """Why the single run of the composed config ``cfg`` has no kernel on the GPU ``gpu`` (NVML's
+    description, None: none), or None when it has one: :func:`_spec_problem` without asking NVML again
+    (a search checks many points of one sweep)."""
+    return _spec_problem(cfg, gpu)
+
+
+_ASK = object()         # _spec_problem: ask NVML for the GPU
+
+
+def _spec_problem(cfg: DictConfig, gpu=_ASK) -> str | None:
     """Why the single run of ``cfg`` has no kernel: the family's spec refuses the combination or a size
     (SpecError: ``pipeline.stages=100``, ``precision=int8 mma=m16n8k64``, ``'tile.block=[100,128]'``,
     ``'problem.sizes=[]'``) for the target the run would use (with target.arch=auto the GPU's own, as
@@ -277,7 +298,7 @@ def _spec_problem(cfg: DictConfig) -> str | None:
         if fam.sized and not shapes:
             family_shapes(fam, None, shapes)        # raises: no size at all
         if not tile_is_auto(cfg):
-            gpu = nvml_gpu() if value(cfg.backend) != "static" else None
+            gpu = None if value(cfg.backend) == "static" else nvml_gpu() if gpu is _ASK else gpu
             fam, spec = family_spec(cfg, gpu["compute_capability"] if gpu else None)
             family_shapes(fam, spec, shapes if fam.sized else [])
     except SpecError as exc:

@@ -12,7 +12,7 @@ __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_re
            "replicate_metrics", "run_name", "SPEEDUP_RUN", "swept_axes", "winners", "padded",
            "with_analysis", "ANALYSIS_HEAD", "size_label", "NONE", "SWEPT_PARAMS", "EMULATED", "emulated",
            "emulated_note", "occupancy_pct", "tolerance_text", "result_line", "params_of", "outcome_of",
-           "sweep_note", "plotting", "throughput_figure", "sweep_view", "BASELINES", "PEAK", "SPEEDUP",
+           "sweep_note", "plotting", "throughput_figure", "BASELINES", "PEAK", "SPEEDUP",
            "PCT_OF_PEAK", "KERNEL_CLOCK_FIELDS", "MEMBER", "NEW", "REUSED", "reused_in", "reused_count",
            "FAILED_STAGES", "failure_summary"]
 
@@ -452,24 +452,6 @@ def throughput_figure(runs: list, path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
-
-
-def sweep_view(parent: str) -> tuple[str, str]:
-    """The MLflow UI's shared view of one sweep: (experiment tag name, JSON value).
-
-    The runs page opened with ``?viewStateShareKey=<parent>`` lists the sweep's runs, those it
-    reused from earlier sweeps included (tag ``in_sweep.<parent>``, experiments.store.track.sweep_runs),
-    with the columns that matter shown without configuring them: the description (the one-line
-    result or reason), throughput and its unit, median time, outcome, kernel, and whether the sweep
-    made the run or reused it. Format: the UI's ``mlflow.sharedViewState.<key>`` experiment tag
-    (column keys ``<type>.`<name>```)."""
-    import json
-    member = MEMBER.format(parent)
-    cols = ["attributes.`Description`", "metrics.`throughput`", "tags.`throughput_unit`",
-            "metrics.`median_us`", "tags.`outcome`", "tags.`kernel`", f"tags.`{member}`"]
-    state = {"searchFilter": f"tags.`{member}` LIKE '%'", "orderByKey": "attributes.start_time",
-             "orderByAsc": True, "selectedColumns": cols}
-    return f"mlflow.sharedViewState.{parent}", json.dumps(state)
 
 
 def _axis_label(axis: str, value) -> str:

@@ -111,6 +111,11 @@ class MmaSyncFamily(Family):
                 for idx in _indices([len(a.values) for a in free]):
                     yield sp.spec(values, stages, idx)
 
+    def declared(self, key: str) -> tuple:
+        """The values the space enumerates for the root key ``key`` (:func:`.rules.make_axes`: ``tile``'s
+        are the presets of conf/tile/, ``mma``'s m16n8kK), or ()."""
+        return next((tuple(a.labels) for a in make_axes() if a.key == key), ())
+
     def describe(self) -> str:
         """Axes and rules as text (for ``--help``)."""
         return describe_space()

@@ -1,0 +1,151 @@
+"""Replay the search (``hydra/sweeper=search``) offline on an exhaustive table of a subspace, with several
+seeds, and write how many trials it needed to come within noise of the exhaustive best.
+
+The table is a CSV of runs, one row per point: a column per axis (the keys as the search writes them,
+e.g. ``family.bn``), the verified objective (``--value``, e.g. throughput; empty for a run that failed)
+and the replicate noise (``--noise``, e.g. replicate_spread: (max - min) / median of the replicate
+medians). The subspace is the product of each axis' values in the table; a point the table lacks is
+invalid (rejected, not counted, as the sweeper does). Each seed runs the sweeper's own loop
+(experiments.runner.search.search) with the table as its measurement, until every valid point was
+tried; a trial reaches the best when its value is within the best row's noise of it.
+
+    python tools/search_replay.py runs.csv --value throughput --noise replicate_spread \\
+        --seeds 10 --out results/h200/search.md
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments.runner.search import Space, sampler, search  # noqa: E402
+
+GOAL = 0.15          # the median seed's trials, as a share of the subspace's valid points, at most
+
+
+def read_table(path: Path, value: str, noise: str) -> tuple[Space, dict, dict]:
+    """(the subspace, point -> value or None for a failed run, point -> noise) of the CSV ``path``: the
+    axes are every column but ``value`` and ``noise``; a point is a tuple of (axis, value) pairs.
+    Raises ValueError naming a missing column or a point given twice."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or value not in rows[0] or noise not in rows[0]:
+        have = ", ".join(rows[0]) if rows else "no rows"
+        raise ValueError(f"{path}: needs the columns {value!r} and {noise!r} besides the axes (has: {have})")
+    axes = [c for c in rows[0] if c not in (value, noise)]
+    params: dict = {a: [] for a in axes}
+    values, noises = {}, {}
+    for row in rows:
+        point = tuple((a, row[a]) for a in axes)
+        if point in values:
+            raise ValueError(f"{path}: the point {dict(point)} is in the table twice")
+        for a in axes:
+            if row[a] not in params[a]:
+                params[a].append(row[a])
+        values[point] = float(row[value]) if row[value].strip() else None
+        noises[point] = float(row[noise]) if row[noise].strip() else 0.0
+    return Space(params, []), values, noises
+
+
+def replay(space: Space, values: dict, target: float, seed: int, kind: str = "tpe",
+           direction: str = "maximize") -> tuple[int | None, float | None, int]:
+    """One seed's search over the table: (counted trials until a value within ``target`` (at least it,
+    or at most it to minimize), None if never; the best value found; the counted trials in all)."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction=direction, sampler=sampler(kind, seed))
+    reached: list = []
+    better = (lambda v: v >= target) if direction == "maximize" else (lambda v: v <= target)
+
+    def problem(point: dict) -> str | None:
+        return None if tuple(point.items()) in values else "not in the table (invalid)"
+
+    def measure(trial, point: dict) -> tuple:
+        v = values[tuple(point.items())]
+        counted = 1 + sum(t.user_attrs.get("outcome") in ("measured", "failed") for t in study.trials)
+        if v is not None and better(v) and not reached:
+            reached.append(counted)
+        return (v, "measured", "") if v is not None else (None, "failed", "failed in the table")
+
+    search(study, space, problem, measure, lambda counted: bool(reached) or counted >= len(values),
+           max_rejects=10 * space.size)
+    done = [t.value for t in study.trials if t.user_attrs.get("outcome") == "measured"]
+    best = (max if direction == "maximize" else min)(done) if done else None
+    ran = sum(t.user_attrs.get("outcome") in ("measured", "failed") for t in study.trials)
+    return (reached[0] if reached else None), best, ran
+
+
+def report(table: Path, value: str, noise: str, seeds: list, kind: str, direction: str, command: str) -> str:
+    """The Markdown report of replaying the search on ``table`` with ``seeds`` (see the module)."""
+    space, values, noises = read_table(table, value, noise)
+    verified = {p: v for p, v in values.items() if v is not None}
+    if not verified:
+        raise ValueError(f"{table}: no row has a {value}")
+    pick = max if direction == "maximize" else min
+    best = pick(verified, key=verified.get)
+    spread = noises[best]
+    target = verified[best] * (1 - spread if direction == "maximize" else 1 + spread)
+    lines = [f"# Search replay: {table.name}", "",
+             f"Generated by `{command}`; do not edit.", "",
+             f"Subspace: {' x '.join(f'{k} {len(v)}' for k, v in space.params.items())} = {space.size} "
+             f"points, {len(values)} in the table ({len(verified)} verified, {len(values) - len(verified)} "
+             f"failed; the other {space.size - len(values)} invalid). Sampler {kind}, {direction} {value}.",
+             "",
+             f"Exhaustive best: {value} {verified[best]:.6g} at `{' '.join(f'{k}={v}' for k, v in best)}`; "
+             "its "
+             f"replicate noise ({noise}) {spread:.2%}: within noise = {target:.6g} or "
+             f"{'more' if direction == 'maximize' else 'less'}.", "",
+             "| seed | trials to within noise | share of the valid points | best found then |",
+             "| ---: | ---: | ---: | ---: |"]
+    needed = []
+    for seed in seeds:
+        n, found, ran = replay(space, values, target, seed, kind, direction)
+        needed.append(n if n is not None else math.inf)
+        shown = f"{n}" if n is not None else f"not within {ran}"
+        share = f"{n / len(values):.1%}" if n is not None else "-"
+        lines.append(f"| {seed} | {shown} | {share} | {found:.6g} |" if found is not None
+                     else f"| {seed} | {shown} | {share} | - |")
+    median = statistics.median_low(needed)
+    share = median / len(values)
+    verdict = "met" if share <= GOAL else "not met"
+    shown = f"{median} trials = {share:.1%}" if median != math.inf else "never within noise"
+    lines += ["", f"Median seed: {shown} of the {len(values)} valid points (goal <= {GOAL:.0%}: {verdict}).",
+              ""]
+    return "\n".join(lines)
+
+
+def main(argv: list | None = None) -> int:
+    """The command (see the module's docstring); returns the exit status (2: a table it cannot read)."""
+    ap = argparse.ArgumentParser(prog="python tools/search_replay.py", description=__doc__.splitlines()[0])
+    ap.add_argument("table", type=Path, help="CSV: a column per axis, the objective and its noise")
+    ap.add_argument("--value", default="throughput", help="the objective's column (default throughput)")
+    ap.add_argument("--noise", default="replicate_spread", help="the relative noise's column")
+    ap.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 (default 10)")
+    ap.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
+    ap.add_argument("--minimize", action="store_true", help="the objective is better lower")
+    ap.add_argument("--out", type=Path, help="write the Markdown here (default: print it)")
+    args = ap.parse_args(argv)
+    command = "python tools/search_replay.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    try:
+        text = report(args.table, args.value, args.noise, list(range(args.seeds)), args.sampler,
+                      "minimize" if args.minimize else "maximize", command)
+    except (OSError, ValueError) as exc:
+        print(f"search_replay: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"Written {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
