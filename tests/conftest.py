@@ -86,7 +86,17 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if nvml_gpu() is not None else None
 
 
+# the files that take longest without a GPU (CPU time of ptxas and run.py commands, waits for a tracking
+# server or Slurm), longest first: collected first, so that with -n and `--dist loadfile
+# --no-loadscope-reorder` they start first and the short files even out the workers' ends
+LONGEST_FIRST = ("test_first_steps.py", "test_wgmma.py", "test_parallel.py", "test_assemble.py",
+                 "test_concurrency_store.py", "test_claims_store.py", "test_slurm.py", "test_cli.py",
+                 "test_analysis_report.py", "test_where_runs_land.py", "test_store.py", "test_store_pressure.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: each file keeps its order
     if _REASON is None:
         return
     skip = pytest.mark.skip(reason=f"gpu test: {_REASON}")

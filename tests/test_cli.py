@@ -83,10 +83,21 @@ def _prelude_script(prelude: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _empty_store() -> Path:
-    """A SQLite store with MLflow's schema, made once: copying it spares each test the migration."""
+    """A SQLite store with MLflow's schema, made once per test run: copying it spares each test the
+    migration. It lies in the test run's shared folder (conftest: TC_TOOL_CACHE), made by the first
+    xdist worker that needs it while the others wait; in a folder of this process without one."""
     import mlflow
-    db = Path(tempfile.mkdtemp(prefix="empty_store_")) / "mlflow.db"
-    mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()
+    from filelock import FileLock
+    shared = os.environ.get("TC_TOOL_CACHE")
+    folder = Path(shared) / "empty_store" if shared else Path(tempfile.mkdtemp(prefix="empty_store_"))
+    folder.mkdir(exist_ok=True)
+    db = folder / "mlflow.db"
+    with FileLock(str(folder / "make.lock")):
+        if not db.exists():
+            made = folder / "new.db"
+            made.unlink(missing_ok=True)
+            mlflow.MlflowClient(f"sqlite:///{made}").search_experiments()
+            made.rename(db)
     return db
 
 

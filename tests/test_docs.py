@@ -12,7 +12,7 @@ from experiments.families.__main__ import axes_markdown, main
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "h200" / "README.md"]
 SETUP = 'pip install -e ".[dev]" && '
 MAIN_JOB = "python run.py -m precision=int4,int8 ktile=32,64"
-TESTS = "python -m pytest -n auto --dist loadfile"
+TESTS = "python -m pytest -n auto --dist loadfile --no-loadscope-reorder"
 
 
 def test_axes_md_is_generated_from_the_families():
