@@ -8,8 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from experiments.store.view import (COLOR_TAG, description_link, publish, run_colors, sweep_link, sweep_view,
-                                    swept_axes)
+from experiments.store.view import COLOR_TAG, description_link, publish, run_colors, sweep_link, sweep_view
 from test_cli import EXPERIMENT, all_runs, run_cli, store_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,22 +17,15 @@ from tools import ui_screenshots  # noqa: E402
 
 
 def _run(rid, params, metrics=None, tags=None, name="r"):
-    return NS(info=NS(run_id=rid, run_name=name),
+    return NS(info=NS(run_id=rid, run_name=name, status="FINISHED"),
               data=NS(params=params, metrics=metrics or {}, tags=tags or {}))
-
-
-def test_swept_axes_are_the_keys_given_several_values():
-    given = ["precision=int4,int8", "ktile=32", "+tile.block=[128,128],[256,128]", "pipeline.stages=range(2,5)",
-             "tracking.uri=sqlite:///a.db,sqlite:///b.db", "hydra/launcher=gpus", "precision=int8,int4",
-             "data=glob(*)"]
-    assert swept_axes(given) == ["precision", "tile.block", "pipeline.stages", "data"]
 
 
 def test_view_groups_by_size_shows_every_run_and_the_swept_axes():
     runs = [_run("a", {"size": "512", "precision": "int8", "ktile": "32", "tile.block": "[128, 128]"},
                  {"throughput": 1.0, "ncu.dram_bytes": 9.0}),
             _run("b", {"size": "512", "precision": "int8", "ktile": "64", "tile.block": "[256, 128]"})]
-    tag, value = sweep_view("abc123", runs, ["ktile", "tile", "variant"])
+    tag, value = sweep_view("abc123", runs)
     state = json.loads(value)
     assert tag == "mlflow.sharedViewState.abc123"
     assert state["searchFilter"] == "tags.`in_sweep.abc123` LIKE '%'"            # the runs it made or reused
@@ -44,7 +36,7 @@ def test_view_groups_by_size_shows_every_run_and_the_swept_axes():
     cols = state["selectedColumns"]
     assert cols[:5] == ["metrics.`throughput`", "tags.`throughput_unit`", "metrics.`median_us`",
                         "tags.`outcome`", "tags.`mma_native`"]
-    # the counters the runs have, the size, the swept axes (a group: its params that differ), membership
+    # the counters the runs have, the size, the params in which the runs differ, membership
     assert "metrics.`ncu.dram_bytes`" in cols and "metrics.`ncu.achieved_occupancy_pct`" not in cols
     assert cols[6:9] == ["params.`size`", "params.`ktile`", "params.`tile.block`"]
     assert cols[-1] == "tags.`in_sweep.abc123`" and "params.`variant`" not in cols      # no run has it
@@ -137,7 +129,7 @@ def _store_through(base: str) -> tuple:
             + sweep_note("python run.py -m precision=int4,int8 ktile=32,64", runs, parent))
     client.set_tag(parent, "mlflow.note.content", note)
     client.set_terminated(parent)
-    publish(client, exp, parent, runs, swept_axes(["precision=int4,int8", "ktile=32,64"]))
+    publish(client, exp, parent, runs)
     return client, exp, parent, kernels, note
 
 

@@ -33,7 +33,7 @@ from .job import warm_process
 from .kernel import resolved
 from ..spec import value
 from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
-from ..store.view import description_link, publish, sweep_link, swept_axes
+from ..store.view import description_link, publish, sweep_link
 from .validate import SEARCH_SWEEPER, Invalid, check
 from .variants import VariantError
 from .variants import register as register_variants
@@ -515,7 +515,6 @@ class SweepCallback(Callback):
         self.benchmark = dict(benchmark) if benchmark else None
         self.variants = OmegaConf.to_container(variants) if OmegaConf.is_config(variants) else variants
         self.measured = False
-        self.axes: list = []           # the config keys the sweep sweeps: columns of its view in the UI
 
     def _open(self, config: DictConfig, multirun: bool) -> None:
         from ..gpu.worker import nvml_gpu
@@ -558,7 +557,6 @@ class SweepCallback(Callback):
         self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
-        self.axes = swept_axes(_overrides(config, multirun)[1]) if multirun else []
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
         # every job writes to this store and experiment, also in another process or folder (chdir)
@@ -692,7 +690,7 @@ class SweepCallback(Callback):
         print(f"Parent run {parent}: {summary}.", flush=True)
         if busy_line:
             print(busy_line, flush=True)
-        publish(tracker.client, exp, parent, runs, self.axes)
+        publish(tracker.client, exp, parent, runs)
         ui = "http://127.0.0.1:5000/"
         print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
               f"  this sweep: {sweep_link(exp, parent, ui)}\n  all runs:   {ui}#/experiments/{exp}/runs",

@@ -8,8 +8,8 @@ runs layout (``workflowType=machine_learning``, not the GenAI start page). The v
   grouped by problem size (param ``size``), each group's row holding the best (max) of every metric,
   best throughput first;
 - shows the description, throughput and its unit, median time, outcome, ``mma_native``, kernel, the
-  param of every axis the sweep swept, the key Nsight Compute counters when the runs have them, and
-  the membership tag (``new`` or ``reused``);
+  params in which its runs differ (the axes it varied), the key Nsight Compute counters when the runs
+  have them, and the membership tag (``new`` or ``reused``);
 - opens its charts on what the sweep asks: throughput against problem size, and throughput against
   achieved occupancy and against DRAM activity when the runs have those counters. Every other metric
   keeps its generated chart in the collapsed section below.
@@ -28,10 +28,10 @@ import json
 
 from ..dtypes import DType
 from ..ncu import PREFIX as NCU
-from .record import MEMBER
+from .record import MEMBER, swept_axes
 
 __all__ = ["VIEW_TAG", "COLOR_TAG", "SIZE", "COUNTERS", "PREDICTORS", "sweep_link", "description_link",
-           "sweep_view", "swept_axes", "axis_params", "run_colors", "publish"]
+           "sweep_view", "run_colors", "publish"]
 
 VIEW_TAG, COLOR_TAG = "mlflow.sharedViewState.{}", "mlflow.runColor"
 SIZE = "size"                       # the param of a run's problem size: "8192", or "MxNxK"
@@ -56,36 +56,6 @@ def description_link(experiment_id: str, parent: str) -> str:
     """The line of the sweep's description (markdown) that opens its view (:func:`sweep_link`, a link
     within the UI: it works on any server of the store)."""
     return f"[This sweep's runs, grouped by size, and its charts]({sweep_link(experiment_id, parent)})"
-
-
-def swept_axes(overrides) -> list[str]:
-    """The config keys the Hydra overrides ``overrides`` (strings, as written) sweep over: those with
-    more than one value (``precision=int4,int8``, ``range(...)``, a preset's sweep), in their order,
-    without ``+``/``~`` and without ``tracking.*`` and ``hydra*`` keys. An override Hydra cannot parse
-    here is left out (the sweep reports it itself)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    parser, keys = OverridesParser.create(), []
-    for text in overrides:
-        try:
-            override = parser.parse_override(str(text))
-        except Exception:  # noqa: BLE001 - glob(...) and the like need the config
-            continue
-        key = override.get_key_element().lstrip("+~")
-        if override.is_sweep_override() and not key.startswith(("tracking.", "hydra")) and key not in keys:
-            keys.append(key)
-    return keys
-
-
-def axis_params(axes, runs: list) -> list[str]:
-    """The params of ``runs`` that show the axes ``axes`` (config keys): the param of that name, or
-    for a config group (``tile=...``) the group's params whose values differ between the runs."""
-    have = sorted({k for r in runs for k in r.data.params})
-    found = []
-    for axis in axes:
-        names = [axis] if axis in have else [k for k in have if k.startswith(axis + ".") and
-                                              len({r.data.params.get(k) for r in runs}) > 1]
-        found += [n for n in names if n not in found]
-    return found
 
 
 def _precision_rank(run) -> int:
@@ -149,16 +119,17 @@ def _charts(metrics: set) -> tuple[list, list]:
     return charts, sections
 
 
-def sweep_view(parent: str, runs: list = (), axes=()) -> tuple[str, str]:
-    """The UI's shared view of the sweep ``parent`` over its runs ``runs`` (MLflow runs) that swept
-    the config keys ``axes`` (:func:`swept_axes`): (experiment tag name, JSON value). See the module
+def sweep_view(parent: str, runs: list = ()) -> tuple[str, str]:
+    """The UI's shared view of the sweep ``parent`` over its runs ``runs`` (MLflow runs): (experiment tag
+    name, JSON value). Its axis columns are the params in which the runs differ
+    (experiments.store.record.swept_axes, which the sweep's description lists too). See the module
     docstring for what it shows."""
     member = MEMBER.format(parent)
     metrics = {k for r in runs for k in r.data.metrics}
     cols = [_column("metrics", "throughput"), _column("tags", "throughput_unit"),
             _column("metrics", "median_us"), _column("tags", "outcome"), _column("tags", "mma_native")]
     cols += [_column("metrics", m) for m in COUNTERS if m in metrics]
-    cols += [_column("params", p) for p in [SIZE, *axis_params(axes, runs)]]
+    cols += [_column("params", p) for p in [SIZE, *swept_axes(runs)]]
     cols += [_column("attributes", "Description"), _column("tags", "kernel"), _column("tags", member)]
     cols = list(dict.fromkeys(cols))
     charts, sections = _charts(metrics)
@@ -176,11 +147,11 @@ def sweep_view(parent: str, runs: list = (), axes=()) -> tuple[str, str]:
     return VIEW_TAG.format(parent), json.dumps(state)
 
 
-def publish(client, experiment_id: str, parent: str, runs: list, axes=()) -> None:
+def publish(client, experiment_id: str, parent: str, runs: list) -> None:
     """Store the UI's view of the sweep ``parent`` (:func:`sweep_view`) in the experiment
     ``experiment_id`` and colour its runs ``runs`` (:func:`run_colors`; a run whose colour is already
     right is not written again). ``client``: an ``mlflow.MlflowClient`` of the store."""
-    client.set_experiment_tag(experiment_id, *sweep_view(parent, runs, axes))
+    client.set_experiment_tag(experiment_id, *sweep_view(parent, runs))
     colors = run_colors(runs)
     for r in runs:
         if r.data.tags.get(COLOR_TAG) != colors[r.info.run_id]:
