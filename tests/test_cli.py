@@ -301,7 +301,7 @@ def test_help(tmp_path):
     # only groups a command line can select (not the ncu metric sets, not the family schemas)
     groups = out.split("== Config groups (presets) ==", 1)[1].split("== Options of family", 1)[0]
     assert [line.split(":")[0] for line in groups.strip().splitlines()] == [
-        "family", "tile", "problem", "experiment", "variant", "hydra/launcher"]
+        "family", "tile", "problem", "experiment", "variant", "hydra/launcher", "hydra/sweeper"]
     # the default family's options are the root keys: listed with their values
     root = out.split("== Options of family=mma_sync", 1)[1].split("== Settings of every family", 1)[0]
     assert "(none: family=mma_sync is set by the root keys; their values, defaults in the config below:)" in root
