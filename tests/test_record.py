@@ -157,8 +157,8 @@ def test_sweep_note_says_what_was_swept_and_each_winners_margin_against_the_nois
             "d": [26.2, 27.1, 28.0]}
     note = sweep_note("python run.py -m experiment=l4_run2_int8", runs, None, lambda r: reps.get(r.info.run_name, []))
     lines = note.splitlines()
-    assert ("Swept: variant (3): int8_ptx_mma_k32, int8_ptx_manual_pack, int4_ptx_mma_k64; size (2): 512, 8192; "
-            "precision (2): int8, int4.") in lines
+    assert ("Swept: variant (3): int4_ptx_mma_k64, int8_ptx_manual_pack, int8_ptx_mma_k32; size (2): 512, 8192; "
+            "precision (2): int4, int8.") in lines
     table = lines[lines.index("```text") + 1:lines.index("```")]
     cells = [[c for c in row.split("  ") if c] for row in table]
     assert [c.strip() for c in cells[0]] == ["precision", "size", "winner", "median us", "throughput", "runner-up",
@@ -191,7 +191,7 @@ def test_sweep_note_of_runs_in_a_store_tests_the_margin_against_their_replicates
     runs = [r for r in tr.client.search_runs([tr.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.data.params["size"] for r in runs) == ["512", "512"]
     note = sweep_note("cmd", runs, None, lambda r: replicates(tr, r)).splitlines()
-    assert "Swept: ktile (2): 32, 64." in note or "Swept: ktile (2): 64, 32." in note
+    assert "Swept: ktile (2): 32, 64." in note
     row = next(line for line in note if line.startswith("int8"))
     cells = [c.strip() for c in row.split("  ") if c]
     fast = next(r for r in runs if r.data.params["ktile"] == "32")
@@ -235,3 +235,14 @@ def test_two_different_kernels_never_share_a_name():
             # per target: a peak kernel is sized for its arch (fewer iterations where int4 is emulated)
             by_name.setdefault((sp.arch, run_name(families.get(name), sp, (4096,) * 3)), set()).add(sp.entry)
         assert by_name and all(len(entries) == 1 for entries in by_name.values()), name
+
+
+def test_swept_values_in_natural_order_and_a_skipped_combination_counts():
+    """"ktile (3): 64, 128, 32" listed values as the runs came; a sweep whose one other combination was
+    skipped (mma=m16n8k64,m16n8k32 for int8) said nothing was swept."""
+    from experiments.store.record import swept_axes
+    runs = [_run(str(k), "static", {"ktile": str(k), "size": "none", "precision": "int8"}) for k in (64, 128, 32)]
+    assert swept_axes(runs) == {"ktile": ["32", "64", "128"]}
+    one = [_run("a", "verified", {"mma": "m16n8k32", "size": "512"}),
+           _run("b", "skipped", {"mma": "m16n8k64", "size": "none"})]
+    assert swept_axes(one) == {"mma": ["m16n8k32", "m16n8k64"]}           # the skipped one's size is not a value

@@ -69,7 +69,8 @@ def test_colours_a_hue_per_precision_and_a_shade_per_kernel():
 
 def test_a_sweep_stores_its_view_colours_its_runs_and_prints_the_link(tmp_path, need_ptxas):
     """run.py -m over two precisions (static runs): the printed link opens the runs layout with the view,
-    the experiment holds that view (grouped by size, the precision column), every run has its colour,
+    the experiment holds that view (static runs: in run order, their registers, the precision column),
+    every run has its colour,
     and the parent's description starts with the same link within the UI."""
     rc, out = run_cli(tmp_path, "-m", "precision=int4,int8", "ktile=64", *store_args(tmp_path))
     assert rc == 0, out
@@ -84,7 +85,8 @@ def test_a_sweep_stores_its_view_colours_its_runs_and_prints_the_link(tmp_path, 
         f"{description_link(exp.experiment_id, pid)}\n\n`python run.py -m precision=int4,int8 ktile=64 ")
     assert description_link(exp.experiment_id, pid).endswith(f"({link})") and sweep_link(exp.experiment_id, pid) == link
     state = json.loads(exp.tags[f"mlflow.sharedViewState.{pid}"])
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "size"}]
+    assert "groupBy" not in state and state["orderByKey"] == "attributes.start_time"    # static: no size
+    assert state["selectedColumns"][0] == "metrics.`registers`"
     assert "params.`precision`" in state["selectedColumns"] and "params.`ktile`" not in state["selectedColumns"]
     colors = {c.info.run_id: c.data.tags[COLOR_TAG] for c in children}
     assert len(children) == 2 and len(set(colors.values())) == 2
@@ -222,3 +224,19 @@ def test_the_screenshot_script_plans_the_pages_the_store_has(ui):
     assert plan[3][1].split("/runs/")[1].split("?")[0] in kernels
     with pytest.raises(SystemExit, match="has no experiment 'nope' \\(--experiment NAME\\)"):
         ui_screenshots.shots(base, "nope", None)
+
+
+def test_a_sweep_of_static_runs_shows_what_ptxas_says_in_the_order_it_ran():
+    """A GPU-less sweep's view grouped by a size its runs do not have ("Group: none") and sorted by a
+    throughput no run has: it shows registers, spills, occupancy and SASS instructions in run order."""
+    runs = [_run("a", {"size": "none", "precision": "int8", "ktile": "32"},
+                 {"registers": 96.0, "spill_stores_bytes": 0.0, "theoretical_occupancy_pct": 12.5}),
+            _run("b", {"size": "none", "precision": "int8", "ktile": "64"},
+                 {"registers": 128.0, "spill_stores_bytes": 0.0, "theoretical_occupancy_pct": 12.5})]
+    state = json.loads(sweep_view("p1", runs)[1])
+    assert "groupBy" not in state and "groupsExpanded" not in state
+    assert (state["orderByKey"], state["orderByAsc"]) == ("attributes.start_time", True)
+    assert state["selectedColumns"][:5] == ["metrics.`registers`", "metrics.`spill_stores_bytes`",
+                                            "metrics.`theoretical_occupancy_pct`", "tags.`outcome`",
+                                            "tags.`mma_native`"]
+    assert "params.`ktile`" in state["selectedColumns"] and "metrics.`throughput`" not in state["selectedColumns"]

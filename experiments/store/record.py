@@ -6,6 +6,8 @@ Tracking (``job``, ``sweep``), the report and the analysis read names from here,
 """
 from __future__ import annotations
 
+import re
+
 from ..metrics import CLOCK_FIELDS, DECLARED, KERNEL_CLOCK_FIELDS, PCT_OF_PEAK, SPEEDUP, rounded, units_line
 
 __all__ = ["METRICS", "TAGS", "ARTIFACTS", "OUTCOMES", "CLOCK_FIELDS", "clock_reasons", "clock_metrics",
@@ -319,22 +321,24 @@ def sweep_note(command: str, runs: list, parent: str | None = None, replicates=N
 _NOT_AXES = ("verify.seed_used", "problem.", "spec.", "tracking.", "study_kernel")
 
 
+def _natural(value: str) -> list:
+    """Sort key of a param value: its digit runs as numbers (``32 < 64 < 128``, ``m16n8k16 < m16n8k32``)."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", value) if t]
+
+
 def swept_axes(runs: list) -> dict[str, list[str]]:
-    """What a sweep varied: param -> its distinct values (in order of appearance, sizes smallest first)
-    among the runs that are no skipped combination, for each param with two or more values, ``variant``
-    first and then ``size``; bookkeeping params and other spellings of a swept value (``problem.*``,
-    ``spec.*``, ``study_kernel``, ``verify.seed_used``) left out."""
+    """What a sweep varied: param -> its distinct values in natural order (numbers by value, ``none``
+    last), for each param with two or more values among the runs, a skipped combination's values
+    included (it was asked for; its size, which it never reached, left out), ``variant`` first and then
+    ``size``; bookkeeping params and other spellings of a swept value (``problem.*``, ``spec.*``,
+    ``study_kernel``, ``verify.seed_used``) left out."""
     values: dict = {}
     for r in runs:
-        if outcome_of(r) == "skipped":
-            continue
+        skipped = outcome_of(r) == "skipped"
         for k, v in r.data.params.items():
-            if not k.startswith(_NOT_AXES):
-                values.setdefault(k, {})[v] = None
-    axes = {k: list(v) for k, v in values.items() if len(v) >= 2}
-    if "size" in axes:
-        axes["size"] = sorted(axes["size"], key=lambda s: (s == NONE, [int(x) for x in s.split("x")]
-                                                           if s != NONE else []))
+            if not k.startswith(_NOT_AXES) and not (skipped and k == "size"):
+                values.setdefault(k, set()).add(v)
+    axes = {k: sorted(v, key=lambda x: (x == NONE, _natural(x))) for k, v in values.items() if len(v) >= 2}
     order = ["variant", "size"]
     return {k: axes[k] for k in sorted(axes, key=lambda k: (order.index(k) if k in order else 2, k))}
 

@@ -6,7 +6,8 @@ runs layout (``workflowType=machine_learning``, not the GenAI start page). The v
 
 - lists the sweep's runs, those it reused included (tag ``in_sweep.<parent>``), every one visible:
   grouped by problem size (param ``size``), each group's row holding the best (max) of every metric,
-  best throughput first;
+  best throughput first; a sweep of static runs (no GPU) in the order it ran, with the registers,
+  spills, theoretical occupancy and SASS instructions of its kernels instead of the timing columns;
 - shows the description, throughput and its unit, median time, outcome, ``mma_native``, kernel, the
   params in which its runs differ (the axes it varied), the key Nsight Compute counters when the runs
   have them, and the membership tag (``new`` or ``reused``);
@@ -30,12 +31,13 @@ from ..dtypes import DType
 from ..ncu import PREFIX as NCU
 from .record import MEMBER, swept_axes
 
-__all__ = ["VIEW_TAG", "COLOR_TAG", "SIZE", "COUNTERS", "PREDICTORS", "sweep_link", "description_link",
-           "sweep_view", "run_colors", "publish"]
+__all__ = ["VIEW_TAG", "COLOR_TAG", "SIZE", "COUNTERS", "STATIC", "PREDICTORS", "sweep_link",
+           "description_link", "sweep_view", "run_colors", "publish"]
 
 VIEW_TAG, COLOR_TAG = "mlflow.sharedViewState.{}", "mlflow.runColor"
 SIZE = "size"                       # the param of a run's problem size: "8192", or "MxNxK"
 COUNTERS = (NCU + "achieved_occupancy_pct", NCU + "dram_bytes")            # columns, when present
+STATIC = ("registers", "spill_stores_bytes", "theoretical_occupancy_pct", "sass_instructions")  # no GPU
 PREDICTORS = (NCU + "achieved_occupancy_pct", NCU + "dram_active_pct")     # charts, when present
 # hues (0..1) of the precisions in DType order, then again; lightness of a precision's kernels in turn
 _HUES = (0.58, 0.07, 0.33, 0.97, 0.76, 0.47, 0.88, 0.14)
@@ -126,15 +128,21 @@ def sweep_view(parent: str, runs: list = ()) -> tuple[str, str]:
     docstring for what it shows."""
     member = MEMBER.format(parent)
     metrics = {k for r in runs for k in r.data.metrics}
-    cols = [_column("metrics", "throughput"), _column("tags", "throughput_unit"),
-            _column("metrics", "median_us"), _column("tags", "outcome"), _column("tags", "mma_native")]
+    measured = "throughput" in metrics or not runs
+    if measured:
+        cols = [_column("metrics", "throughput"), _column("tags", "throughput_unit"),
+                _column("metrics", "median_us")]
+    else:       # static runs (no GPU): what ptxas says of each kernel, in order of the sweep
+        cols = [_column("metrics", m) for m in STATIC if m in metrics]
+    cols += [_column("tags", "outcome"), _column("tags", "mma_native")]
     cols += [_column("metrics", m) for m in COUNTERS if m in metrics]
     cols += [_column("params", p) for p in [SIZE, *swept_axes(runs)]]
     cols += [_column("attributes", "Description"), _column("tags", "kernel"), _column("tags", member)]
     cols = list(dict.fromkeys(cols))
     charts, sections = _charts(metrics)
-    state = {"searchFilter": f"tags.`{member}` LIKE '%'", "orderByKey": "metrics.`throughput`",
-             "orderByAsc": False, "selectedColumns": cols,
+    state = {"searchFilter": f"tags.`{member}` LIKE '%'",
+             "orderByKey": "metrics.`throughput`" if measured else "attributes.start_time",
+             "orderByAsc": not measured, "selectedColumns": cols,
              "columnOrder": [_column("attributes", "Run Name"), *cols, "runDateAndNestInfo", "duration"],
              "columnWidths": {_column("attributes", "Run Name"): 230,
                               _column("attributes", "Description"): 260},
@@ -144,6 +152,8 @@ def sweep_view(parent: str, runs: list = ()) -> tuple[str, str]:
              "useGroupedValuesInCharts": False,
              "hideEmptyCharts": True, "compareRunCharts": charts, "compareRunSections": sections,
              "isAccordionReordered": True}
+    if not measured:            # static runs have no size to group by (param size "none")
+        del state["groupBy"], state["groupsExpanded"]
     return VIEW_TAG.format(parent), json.dumps(state)
 
 
