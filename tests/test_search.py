@@ -259,3 +259,24 @@ def test_a_search_preset_without_m_gives_the_command(tmp_path, run_checks):
     assert ("experiment=search_wgmma is a search (hydra/sweeper=search) over family.bn, family.consumers, "
             "family.producer, ") in out
     assert out.strip().endswith("nothing was run. Run it: python run.py -m experiment=search_wgmma precision=bf16")
+
+
+def test_searches_with_different_objectives_have_their_own_parent_and_command(tmp_path):
+    """The objective is part of a search's identity: a second objective in the same store makes another
+    parent (its own study and tags), whose command keeps the sweeper's overrides; the first parent's
+    description ends with its result."""
+    store = store_args(tmp_path)
+    rc, out = run_cli(tmp_path, "-m", *SPACE, "hydra.sweeper.trials=2", *store)
+    assert rc == 0 and "continuing parent run" not in out, out
+    rc, out = run_cli(tmp_path, "-m", *SPACE[:-2], "hydra.sweeper.objective.metric=spill_stores_bytes",
+                      "hydra.sweeper.objective.direction=minimize", "hydra.sweeper.trials=1", *store)
+    assert rc == 0 and "continuing parent run" not in out, out
+    parents, _ = all_runs(tmp_path)
+    by_metric = {p.data.tags["search_study"].split()[1]: p for p in parents}
+    assert sorted(by_metric) == ["registers", "spill_stores_bytes"]
+    registers, spills = by_metric["registers"].data.tags, by_metric["spill_stores_bytes"].data.tags
+    assert registers["search_best"].startswith("registers ")
+    assert spills["search_best"].startswith("spill_stores_bytes 0: ")
+    assert spills["overrides"].startswith("hydra/sweeper=search hydra.sweeper.objective.metric=spill_stores_bytes "
+                                          "hydra.sweeper.objective.direction=minimize hydra.sweeper.trials=1 ")
+    assert registers["mlflow.note.content"].endswith(f"\n\nSearch result: best {registers['search_best']}.")

@@ -313,8 +313,9 @@ def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str,
             return None, "failed", (f"run {r.info.run_id} ({r.info.run_name}, outcome "
                                     f"{r.data.tags.get('outcome')}) has no metric {metric}")
         values.append(r.data.metrics[metric])
-    if combine == "geomean" and min(values) <= 0:
-        return None, "failed", f"{metric} is {min(values)} in a run: its geometric mean is not defined"
+    if combine == "geomean" and len(values) > 1 and min(values) <= 0:
+        return None, "failed", (f"{metric} is {min(values):g} in a run: the geometric mean over the sizes is "
+                                "not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
     return float(values[0] if len(values) == 1 else COMBINE[combine](values)), "measured", ""
 
 

@@ -309,6 +309,17 @@ def _overrides(config: DictConfig, multirun: bool) -> tuple[list, list]:
     return task, [f"{k}={v}" for k, v in params.items()] + task
 
 
+# the default objective of a search (conf/hydra/sweeper/search.yaml): not in its sweep key
+SEARCH_OBJECTIVE = ["hydra.sweeper.objective.metric=throughput", "hydra.sweeper.objective.direction=maximize",
+                    "hydra.sweeper.objective.combine=geomean"]
+
+
+def _search_option(text: str) -> bool:
+    """Whether the Hydra override ``text`` chooses or sets the search sweeper (kept in its command)."""
+    key = text.lstrip("+~").split("=", 1)[0]
+    return key == "hydra/sweeper" or key.startswith("hydra.sweeper.")
+
+
 def _parse(text: str):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     return OverridesParser.create().parse_override(text)
@@ -330,6 +341,12 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     jobs = "1"
     if multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER:
         jobs = str(config.hydra.sweeper.get("trials") or "?")      # a search: its budget of trials
+        # a search's objective is part of its identity (its own parent and tags); the default's keeps the
+        # key it had. Its command keeps the sweeper's overrides, so that running it again continues it.
+        goal = config.hydra.sweeper.get("objective") or {}
+        goal = [f"hydra.sweeper.objective.{k}={goal.get(k)}" for k in ("metric", "direction", "combine")]
+        kept += [] if goal == SEARCH_OBJECTIVE else goal
+        task = [str(o) for o in config.hydra.overrides.hydra if _search_option(str(o))] + task
     elif multirun:
         try:
             jobs = str(count_jobs(given))
@@ -676,6 +693,8 @@ class SweepCallback(Callback):
         exp = tracker.experiment_id
         note = description_link(exp, parent) + "\n\n" + sweep_note(self.command, runs, parent,
                                                                     lambda r: replicates(tracker, r))
+        if best := tracker.client.get_run(parent).data.tags.get("search_best"):    # a search's result
+            note += f"\n\nSearch result: best {best}."
         tracker.log(parent, {**busy, "runs_reused": reused},
                     tags={"runs": summary, "mlflow.note.content": note})
         with tempfile.TemporaryDirectory() as tmp:
