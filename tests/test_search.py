@@ -148,6 +148,24 @@ def test_a_trial_whose_run_fails_is_a_failed_trial_with_its_reason(tmp_path):
      "The search space: family.group=99 is not valid for family=wgmma ('family.group=99'); valid: 8, 16, 32"),
     (["hydra.sweeper.objective.metric=registers", "hydra.sweeper.sampler=grid"],
      "hydra.sweeper.sampler=grid is not valid; valid: tpe, random"),
+    (["hydra.sweeper.objective.metric=throughput"], "Run it on a GPU, or search on a resource: "
+     "hydra.sweeper.objective.metric=registers hydra.sweeper.objective.direction=minimize (without a GPU: "),
+    (["hydra.sweeper.objective.metric=regs"], "regs is no metric a run logs (experiments/metrics.py declares "
+     "them); e.g. without a GPU: smem_static_bytes, registers, spill_stores_bytes, "),
+    *[([*SPACE[-2:], f"hydra.sweeper.{key}={value}"], f"hydra.sweeper.{key}={value} is not valid; valid: {valid}")
+      for key, values, valid in [("trials", ["abc", 0, -3, 2.5], "a positive integer (trials that run a job), or null"),
+                                 ("minutes", ["abc", 0, -1], "a positive number of minutes, or null"),
+                                 ("seed", ["abc", -1], "an integer, 0 or more"),
+                                 ("max_rejects", [0], "a positive integer")] for value in values],
+    ([*SPACE[-2:], "hydra.sweeper.trials=null"], "The search has no budget (hydra.sweeper.trials=null, "
+     "hydra.sweeper.minutes unset): give hydra.sweeper.trials or hydra.sweeper.minutes"),
+    ([*SPACE[-2:], "hydra.sweeper.storage=bogus://x"], "hydra.sweeper.storage=bogus://x is no database URL "
+     "SQLAlchemy can open (Can't load plugin: sqlalchemy.dialects:bogus); valid: null"),
+    ([*SPACE[-2:], "family.group=range(5,2)"], "'family.group=range(5,2)' has no values (an empty range or "
+     "choice): give at least one"),
+    ([*SPACE[-2:], "family.group=axis"], "family.group=axis is not an integer ('family.group=axis'); valid: "
+     "8, 16, 32; axis (every value the family declares) is a search's, in its space: "
+     "'hydra.sweeper.params={family.group: axis}' with hydra/sweeper=search"),
 ])
 def test_a_search_that_cannot_start_says_why_before_any_work(tmp_path, run_checks, args, message):
     rc, out = run_checks(tmp_path, "-m", *SPACE[:-2], *args, *store_args(tmp_path, new_store=True))
@@ -185,6 +203,19 @@ def test_the_objective_combines_the_sizes_and_names_a_failure():
     assert objective([_run(outcome="static")], "throughput", "mean")[1:] == (
         "failed", "run r1 (8192 wgmma fp16, outcome static) has no metric throughput")
     assert objective([], "throughput", "mean")[1] == "failed"
+
+
+def test_a_value_of_zero_needs_no_geometric_mean_for_one_size_and_names_the_fix_for_several():
+    """One run (one size): its value as it is, 0 included; several with a 0 and combine=geomean: a failed
+    trial that says to combine by the mean."""
+    from experiments.runner.search import objective
+    assert objective([_run(metrics={"spill_stores_bytes": 0.0})], "spill_stores_bytes", "geomean") == (
+        0.0, "measured", "")
+    runs = [_run(metrics={"spill_stores_bytes": v}) for v in (0.0, 8.0)]
+    value, outcome, why = objective(runs, "spill_stores_bytes", "geomean")
+    assert (value, outcome) == (None, "failed")
+    assert why.endswith("not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
+    assert objective(runs, "spill_stores_bytes", "mean") == (4.0, "measured", "")
 
 
 def test_the_minutes_budget_counts_from_the_command_s_start(monkeypatch):
