@@ -311,3 +311,17 @@ def test_searches_with_different_objectives_have_their_own_parent_and_command(tm
     assert spills["overrides"].startswith("hydra/sweeper=search hydra.sweeper.objective.metric=spill_stores_bytes "
                                           "hydra.sweeper.objective.direction=minimize hydra.sweeper.trials=1 ")
     assert registers["mlflow.note.content"].endswith(f"\n\nSearch result: best {registers['search_best']}.")
+
+
+def test_help_with_the_search_lists_its_options(tmp_path):
+    """--help with hydra/sweeper=search lists every hydra.sweeper.* key with its default and meaning; the plain
+    --help says how to see them."""
+    rc, out = run_cli(tmp_path, "hydra/sweeper=search", "--help")
+    assert rc == 0, out
+    for line in ["  hydra.sweeper.trials=50  (budget: trials that ran a job", "  hydra.sweeper.minutes=null  (",
+                 "  hydra.sweeper.seed=0  (the sampler's seed", "  hydra.sweeper.objective.metric=throughput  (",
+                 "  hydra.sweeper.objective.combine=geomean  (", "  hydra.sweeper.storage=null  (Optuna storage URL",
+                 "  hydra.sweeper.params=null  (the space: {key: ", "  hydra.sweeper.max_rejects=2000  ("]:
+        assert line in out, out
+    rc, out = run_cli(tmp_path, "--help")
+    assert rc == 0 and "(python run.py hydra/sweeper=search --help lists the search's options)" in out, out
