@@ -213,7 +213,7 @@ def test_a_value_of_zero_needs_no_geometric_mean_for_one_size_and_names_the_fix_
         0.0, "measured", "")
     runs = [_run(metrics={"spill_stores_bytes": v}) for v in (0.0, 8.0)]
     value, outcome, why = objective(runs, "spill_stores_bytes", "geomean")
-    assert (value, outcome) == (None, "failed")
+    assert (value, outcome) == (None, "unusable")
     assert why.endswith("not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
     assert objective(runs, "spill_stores_bytes", "mean") == (4.0, "measured", "")
 
@@ -325,3 +325,24 @@ def test_help_with_the_search_lists_its_options(tmp_path):
         assert line in out, out
     rc, out = run_cli(tmp_path, "--help")
     assert rc == 0 and "(python run.py hydra/sweeper=search --help lists the search's options)" in out, out
+
+
+def test_a_geometric_mean_of_zeros_stops_the_search_at_its_first_trial_with_the_fix(tmp_path):
+    """Two sizes whose spill_stores_bytes is 0: the first trial cannot form the objective; the search stops
+    there, the parent records why (search_error) and the command exits 2 naming the combine to use. (A static
+    run holds every size: two sizes are made by reading each trial's runs twice.)"""
+    twice = ("import experiments.runner.search as search\n_objective = search.objective\n"
+             "search.objective = lambda runs, metric, combine: _objective(runs * 2, metric, combine)\n")
+    rc, out = run_cli(tmp_path, "-m", *SPACE[:-2], "hydra.sweeper.objective.metric=spill_stores_bytes",
+                      "hydra.sweeper.objective.direction=minimize", "hydra.sweeper.trials=3", *store_args(tmp_path),
+                      prelude=twice)
+    assert rc == 2 and "Traceback" not in out, out
+    assert ("The search stopped: the objective cannot be formed: spill_stores_bytes is 0 in a run: the geometric "
+            "mean over the sizes is not defined; use hydra.sweeper.objective.combine=mean (or min, max). Exit "
+            "status 2.") in out
+    assert [t.user_attrs["outcome"] for t in _trials(tmp_path) if t.user_attrs["outcome"] != "invalid"] == [
+        "unusable"]
+    parents, children = all_runs(tmp_path)
+    (parent,) = parents
+    assert parent.data.tags["search_error"].startswith("the objective cannot be formed: spill_stores_bytes is 0")
+    assert len(children) == 1 and children[0].data.metrics["spill_stores_bytes"] == 0.0

@@ -340,7 +340,9 @@ def _scan_order(space: Space):
 
 def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str, str]:
     """A trial's result from its ``runs`` (MLflow runs, one per problem size): (value, outcome, reason)
-    with outcome ``measured`` (value: ``metric`` of every run combined by ``combine``, :data:`COMBINE`),
+    with outcome ``measured`` (value: ``metric`` of every run combined by ``combine``, :data:`COMBINE`;
+    one run's value as it is), ``unusable`` (the values cannot be combined so: a geometric mean with a
+    value of 0 or less; the reason says which combine to use),
     ``invalid`` (the job found the combination impossible: a skipped run), ``failed`` (a run FAILED:
     verification, a fault, the assembler; or lacks the metric) or ``busy`` (another process measures a
     run now). reason names the run and says why."""
@@ -362,7 +364,7 @@ def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str,
                                     f"{r.data.tags.get('outcome')}) has no metric {metric}")
         values.append(r.data.metrics[metric])
     if combine == "geomean" and len(values) > 1 and min(values) <= 0:
-        return None, "failed", (f"{metric} is {min(values):g} in a run: the geometric mean over the sizes is "
+        return None, "unusable", (f"{metric} is {min(values):g} in a run: the geometric mean over the sizes is "
                                 "not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
     return float(values[0] if len(values) == 1 else COMBINE[combine](values)), "measured", ""
 
@@ -444,7 +446,7 @@ class SearchSweeper(Sweeper):
         stop = search(study, space, points.problem, measure, self._spent, self.max_rejects)
         if stop:
             print(f"Search stopped: {stop}.", flush=True)
-        self._report(study, metric, direction)
+        self._report(study, metric, direction, stop if stop.startswith("the objective cannot") else "")
         return returns
 
     def _spent(self, counted: int) -> bool:
@@ -471,15 +473,16 @@ class SearchSweeper(Sweeper):
         print(f"Trial {trial.number} ({shown}): {result}", flush=True)
         return value, outcome, why
 
-    def _report(self, study, metric: str, direction: str) -> None:
-        """Print the best trial and log it to the sweep's parent run (tags ``search_*``)."""
+    def _report(self, study, metric: str, direction: str, error: str = "") -> None:
+        """Print the best trial and log it to the sweep's parent run (tags ``search_*``; ``search_error``:
+        ``error``, why this command's search could not go on, or '' — the command then exits 2)."""
         from ..store.track import SWEEP_ENV
         trials = study.get_trials(deepcopy=False)
         done = [t for t in trials if t.user_attrs.get("outcome") == "measured"]
         counted = _counted(study)
         invalid = sum(t.user_attrs.get("outcome") == "invalid" for t in trials)
         tags = {"search_study": study.study_name, "search_trials": str(counted),
-                "search_invalid_points": str(invalid)}
+                "search_invalid_points": str(invalid), "search_error": error}
         if done:
             best = study.best_trial
             tags.update(search_best=f"{metric} {best.value:.6g}: {best.user_attrs.get('overrides', '')}",
@@ -513,7 +516,8 @@ def search(study, space: Space, problem, measure, spent, max_rejects: int) -> st
     reason) is told PRUNED; neither is counted. Else ``measure(trial, point)`` gives (value, outcome,
     reason), outcome ``measured`` (COMPLETE), ``invalid`` (PRUNED, not counted) or another (FAIL;
     ``failed`` is counted). Until ``spent(counted trials)``; returns '' then, or why it stopped before:
-    every point of the space was tried, or ``max_rejects`` proposals in a row were not new and valid."""
+    every point of the space was tried, ``max_rejects`` proposals in a row were not new and valid, or a
+    trial's objective could not be formed (outcome ``unusable``: the first such trial ends the search)."""
     import optuna
     State = optuna.trial.TrialState
     dists = {k: _distribution(v) for k, v in space.params.items()}
@@ -541,6 +545,8 @@ def search(study, space: Space, problem, measure, spent, max_rejects: int) -> st
             state = {"measured": State.COMPLETE, "invalid": State.PRUNED}.get(outcome, State.FAIL)
             _tell(study, trial, state, value, outcome, why)
             counted += outcome in COUNTED
+            if outcome == "unusable":
+                return f"the objective cannot be formed: {why}"
             continue
         rejects += 1
         if len(tried) >= space.size:

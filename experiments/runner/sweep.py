@@ -644,6 +644,12 @@ class SweepCallback(Callback):
                                  "again", *([failed] if failed else [])])
         if failed:
             raise SystemExit(failed)
+        tracker = get_tracker(self.uri, self.experiment)
+        if (parent := tracker.find_parent(self.key)) and (
+                error := tracker.client.get_run(parent).data.tags.get("search_error")):
+            # a search whose objective could not be formed: the first such trial stopped it
+            print(f"The search stopped: {error}. Exit status 2.", file=sys.stderr, flush=True)
+            raise SystemExit(2)
         if set(outcomes) == {"skipped"}:
             # nothing the command asks for can exist: exit 2, as for a value no kernel takes (run.py),
             # apart from 1, a run or job that failed
