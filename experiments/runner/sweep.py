@@ -573,6 +573,7 @@ class SweepCallback(Callback):
         self.uri, self.experiment = uri, experiment
         self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
+        self.search = multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
@@ -644,8 +645,8 @@ class SweepCallback(Callback):
                                  "again", *([failed] if failed else [])])
         if failed:
             raise SystemExit(failed)
-        tracker = get_tracker(self.uri, self.experiment)
-        if (parent := tracker.find_parent(self.key)) and (
+        tracker = get_tracker(self.uri, self.experiment) if getattr(self, "search", False) else None
+        if tracker and (parent := tracker.find_parent(self.key)) and (
                 error := tracker.client.get_run(parent).data.tags.get("search_error")):
             # a search whose objective could not be formed: the first such trial stopped it
             print(f"The search stopped: {error}. Exit status 2.", file=sys.stderr, flush=True)
