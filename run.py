@@ -92,7 +92,28 @@ def shared_options() -> str:
     return "\n".join(f"  {line}" for line in lines) + "\n"
 
 
+def search_options(sweeper: str) -> str:
+    """The options of the search sweeper (hydra.sweeper.<key>: default, meaning), as
+    conf/hydra/sweeper/search.yaml holds and comments them, for --help when ``sweeper`` (the chosen
+    sweeper's _target_) is the search; else how to choose it."""
+    from experiments.runner.validate import SEARCH_SWEEPER
+    if sweeper != SEARCH_SWEEPER:
+        return "  (python run.py hydra/sweeper=search --help lists the search's options)\n"
+    lines, parent = [], ""
+    for line in (Path(__file__).parent / "conf/hydra/sweeper/search.yaml").read_text().splitlines():
+        if not line.strip() or line.startswith(("#", "_target_")) or line.lstrip().startswith("#"):
+            continue
+        key, _, rest = line.strip().partition(":")
+        value, _, meaning = rest.partition("#")
+        parent = key if not line.startswith(" ") and not value.strip() else parent * line.startswith(" ")
+        name = f"hydra.sweeper.{parent + '.' if line.startswith(' ') else ''}{key}"
+        if value.strip():
+            lines.append(f"  {name}={value.strip()}" + (f"  ({meaning.strip()})" if meaning.strip() else ""))
+    return "\n".join(lines) + "\n"
+
+
 OmegaConf.register_new_resolver("config_groups", config_groups, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("search_options", search_options, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("shared_options", shared_options, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("family_options", family_options, use_cache=True, replace=True)
 

@@ -148,6 +148,24 @@ def test_a_trial_whose_run_fails_is_a_failed_trial_with_its_reason(tmp_path):
      "The search space: family.group=99 is not valid for family=wgmma ('family.group=99'); valid: 8, 16, 32"),
     (["hydra.sweeper.objective.metric=registers", "hydra.sweeper.sampler=grid"],
      "hydra.sweeper.sampler=grid is not valid; valid: tpe, random"),
+    (["hydra.sweeper.objective.metric=throughput"], "Run it on a GPU, or search on a resource: "
+     "hydra.sweeper.objective.metric=registers hydra.sweeper.objective.direction=minimize (without a GPU: "),
+    (["hydra.sweeper.objective.metric=regs"], "regs is no metric a run logs (experiments/metrics.py declares "
+     "them); e.g. without a GPU: smem_static_bytes, registers, spill_stores_bytes, "),
+    *[([*SPACE[-2:], f"hydra.sweeper.{key}={value}"], f"hydra.sweeper.{key}={value} is not valid; valid: {valid}")
+      for key, values, valid in [("trials", ["abc", 0, -3, 2.5], "a positive integer (trials that run a job), or null"),
+                                 ("minutes", ["abc", 0, -1], "a positive number of minutes, or null"),
+                                 ("seed", ["abc", -1], "an integer, 0 or more"),
+                                 ("max_rejects", [0], "a positive integer")] for value in values],
+    ([*SPACE[-2:], "hydra.sweeper.trials=null"], "The search has no budget (hydra.sweeper.trials=null, "
+     "hydra.sweeper.minutes unset): give hydra.sweeper.trials or hydra.sweeper.minutes"),
+    ([*SPACE[-2:], "hydra.sweeper.storage=bogus://x"], "hydra.sweeper.storage=bogus://x is no database URL "
+     "SQLAlchemy can open (Can't load plugin: sqlalchemy.dialects:bogus); valid: null"),
+    ([*SPACE[-2:], "family.group=range(5,2)"], "'family.group=range(5,2)' has no values (an empty range or "
+     "choice): give at least one"),
+    ([*SPACE[-2:], "family.group=axis"], "family.group=axis is not an integer ('family.group=axis'); valid: "
+     "8, 16, 32; axis (every value the family declares) is a search's, in its space: "
+     "'hydra.sweeper.params={family.group: axis}' with hydra/sweeper=search"),
 ])
 def test_a_search_that_cannot_start_says_why_before_any_work(tmp_path, run_checks, args, message):
     rc, out = run_checks(tmp_path, "-m", *SPACE[:-2], *args, *store_args(tmp_path, new_store=True))
@@ -185,6 +203,19 @@ def test_the_objective_combines_the_sizes_and_names_a_failure():
     assert objective([_run(outcome="static")], "throughput", "mean")[1:] == (
         "failed", "run r1 (8192 wgmma fp16, outcome static) has no metric throughput")
     assert objective([], "throughput", "mean")[1] == "failed"
+
+
+def test_a_value_of_zero_needs_no_geometric_mean_for_one_size_and_names_the_fix_for_several():
+    """One run (one size): its value as it is, 0 included; several with a 0 and combine=geomean: a failed
+    trial that says to combine by the mean."""
+    from experiments.runner.search import objective
+    assert objective([_run(metrics={"spill_stores_bytes": 0.0})], "spill_stores_bytes", "geomean") == (
+        0.0, "measured", "")
+    runs = [_run(metrics={"spill_stores_bytes": v}) for v in (0.0, 8.0)]
+    value, outcome, why = objective(runs, "spill_stores_bytes", "geomean")
+    assert (value, outcome) == (None, "unusable")
+    assert why.endswith("not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
+    assert objective(runs, "spill_stores_bytes", "mean") == (4.0, "measured", "")
 
 
 def test_the_minutes_budget_counts_from_the_command_s_start(monkeypatch):
@@ -259,3 +290,59 @@ def test_a_search_preset_without_m_gives_the_command(tmp_path, run_checks):
     assert ("experiment=search_wgmma is a search (hydra/sweeper=search) over family.bn, family.consumers, "
             "family.producer, ") in out
     assert out.strip().endswith("nothing was run. Run it: python run.py -m experiment=search_wgmma precision=bf16")
+
+
+def test_searches_with_different_objectives_have_their_own_parent_and_command(tmp_path):
+    """The objective is part of a search's identity: a second objective in the same store makes another
+    parent (its own study and tags), whose command keeps the sweeper's overrides; the first parent's
+    description ends with its result."""
+    store = store_args(tmp_path)
+    rc, out = run_cli(tmp_path, "-m", *SPACE, "hydra.sweeper.trials=2", *store)
+    assert rc == 0 and "continuing parent run" not in out, out
+    rc, out = run_cli(tmp_path, "-m", *SPACE[:-2], "hydra.sweeper.objective.metric=spill_stores_bytes",
+                      "hydra.sweeper.objective.direction=minimize", "hydra.sweeper.trials=1", *store)
+    assert rc == 0 and "continuing parent run" not in out, out
+    parents, _ = all_runs(tmp_path)
+    by_metric = {p.data.tags["search_study"].split()[1]: p for p in parents}
+    assert sorted(by_metric) == ["registers", "spill_stores_bytes"]
+    registers, spills = by_metric["registers"].data.tags, by_metric["spill_stores_bytes"].data.tags
+    assert registers["search_best"].startswith("registers ")
+    assert spills["search_best"].startswith("spill_stores_bytes 0: ")
+    assert spills["overrides"].startswith("hydra/sweeper=search hydra.sweeper.objective.metric=spill_stores_bytes "
+                                          "hydra.sweeper.objective.direction=minimize hydra.sweeper.trials=1 ")
+    assert registers["mlflow.note.content"].endswith(f"\n\nSearch result: best {registers['search_best']}.")
+
+
+def test_help_with_the_search_lists_its_options(tmp_path):
+    """--help with hydra/sweeper=search lists every hydra.sweeper.* key with its default and meaning; the plain
+    --help says how to see them."""
+    rc, out = run_cli(tmp_path, "hydra/sweeper=search", "--help")
+    assert rc == 0, out
+    for line in ["  hydra.sweeper.trials=50  (budget: trials that ran a job", "  hydra.sweeper.minutes=null  (",
+                 "  hydra.sweeper.seed=0  (the sampler's seed", "  hydra.sweeper.objective.metric=throughput  (",
+                 "  hydra.sweeper.objective.combine=geomean  (", "  hydra.sweeper.storage=null  (Optuna storage URL",
+                 "  hydra.sweeper.params=null  (the space: {key: ", "  hydra.sweeper.max_rejects=2000  ("]:
+        assert line in out, out
+    rc, out = run_cli(tmp_path, "--help")
+    assert rc == 0 and "(python run.py hydra/sweeper=search --help lists the search's options)" in out, out
+
+
+def test_a_geometric_mean_of_zeros_stops_the_search_at_its_first_trial_with_the_fix(tmp_path):
+    """Two sizes whose spill_stores_bytes is 0: the first trial cannot form the objective; the search stops
+    there, the parent records why (search_error) and the command exits 2 naming the combine to use. (A static
+    run holds every size: two sizes are made by reading each trial's runs twice.)"""
+    twice = ("import experiments.runner.search as search\n_objective = search.objective\n"
+             "search.objective = lambda runs, metric, combine: _objective(runs * 2, metric, combine)\n")
+    rc, out = run_cli(tmp_path, "-m", *SPACE[:-2], "hydra.sweeper.objective.metric=spill_stores_bytes",
+                      "hydra.sweeper.objective.direction=minimize", "hydra.sweeper.trials=3", *store_args(tmp_path),
+                      prelude=twice)
+    assert rc == 2 and "Traceback" not in out, out
+    assert ("The search stopped: the objective cannot be formed: spill_stores_bytes is 0 in a run: the geometric "
+            "mean over the sizes is not defined; use hydra.sweeper.objective.combine=mean (or min, max). Exit "
+            "status 2.") in out
+    assert [t.user_attrs["outcome"] for t in _trials(tmp_path) if t.user_attrs["outcome"] != "invalid"] == [
+        "unusable"]
+    parents, children = all_runs(tmp_path)
+    (parent,) = parents
+    assert parent.data.tags["search_error"].startswith("the objective cannot be formed: spill_stores_bytes is 0")
+    assert len(children) == 1 and children[0].data.metrics["spill_stores_bytes"] == 0.0

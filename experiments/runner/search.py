@@ -32,7 +32,8 @@ from pathlib import Path
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-__all__ = ["SearchSweeper", "Space", "parse_space", "Points", "space_problem", "objective", "storage_url",
+__all__ = ["SearchSweeper", "Space", "parse_space", "Points", "space_problem", "options_problem", "objective",
+           "storage_url",
            "search", "sampler", "COMBINE", "COUNTED", "AXIS"]
 
 
@@ -101,6 +102,9 @@ def parse_space(config: DictConfig, arguments: list | None = None) -> Space:
                           f"{AXIS}): the kernels' axes are discrete")
         if override.is_sweep_override():
             params[key] = list(override.sweep_string_iterator())
+            if not params[key]:
+                raise Invalid(f"{text!r} has no values (an empty range or choice): give at least one, "
+                              f"e.g. {key}=range(2,5)")
         elif override.get_value_element_as_str() == AXIS:
             family = get(family_name(config))
             if not (values := family.declared(key)):
@@ -221,11 +225,13 @@ def space_problem(config: DictConfig) -> str | None:
 
     from ..metrics import lookup
     from .validate import Invalid, config_problem, one_line
+    opts = config.hydra.sweeper
+    if problem := options_problem(opts):
+        return problem
     try:
         space = parse_space(config)
     except Invalid as exc:
         return str(exc)
-    opts = config.hydra.sweeper
     metric, direction = str(opts.objective.metric), str(opts.objective.direction)
     if direction not in DIRECTIONS or str(opts.objective.combine) not in COMBINE:
         return (f"hydra.sweeper.objective: direction={direction}, combine={opts.objective.combine}; valid "
@@ -234,14 +240,17 @@ def space_problem(config: DictConfig) -> str | None:
         sampler(str(opts.sampler), 0)
     except ValueError as exc:
         return str(exc)
+    gpu = _gpu(config)
     if (declared := lookup(metric)) is None:
         return (f"hydra.sweeper.objective.metric={metric} is no metric a run logs (experiments/metrics.py "
-                "declares them), e.g. throughput")
-    gpu = _gpu(config)
+                "declares them); e.g. " + (f"without a GPU: {', '.join(_static_metrics())}" if gpu is None
+                                           else "throughput"))
     if gpu is None and not declared.source.startswith("ptxas"):
         return (f"hydra.sweeper.objective.metric={metric} is measured on a GPU, and this search has none "
                 "(backend=static, or no NVIDIA GPU found): its runs hold ptxas' resources only. Run it on a "
-                "GPU, or search on a resource (objective.metric=registers, direction=minimize).")
+                "GPU, or search on a resource: hydra.sweeper.objective.metric=registers "
+                "hydra.sweeper.objective.direction=minimize (without a GPU: "
+                f"{', '.join(_static_metrics())}).")
     points = Points(config, space, GlobalHydra.instance().config_loader(), gpu)
     first = {k: v[0] for k, v in space.params.items()}
     for key, values in space.params.items():        # every declared value once, checked as a sweep's
@@ -269,6 +278,45 @@ def space_problem(config: DictConfig) -> str | None:
             "or the target (target.arch, precision).")
 
 
+def _static_metrics() -> list:
+    """The metrics a run logs without a GPU (ptxas' resources): their names in experiments/metrics.py."""
+    from ..metrics import DECLARED
+    return [m.name for m in DECLARED if m.source.startswith("ptxas") and "<" not in m.name]
+
+
+def _count(value, kind: type, low: float) -> bool:
+    """Whether ``value`` is a number of ``kind`` (int: an integer; float: an integer or not), >= ``low``."""
+    kinds = (int,) if kind is int else (int, float)
+    return isinstance(value, kinds) and not isinstance(value, bool) and value >= low
+
+
+def options_problem(opts) -> str | None:
+    """What the search's options (``hydra.sweeper``, conf/hydra/sweeper/search.yaml) hold that no search
+    takes, one line naming the key and its valid values; None when they are valid: a budget that is not a
+    positive integer (trials) or number (minutes), none given, a seed or max_rejects that is not an integer
+    (seed: 0 or more; max_rejects: 1 or more), a storage URL SQLAlchemy cannot open."""
+    trials, minutes = opts.get("trials"), opts.get("minutes")
+    checks = [("trials", trials, int, 1, "a positive integer (trials that run a job), or null"),
+              ("minutes", minutes, float, 0, "a positive number of minutes, or null"),
+              ("seed", opts.get("seed"), int, 0, "an integer, 0 or more"),
+              ("max_rejects", opts.get("max_rejects"), int, 1, "a positive integer")]
+    for key, value, kind, low, valid in checks:
+        if (value is not None or key in ("seed", "max_rejects")) and not (
+                _count(value, kind, low) and (key != "minutes" or value > 0)):
+            return f"hydra.sweeper.{key}={value} is not valid; valid: {valid}"
+    if trials is None and minutes is None:
+        return ("The search has no budget (hydra.sweeper.trials=null, hydra.sweeper.minutes unset): give "
+                "hydra.sweeper.trials or hydra.sweeper.minutes, e.g. hydra.sweeper.trials=50")
+    if storage := opts.get("storage"):
+        from sqlalchemy.engine import make_url
+        try:
+            make_url(str(storage)).get_dialect()
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's ArgumentError, NoSuchModuleError
+            return (f"hydra.sweeper.storage={storage} is no database URL SQLAlchemy can open ({exc}); valid: "
+                    "null (search.db beside a SQLite store) or a URL such as sqlite:////path/search.db")
+    return None
+
+
 def _shape(space: Space) -> str:
     return " x ".join(f"{k} {len(v)}" for k, v in space.params.items())
 
@@ -292,7 +340,9 @@ def _scan_order(space: Space):
 
 def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str, str]:
     """A trial's result from its ``runs`` (MLflow runs, one per problem size): (value, outcome, reason)
-    with outcome ``measured`` (value: ``metric`` of every run combined by ``combine``, :data:`COMBINE`),
+    with outcome ``measured`` (value: ``metric`` of every run combined by ``combine``, :data:`COMBINE`;
+    one run's value as it is), ``unusable`` (the values cannot be combined so: a geometric mean with a
+    value of 0 or less; the reason says which combine to use),
     ``invalid`` (the job found the combination impossible: a skipped run), ``failed`` (a run FAILED:
     verification, a fault, the assembler; or lacks the metric) or ``busy`` (another process measures a
     run now). reason names the run and says why."""
@@ -313,8 +363,9 @@ def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str,
             return None, "failed", (f"run {r.info.run_id} ({r.info.run_name}, outcome "
                                     f"{r.data.tags.get('outcome')}) has no metric {metric}")
         values.append(r.data.metrics[metric])
-    if combine == "geomean" and min(values) <= 0:
-        return None, "failed", f"{metric} is {min(values)} in a run: its geometric mean is not defined"
+    if combine == "geomean" and len(values) > 1 and min(values) <= 0:
+        return None, "unusable", (f"{metric} is {min(values):g} in a run: the geometric mean over the sizes is "
+                                "not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
     return float(values[0] if len(values) == 1 else COMBINE[combine](values)), "measured", ""
 
 
@@ -395,7 +446,7 @@ class SearchSweeper(Sweeper):
         stop = search(study, space, points.problem, measure, self._spent, self.max_rejects)
         if stop:
             print(f"Search stopped: {stop}.", flush=True)
-        self._report(study, metric, direction)
+        self._report(study, metric, direction, stop if stop.startswith("the objective cannot") else "")
         return returns
 
     def _spent(self, counted: int) -> bool:
@@ -422,15 +473,16 @@ class SearchSweeper(Sweeper):
         print(f"Trial {trial.number} ({shown}): {result}", flush=True)
         return value, outcome, why
 
-    def _report(self, study, metric: str, direction: str) -> None:
-        """Print the best trial and log it to the sweep's parent run (tags ``search_*``)."""
+    def _report(self, study, metric: str, direction: str, error: str = "") -> None:
+        """Print the best trial and log it to the sweep's parent run (tags ``search_*``; ``search_error``:
+        ``error``, why this command's search could not go on, or '' — the command then exits 2)."""
         from ..store.track import SWEEP_ENV
         trials = study.get_trials(deepcopy=False)
         done = [t for t in trials if t.user_attrs.get("outcome") == "measured"]
         counted = _counted(study)
         invalid = sum(t.user_attrs.get("outcome") == "invalid" for t in trials)
         tags = {"search_study": study.study_name, "search_trials": str(counted),
-                "search_invalid_points": str(invalid)}
+                "search_invalid_points": str(invalid), "search_error": error}
         if done:
             best = study.best_trial
             tags.update(search_best=f"{metric} {best.value:.6g}: {best.user_attrs.get('overrides', '')}",
@@ -464,7 +516,8 @@ def search(study, space: Space, problem, measure, spent, max_rejects: int) -> st
     reason) is told PRUNED; neither is counted. Else ``measure(trial, point)`` gives (value, outcome,
     reason), outcome ``measured`` (COMPLETE), ``invalid`` (PRUNED, not counted) or another (FAIL;
     ``failed`` is counted). Until ``spent(counted trials)``; returns '' then, or why it stopped before:
-    every point of the space was tried, or ``max_rejects`` proposals in a row were not new and valid."""
+    every point of the space was tried, ``max_rejects`` proposals in a row were not new and valid, or a
+    trial's objective could not be formed (outcome ``unusable``: the first such trial ends the search)."""
     import optuna
     State = optuna.trial.TrialState
     dists = {k: _distribution(v) for k, v in space.params.items()}
@@ -492,6 +545,8 @@ def search(study, space: Space, problem, measure, spent, max_rejects: int) -> st
             state = {"measured": State.COMPLETE, "invalid": State.PRUNED}.get(outcome, State.FAIL)
             _tell(study, trial, state, value, outcome, why)
             counted += outcome in COUNTED
+            if outcome == "unusable":
+                return f"the objective cannot be formed: {why}"
             continue
         rejects += 1
         if len(tried) >= space.size:

@@ -309,6 +309,17 @@ def _overrides(config: DictConfig, multirun: bool) -> tuple[list, list]:
     return task, [f"{k}={v}" for k, v in params.items()] + task
 
 
+# the default objective of a search (conf/hydra/sweeper/search.yaml): not in its sweep key
+SEARCH_OBJECTIVE = ["hydra.sweeper.objective.metric=throughput", "hydra.sweeper.objective.direction=maximize",
+                    "hydra.sweeper.objective.combine=geomean"]
+
+
+def _search_option(text: str) -> bool:
+    """Whether the Hydra override ``text`` chooses or sets the search sweeper (kept in its command)."""
+    key = text.lstrip("+~").split("=", 1)[0]
+    return key == "hydra/sweeper" or key.startswith("hydra.sweeper.")
+
+
 def _parse(text: str):
     from hydra.core.override_parser.overrides_parser import OverridesParser
     return OverridesParser.create().parse_override(text)
@@ -330,6 +341,12 @@ def sweep_info(config: DictConfig, multirun: bool) -> dict:
     jobs = "1"
     if multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER:
         jobs = str(config.hydra.sweeper.get("trials") or "?")      # a search: its budget of trials
+        # a search's objective is part of its identity (its own parent and tags); the default's keeps the
+        # key it had. Its command keeps the sweeper's overrides, so that running it again continues it.
+        goal = config.hydra.sweeper.get("objective") or {}
+        goal = [f"hydra.sweeper.objective.{k}={goal.get(k)}" for k in ("metric", "direction", "combine")]
+        kept += [] if goal == SEARCH_OBJECTIVE else goal
+        task = [str(o) for o in config.hydra.overrides.hydra if _search_option(str(o))] + task
     elif multirun:
         try:
             jobs = str(count_jobs(given))
@@ -556,6 +573,7 @@ class SweepCallback(Callback):
         self.uri, self.experiment = uri, experiment
         self.measured = gpu is not None or remote and value(config.backend) != "static"
         self.key = info["key"]
+        self.search = multirun and config.hydra.sweeper.get("_target_") == SEARCH_SWEEPER
         self.command = "python run.py " + ("-m " if multirun else "") + info["overrides"]
         os.environ.update({SWEEP_ENV[k]: v for k, v in info.items()})
         os.environ.pop(SWEEP_ENV["parent"], None)
@@ -627,6 +645,12 @@ class SweepCallback(Callback):
                                  "again", *([failed] if failed else [])])
         if failed:
             raise SystemExit(failed)
+        tracker = get_tracker(self.uri, self.experiment) if getattr(self, "search", False) else None
+        if tracker and (parent := tracker.find_parent(self.key)) and (
+                error := tracker.client.get_run(parent).data.tags.get("search_error")):
+            # a search whose objective could not be formed: the first such trial stopped it
+            print(f"The search stopped: {error}. Exit status 2.", file=sys.stderr, flush=True)
+            raise SystemExit(2)
         if set(outcomes) == {"skipped"}:
             # nothing the command asks for can exist: exit 2, as for a value no kernel takes (run.py),
             # apart from 1, a run or job that failed
@@ -676,6 +700,8 @@ class SweepCallback(Callback):
         exp = tracker.experiment_id
         note = description_link(exp, parent) + "\n\n" + sweep_note(self.command, runs, parent,
                                                                     lambda r: replicates(tracker, r))
+        if best := tracker.client.get_run(parent).data.tags.get("search_best"):    # a search's result
+            note += f"\n\nSearch result: best {best}."
         tracker.log(parent, {**busy, "runs_reused": reused},
                     tags={"runs": summary, "mlflow.note.content": note})
         with tempfile.TemporaryDirectory() as tmp:

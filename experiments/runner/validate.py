@@ -91,11 +91,11 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     value = getattr(cause, "value", None)
     shown = f"{key}={value}" if key else ""
     if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg):
-        return f"{key}={m.group(1)} is not valid{given}; valid: {m.group(2)}"
+        return f"{key}={m.group(1)} is not valid{given}; valid: {m.group(2)}{_axis_hint(key, m.group(1))}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Integer", msg):
         if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
-        return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}"
+        return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}{_axis_hint(key, m.group(1))}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Float", msg):
         valid = "; valid: 0 or more seconds" * (key == "tracking.wait")
         return f"{key}={m.group(1)} is not a number{given}{valid}"
@@ -112,6 +112,14 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
 
 
 _CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _axis_hint(key: str, value: str) -> str:
+    """For ``key=axis`` given where a value is expected: where a search takes ``axis``."""
+    if value != "axis":
+        return ""
+    return (f"; axis (every value the family declares) is a search's, in its space: "
+            f"'hydra.sweeper.params={{{key}: axis}}' with hydra/sweeper=search")
 
 
 def _config_dirs(argv: tuple) -> list:
