@@ -530,22 +530,23 @@ class SweepCallback(Callback):
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         check_output_dirs(config, multirun)
         if problem := _unwritable_output(config, multirun):
-            raise SystemExit(problem)
+            raise Invalid(problem)
         guard_slurm(config.hydra.launcher)
         if remote:
             from .slurm import check_resources
             with read_write(config.hydra.launcher):    # the GPUs its jobs ask for: backend and partition
-                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend)))
+                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend),
+                                                             tuple(config.hydra.overrides.hydra)))
         check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
-            raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
+            raise Invalid(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
                              "combination (a glob(...) that matches no value, or an empty range(...)?). "
                              "Nothing was tracked.")
         warming = (prewarm(config.hydra.launcher, gpu is not None,
                            int(info["jobs"]) if info["jobs"].isdigit() else None) if multirun else None)
         if value(config.backend) == "gpu" and gpu is None and not remote:
-            raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
+            raise Invalid("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
         try:
             uri = resolve_uri(given_uri)
