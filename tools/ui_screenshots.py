@@ -131,7 +131,8 @@ def _sweep(client, run_id: str):
         run = client.get_run(run_id)
     except MlflowException:
         raise SystemExit(f"--sweep {run_id} is not a run id in the store {client.tracking_uri}: give the "
-                         "parent run id that run.py -m printed, or leave --sweep out for the latest") from None
+                         "parent run id that run.py -m printed, or leave --sweep out for the latest"
+                         ) from None
     if run.data.tags.get("kind") != "sweep":
         parent = run.data.tags.get("mlflow.parentRunId")
         raise SystemExit(f"--sweep {run_id} is not a sweep's parent run (no tag kind=sweep)"

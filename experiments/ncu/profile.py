@@ -97,12 +97,13 @@ def select_runs(client, exp_id: str, parent: str | None, filter_string: str | No
             try:
                 given = client.get_run(parent)
             except MlflowException:
-                raise ProfileError(f"--parent {parent} is not a run id in {client.tracking_uri}; give a sweep's "
-                                   "parent run id (run.py -m prints it), or leave --parent out for the "
-                                   "latest sweep") from None
+                raise ProfileError(f"--parent {parent} is not a run id in {client.tracking_uri}; give a "
+                                   "sweep's parent run id (run.py -m prints it), or leave --parent out for "
+                                   "the latest sweep") from None
             if (up := given.data.tags.get("mlflow.parentRunId")) and given.data.tags.get("kind") != "sweep":
-                raise ProfileError(f"--parent {parent} is a run of the sweep {up}, not a sweep: give --parent "
-                                   f"{up}, or --filter \"attributes.run_id = '{parent}'\" for this run")
+                raise ProfileError(f"--parent {parent} is a run of the sweep {up}, not a sweep: give "
+                                   f"--parent {up}, or --filter \"attributes.run_id = '{parent}'\" for this "
+                                   "run")
         runs = sweep_runs(client, [exp_id], parent)      # those it reused from earlier sweeps too
         what = f"the runs of sweep {parent}"
     runs = [r for r in runs if r.data.tags.get("kind") != "sweep"]

@@ -132,7 +132,8 @@ def check_resources(params, backend: str = "auto", given: tuple = ()) -> dict:
     most = {k: max(n[k] for n in nodes) for k in want}
     fits = [f"hydra.launcher.cpus_per_task={max(1, most['cpus'] // tasks)}"] * (want["cpus"] > most["cpus"])
     fits += [f"hydra.launcher.mem_gb={max(1, most['mem'] // 1024)}"] * (want["mem"] > most["mem"])
-    fits += [f"hydra.launcher.gpus_per_task={most['gpus'] // tasks or 'null'}"] * (want["gpus"] > most["gpus"])
+    gpus = most["gpus"] // tasks or "null"                   # null: no GPU asked for (backend=auto: static)
+    fits += [f"hydra.launcher.gpus_per_task={gpus}"] * (want["gpus"] > most["gpus"])
     raise Invalid(
         f"Slurm cannot run this sweep's jobs on partition {name}: each asks for {want['cpus']} CPU(s), "
         f"{want['mem']} MB and {want['gpus']} GPU(s), and its largest node has {most['cpus']} CPU(s), "

@@ -415,11 +415,11 @@ def check_output_dirs(config: DictConfig, multirun: bool) -> None:
 
 
 def guard_slurm(launcher: DictConfig) -> None:
-    """For Hydra's submitit launchers (``hydra/launcher=slurm``): raise validate.Invalid (exit 2) when Slurm's sbatch
-    or srun is not on PATH, and make a failure of Slurm during the sweep (sbatch refusing the jobs, an
-    invalid partition, a job that did not complete) end the command with one line naming it and the
-    launcher's settings, not submitit's traceback. The parent run, without children then, is removed
-    on the way out (run.py)."""
+    """For Hydra's submitit launchers (``hydra/launcher=slurm``): raise validate.Invalid (exit 2) when
+    Slurm's sbatch or srun is not on PATH, and make a failure of Slurm during the sweep (sbatch refusing
+    the jobs, an invalid partition, a job that did not complete) end the command with one line naming it
+    and the launcher's settings, not submitit's traceback. The parent run, without children then, is
+    removed on the way out (run.py)."""
     import shutil
     target = str(launcher.get("_target_", ""))
     if "hydra_submitit_launcher" not in target and "SlurmLauncher" not in target:
