@@ -304,6 +304,9 @@ def main(argv=None) -> Report:
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
     args = ap.parse_args(argv)
+    if args.study not in (*STUDIES, "none", "auto") and not Path(args.study).is_file():   # before the store
+        ap.error(f"--study {args.study}: no such study or claims file; valid: {', '.join(STUDIES)}, none, "
+                 "auto, or the path of a claims YAML file (e.g. analysis/claims/l4.yaml)")
     import matplotlib
     matplotlib.use("Agg")                    # files only: no display needed
     from experiments.store.track import StoreError

@@ -573,7 +573,7 @@ def test_a_sweep_of_no_jobs_says_so_and_tracks_nothing(tmp_path):
     """An empty range(...) made 0 jobs and the line "every run of this sweep is already in the store"."""
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "timing.batches=range(1,1)",
                       *store_args(tmp_path, new_store=True))
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out, out
     assert "The sweep has no jobs: its overrides (precision=int8 timing.batches=range(1,1) " in out
     assert ") expand to no combination (a glob(...) that matches no value, or an empty range(...)?)" in out
     assert "already in the store" not in out and not (tmp_path / "mlflow.db").exists()

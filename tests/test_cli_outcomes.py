@@ -164,7 +164,7 @@ def test_slurm_launcher_without_slurm_is_one_line(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     rc, out = run_cli(tmp_path, "-m", "hydra/launcher=slurm", "precision=int8", *store_args(tmp_path, new_store=True),
                       env=_slurm_env(tmp_path))
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out, out
     assert out.strip().splitlines()[-1] == (
         "hydra/launcher=slurm submits the jobs with Slurm's sbatch and srun, not on PATH here: run the command on "
         "a node of the Slurm cluster, or leave hydra/launcher out to run the jobs on this machine. Nothing was "

@@ -255,7 +255,7 @@ def test_read_only_project_folder_names_both_folders(tmp_path, multirun):
             p.chmod(mode)
     key = "hydra.sweep.dir=outputs/multirun/" if multirun else "hydra.run.dir=outputs/runs/"
     lines = out.strip().splitlines()
-    assert rc == 1 and "Traceback" not in out and len(lines) == 2, out
+    assert rc == 2 and "Traceback" not in out and len(lines) == 2, out
     assert lines[0].startswith(key) and lines[0].endswith(
         f" cannot be made or written: {project} is read-only for this user. Give a writable folder for Hydra's "
         f"job configs and logs: {key.split('=')[0]}=PATH"), out

@@ -212,7 +212,7 @@ def test_selections_that_match_nothing(store, fake_ncu, capsys):
     assert run(store, "--filter", "params.precision === 'int8'") == 2
     assert "is not a valid MLflow filter" in capsys.readouterr().err
     assert run(store, "--parent", "0123456789abcdef") == 2
-    assert "the selection matched no run: the runs of sweep 0123456789abcdef" in capsys.readouterr().err
+    assert "--parent 0123456789abcdef is not a run id in sqlite:///" in capsys.readouterr().err
     assert run(store, "--filter", "tags.verified = 'false'") == 2
     assert "no run of the selection can be profiled" in capsys.readouterr().err
     assert run(store, "--experiment", "nope") == 2

@@ -292,9 +292,11 @@ def test_out_never_overwrites_a_store_or_names_a_folder(tmp_path, capsys):
         assert exc.value.code == 2 and text in capsys.readouterr().err
     assert (tmp_path / "one.db").read_bytes() == before
     (tmp_path / "notes.md").write_text("a file, not a folder\n")     # a folder that is a file
-    assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", f"{tmp_path}/notes.md/x.md"]) == 1
+    assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", f"{tmp_path}/notes.md/x.md"]) == 2
     assert (f"Could not write --out {tmp_path}/notes.md/x.md: {tmp_path}/notes.md is a file, not a folder"
             in capsys.readouterr().err)
+    assert main(["--uri", one, "--against", two, "--experiment", "e", "--out", "/proc/nope/x.md"]) == 2
+    assert "Could not write --out /proc/nope/x.md: " in capsys.readouterr().err     # nothing to write there
     assert not (tmp_path / "one.db-journal").exists()
 
 

@@ -53,8 +53,15 @@ def test_resources_no_node_has_are_refused_with_what_the_nodes_have(monkeypatch)
         "and its largest node has 2 CPU(s), 24105 MB and 0 GPU(s) (sinfo); the jobs would pend for ever. Ask "
         "for what a node has: hydra.launcher.cpus_per_task=2 hydra.launcher.mem_gb=23; or choose another "
         "partition (`sinfo -s`). Nothing was submitted.")
+    assert exc.value.code == 2                                         # a refusal before any work
     assert slurm.check_resources(PRESET) == NO_GPU                     # the preset fits a 2-CPU node
     assert slurm.check_resources(PRESET, "static") == NO_GPU
+    assert slurm.check_resources(PRESET, given=("hydra.launcher.gpus_per_task=0",)) == NO_GPU
+    for given in ("hydra.launcher.gpus_per_task=1", "hydra.launcher.gpus_per_node=2"):
+        with pytest.raises(SystemExit) as exc:     # a GPU the command asks for is refused, not dropped
+            slurm.check_resources({**PRESET, given.split(".")[-1].split("=")[0]: int(given[-1])}, given=(given,))
+        assert exc.value.code == 2 and "and its largest node has 2 CPU(s), 24105 MB and 0 GPU(s)" in str(exc.value)
+        assert "hydra.launcher.gpus_per_task=null;" in str(exc.value)
     with pytest.raises(SystemExit) as exc:
         slurm.check_resources(PRESET, "gpu")
     assert str(exc.value) == (
@@ -229,12 +236,25 @@ def test_slurm_signals_close_the_jobs_runs_killed(tmp_path, monkeypatch):
 
 
 @needs_slurm
-def test_backend_gpu_on_a_partition_without_gpus_is_refused_before_submitting(tmp_path):
-    """The jobs of backend=gpu on a GPU-less partition would each fail their runs (or pend for ever)."""
-    rc, out = run_cli(tmp_path, *SMALL, "backend=gpu", *store_args(tmp_path), env=_env())
-    assert rc == 1 and "Traceback" not in out, out
-    assert out.strip().splitlines()[-1].startswith("backend=gpu needs GPUs, and no node of Slurm partition debug "
-                                                   "has one (sinfo GRES: (null)). Choose a partition with GPUs")
+@pytest.mark.parametrize("given, said", [
+    ("backend=gpu", "backend=gpu needs GPUs, and no node of Slurm partition debug has one (sinfo GRES: (null)). "
+                    "Choose a partition with GPUs"),
+    ("hydra.launcher.partition=gpu", "Slurm has no partition gpu: hydra.launcher.partition= one of debug"),
+    ("hydra.launcher.cpus_per_task=64", "Slurm cannot run this sweep's jobs on partition debug: each asks for 64 "
+                                        "CPU(s)"),
+    ("hydra.launcher.mem_gb=100000", "Slurm cannot run this sweep's jobs on partition debug: each asks for 2 CPU(s), "
+                                     "102400000 MB"),
+    ("hydra.launcher.gpus_per_task=1", "Slurm cannot run this sweep's jobs on partition debug: each asks for 2 "
+                                       "CPU(s), 1024 MB and 1 GPU(s)"),
+])
+def test_what_no_node_of_the_partition_has_is_refused_before_submitting(tmp_path, given, said):
+    """The jobs of backend=gpu on a GPU-less partition would each fail their runs (or pend for ever); a
+    partition, CPUs or memory no node has exited 1 (a refusal before any work is 2); a GPU asked for
+    on a GPU-less partition was dropped, the jobs ran static with exit 0."""
+    rc, out = run_cli(tmp_path, *SMALL, given, *store_args(tmp_path), env=_env())
+    assert rc == 2 and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith(said), out
+    assert out.strip().endswith("Nothing was submitted."), out
     assert "Submitted Slurm job" not in out and all_runs(tmp_path) == ([], [])
 
 

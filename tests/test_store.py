@@ -264,7 +264,9 @@ def test_study_preset_static_view_with_sass_and_the_emulation_note(tmp_path):
 @pytest.mark.parametrize("args, text, code", [
     (["+foo=bar", "precision=int8"], "Unknown key 'foo' (added with '+'); valid top-level keys: family, precision,", 2),
     (["backend=gpu"], "Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); use backend=auto or backend=static",
-     1),
+     2),
+    (["-m", "backend=gpu", "precision=int8"], "Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); use "
+     "backend=auto or backend=static", 2),
     (["pipeline.stages=20"], "sm_90 allows 232448: valid pipeline.stages here: 1..7 (or reduce ktile or tile.block)", 2),
 ])
 def test_bad_input_stops_before_any_run(tmp_path, args, text, code):

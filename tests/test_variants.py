@@ -206,7 +206,7 @@ def test_a_bad_entry_stops_the_command_before_hydra(tmp_path, run_checks):
 def test_a_value_of_the_wrong_type_stops_the_sweep_before_its_parent_run(tmp_path):
     rc, out = run_cli(tmp_path, "-m", *_preset(tmp_path, "a: {family: wgmma, family.stages: abc}\n"),
                       *store_args(tmp_path, new_store=True))
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out, out
     assert ("Invalid preset: experiment=tiny: variant a: family.stages: Value 'abc' of type 'str' could not be "
             "converted to Integer") in out
     assert not (tmp_path / "mlflow.db").exists()

@@ -123,6 +123,24 @@ def _latest_sweep(client, experiment_id: str):
     return sweeps[0]
 
 
+def _sweep(client, run_id: str):
+    """The sweep's parent run ``run_id`` (``--sweep``); SystemExit when the store has no such run, or
+    the run is not a sweep's parent (a run of a sweep: its parent is named)."""
+    from mlflow.exceptions import MlflowException
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise SystemExit(f"--sweep {run_id} is not a run id in the store {client.tracking_uri}: give the "
+                         "parent run id that run.py -m printed, or leave --sweep out for the latest"
+                         ) from None
+    if run.data.tags.get("kind") != "sweep":
+        parent = run.data.tags.get("mlflow.parentRunId")
+        raise SystemExit(f"--sweep {run_id} is not a sweep's parent run (no tag kind=sweep)"
+                         + (f": it is a run of the sweep {parent}; give --sweep {parent}" if parent else
+                            ": give the parent run id that run.py -m printed"))
+    return run
+
+
 def shots(store: str, experiment: str, sweep: str | None) -> list[tuple[str, str, str | None]]:
     """What to photograph: (file name, page below the UI's address, the artifact to open there or None).
     Raises SystemExit naming what the store lacks."""
@@ -135,7 +153,7 @@ def shots(store: str, experiment: str, sweep: str | None) -> list[tuple[str, str
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise SystemExit(f"The store {store} has no experiment {experiment!r} (--experiment NAME)")
-    parent = client.get_run(sweep) if sweep else _latest_sweep(client, exp.experiment_id)
+    parent = _sweep(client, sweep) if sweep else _latest_sweep(client, exp.experiment_id)
     runs = sweep_runs(client, [exp.experiment_id], parent.info.run_id)
     link = sweep_link(exp.experiment_id, parent.info.run_id)
 
@@ -176,12 +194,22 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", help="the parent run id of the sweep to show (default: the latest)")
     ap.add_argument("--out", default="docs/img", help="folder of the PNG files")
     args = ap.parse_args(argv)
+    from experiments.store.track import StoreError, Tracker, resolve_uri, unwritable
+    out = Path(args.out)
+    try:      # no store there (none is made), no server answering, no such experiment: one line, exit 2
+        store = resolve_uri(args.store, create=False)
+        Tracker(store, args.experiment, create=False)
+        if blocked := unwritable(out):
+            raise SystemExit(f"--out {out} cannot be made or written: {blocked} is not writable for this "
+                             "user; give a writable folder for the PNG files")
+        todo = shots(store, args.experiment, args.sweep)
+    except (StoreError, SystemExit) as exc:
+        print(f"Store error: {exc}" if isinstance(exc, StoreError) else exc, file=sys.stderr)
+        return 2
     if reason := why_no_browser():
         raise SystemExit(f"Cannot take screenshots: {reason}.")
-    todo = shots(args.store, args.experiment, args.sweep)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    served = contextlib.nullcontext(args.store) if args.store.startswith("http") else ui(args.store)
+    served = contextlib.nullcontext(store) if store.startswith("http") else ui(store)
     with served as base, browser() as tab:
         for name, page, artifact in todo:
             take(tab, f"{base}/{page}", artifact, out / f"{name}.png")

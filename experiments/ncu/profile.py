@@ -73,7 +73,9 @@ def open_store(uri: str | None, experiment: str):
 def select_runs(client, exp_id: str, parent: str | None, filter_string: str | None) -> tuple[list, str]:
     """The runs to consider and a description: the runs of the sweep ``parent`` (those it reused from
     earlier sweeps included: experiments.store.track.sweep_runs), the runs matching the MLflow
-    ``filter_string``, or (neither) the runs of the latest sweep (tag kind=sweep)."""
+    ``filter_string``, or (neither) the runs of the latest sweep (tag kind=sweep). Raises
+    ProfileError for a ``parent`` that is not a run id in the store, or a run of a sweep (its
+    parent named), and when nothing matched."""
     from mlflow.exceptions import MlflowException
     search = lambda f: client.search_runs([exp_id], f, max_results=50000)  # noqa: E731
     if filter_string:
@@ -91,6 +93,17 @@ def select_runs(client, exp_id: str, parent: str | None, filter_string: str | No
                 raise ProfileError("no sweep in the store yet: run `python run.py -m ...` first, or "
                                    "select runs with --filter")
             parent = latest[0].info.run_id
+        else:
+            try:
+                given = client.get_run(parent)
+            except MlflowException:
+                raise ProfileError(f"--parent {parent} is not a run id in {client.tracking_uri}; give a "
+                                   "sweep's parent run id (run.py -m prints it), or leave --parent out for "
+                                   "the latest sweep") from None
+            if (up := given.data.tags.get("mlflow.parentRunId")) and given.data.tags.get("kind") != "sweep":
+                raise ProfileError(f"--parent {parent} is a run of the sweep {up}, not a sweep: give "
+                                   f"--parent {up}, or --filter \"attributes.run_id = '{parent}'\" for this "
+                                   "run")
         runs = sweep_runs(client, [exp_id], parent)      # those it reused from earlier sweeps too
         what = f"the runs of sweep {parent}"
     runs = [r for r in runs if r.data.tags.get("kind") != "sweep"]

@@ -742,7 +742,7 @@ def main(argv=None) -> int:
             folder = next((p for p in Path(args.out).parents if p.is_file()), None)
             why = f"{folder} is a file, not a folder" if folder else exc.strerror or exc
             print(f"Could not write --out {args.out}: {why}", file=sys.stderr)
-            return 1
+            return 2                            # the --out as given, as a store that is not there
     return 0
 
 

@@ -34,6 +34,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _Submitit
 
 from ..store import track
+from .validate import Invalid
 
 __all__ = ["SlurmLauncher", "RunsFailed", "JobInterrupted", "check_resources", "job_tag", "lost_jobs"]
 
@@ -79,13 +80,15 @@ def _gpus(gres: str) -> int:
                if item.startswith("gpu:"))
 
 
-def check_resources(params, backend: str = "auto") -> dict:
+def check_resources(params, backend: str = "auto", given: tuple = ()) -> dict:
     """The GPUs a job of the sweep asks for (``{"gpus_per_task": n, "gpus_per_node": m}``, the
     launcher settings to submit with), from the ``backend`` and what the partition's nodes have
     (``sinfo`` GRES): none for ``static``, nor for ``auto`` on a partition without GPUs (its jobs run
     static); else those of the launcher ``params`` (``hydra.launcher``: cpus_per_task, mem_gb,
     gpus_per_task or gpus_per_node, tasks_per_node, partition; None: the cluster's default
-    partition). Raise SystemExit when no node of the partition can give one task
+    partition). ``given``: the command's ``hydra.launcher.*`` overrides; a GPU asked for there
+    (``hydra.launcher.gpus_per_task=1``) is not dropped on a partition without GPUs but refused.
+    Raise validate.Invalid (exit status 2) when no node of the partition can give one task
     (``backend=gpu`` on a partition without GPUs included), naming what was asked, what the largest
     node has and the overrides that fit. When ``sinfo`` cannot answer, no check (Slurm says why at
     submission) and no GPU for ``static`` only."""
@@ -104,7 +107,7 @@ def check_resources(params, backend: str = "auto") -> dict:
         known = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
                                timeout=30).stdout.split()
         if known:
-            raise SystemExit(f"Slurm has no partition {partition}: hydra.launcher.partition= one of "
+            raise Invalid(f"Slurm has no partition {partition}: hydra.launcher.partition= one of "
                              f"{', '.join(p.rstrip('*') for p in known)} (sinfo; * is the default, also "
                              "taken without hydra.launcher.partition). Nothing was submitted.")
     if not rows:
@@ -112,12 +115,13 @@ def check_resources(params, backend: str = "auto") -> dict:
     name = rows[0][0].rstrip("*")
     nodes = [{"cpus": _number(c), "mem": _number(m), "gpus": _gpus(g)} for _, c, m, g in rows]
     if backend == "gpu" and not any(n["gpus"] for n in nodes):
-        raise SystemExit(
+        raise Invalid(
             f"backend=gpu needs GPUs, and no node of Slurm partition {name} has one (sinfo GRES: "
             f"{', '.join(sorted({g for *_, g in rows}))}). Choose a partition with GPUs "
             "(hydra.launcher.partition=..., `sinfo -o '%P %G'` lists them), or backend=static (render and "
             "assemble only) or backend=auto (static where a node has no GPU). Nothing was submitted.")
-    if backend == "auto" and not any(n["gpus"] for n in nodes):
+    asked_here = [o for o in given if re.fullmatch(r"hydra\.launcher\.gpus_per_(task|node)=0*[1-9]\d*", o)]
+    if backend == "auto" and not any(n["gpus"] for n in nodes) and not asked_here:
         asked = none
     tasks = int(params.get("tasks_per_node") or 1)
     want = {"cpus": int(params.get("cpus_per_task") or 1) * tasks,
@@ -128,8 +132,9 @@ def check_resources(params, backend: str = "auto") -> dict:
     most = {k: max(n[k] for n in nodes) for k in want}
     fits = [f"hydra.launcher.cpus_per_task={max(1, most['cpus'] // tasks)}"] * (want["cpus"] > most["cpus"])
     fits += [f"hydra.launcher.mem_gb={max(1, most['mem'] // 1024)}"] * (want["mem"] > most["mem"])
-    fits += [f"hydra.launcher.gpus_per_task={most['gpus'] // tasks}"] * (want["gpus"] > most["gpus"])
-    raise SystemExit(
+    gpus = most["gpus"] // tasks or "null"                   # null: no GPU asked for (backend=auto: static)
+    fits += [f"hydra.launcher.gpus_per_task={gpus}"] * (want["gpus"] > most["gpus"])
+    raise Invalid(
         f"Slurm cannot run this sweep's jobs on partition {name}: each asks for {want['cpus']} CPU(s), "
         f"{want['mem']} MB and {want['gpus']} GPU(s), and its largest node has {most['cpus']} CPU(s), "
         f"{most['mem']} MB and {most['gpus']} GPU(s) (sinfo); the jobs would pend for ever. Ask for what a "

@@ -84,7 +84,7 @@ def prewarm(launcher: DictConfig, gpu: bool, jobs: int | None = None) -> threadi
     None when unknown). Returns the thread doing it (join it before the jobs are launched; its ``pids``
     then lists the processes warmed), or None for another launcher and for one job process (joblib
     then runs the jobs in this process).
-    Raises SystemExit for an ``n_jobs`` joblib cannot use (0), naming the values it takes."""
+    Raises validate.Invalid (exit 2) for an ``n_jobs`` joblib cannot use (0), naming the values it takes."""
     if "JoblibLauncher" not in str(launcher.get("_target_", "")):
         return None
     from hydra.utils import instantiate
@@ -97,7 +97,7 @@ def prewarm(launcher: DictConfig, gpu: bool, jobs: int | None = None) -> threadi
     try:
         n = effective_n_jobs(args["n_jobs"])
     except ValueError as exc:
-        raise SystemExit(f"hydra.launcher.n_jobs={args['n_jobs']}: {exc} (a positive count of job "
+        raise Invalid(f"hydra.launcher.n_jobs={args['n_jobs']}: {exc} (a positive count of job "
                          "processes, or -1 for one per CPU)") from None
     if n == 1:
         return None
@@ -221,10 +221,10 @@ def sweep_variants(config: DictConfig, variants: dict) -> None:
     try:
         names = register_variants(variants, where)
     except VariantError as exc:
-        raise SystemExit(f"Invalid preset: {exc}") from None
+        raise Invalid(f"Invalid preset: {exc}") from None
     params = config.hydra.sweeper.params
     if params and "variant" in params:
-        raise SystemExit(f"Invalid preset: {where} both lists variants ({', '.join(names)}) and sweeps "
+        raise Invalid(f"Invalid preset: {where} both lists variants ({', '.join(names)}) and sweeps "
                          f"variant={params.variant} in hydra.sweeper.params: list them in one place")
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.sweeper.params = {**(params or {}), "variant": ",".join(names)}
@@ -432,17 +432,17 @@ def check_output_dirs(config: DictConfig, multirun: bool) -> None:
 
 
 def guard_slurm(launcher: DictConfig) -> None:
-    """For Hydra's submitit launchers (``hydra/launcher=slurm``): raise SystemExit when Slurm's sbatch
-    or srun is not on PATH, and make a failure of Slurm during the sweep (sbatch refusing the jobs, an
-    invalid partition, a job that did not complete) end the command with one line naming it and the
-    launcher's settings, not submitit's traceback. The parent run, without children then, is removed
-    on the way out (run.py)."""
+    """For Hydra's submitit launchers (``hydra/launcher=slurm``): raise validate.Invalid (exit 2) when
+    Slurm's sbatch or srun is not on PATH, and make a failure of Slurm during the sweep (sbatch refusing
+    the jobs, an invalid partition, a job that did not complete) end the command with one line naming it
+    and the launcher's settings, not submitit's traceback. The parent run, without children then, is
+    removed on the way out (run.py)."""
     import shutil
     target = str(launcher.get("_target_", ""))
     if "hydra_submitit_launcher" not in target and "SlurmLauncher" not in target:
         return
     if "Slurm" in target and (missing := [t for t in ("sbatch", "srun") if shutil.which(t) is None]):
-        raise SystemExit(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
+        raise Invalid(f"hydra/launcher=slurm submits the jobs with Slurm's {' and '.join(missing)}, "
                          "not on PATH here: run the command on a node of the Slurm cluster, or leave "
                          "hydra/launcher out to run the jobs on this machine. Nothing was tracked.")
     from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
@@ -547,22 +547,23 @@ class SweepCallback(Callback):
         resolved(config)                # stops the sweep on an interpolation that cannot be resolved
         check_output_dirs(config, multirun)
         if problem := _unwritable_output(config, multirun):
-            raise SystemExit(problem)
+            raise Invalid(problem)
         guard_slurm(config.hydra.launcher)
         if remote:
             from .slurm import check_resources
             with read_write(config.hydra.launcher):    # the GPUs its jobs ask for: backend and partition
-                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend)))
+                config.hydra.launcher.update(check_resources(config.hydra.launcher, value(config.backend),
+                                                             tuple(config.hydra.overrides.hydra)))
         check(config, multirun)         # every job's config, before anything is tracked
         info = sweep_info(config, multirun)
         if multirun and info["jobs"] == "0":
-            raise SystemExit(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
+            raise Invalid(f"The sweep has no jobs: its overrides ({info['overrides']}) expand to no "
                              "combination (a glob(...) that matches no value, or an empty range(...)?). "
                              "Nothing was tracked.")
         warming = (prewarm(config.hydra.launcher, gpu is not None,
                            int(info["jobs"]) if info["jobs"].isdigit() else None) if multirun else None)
         if value(config.backend) == "gpu" and gpu is None and not remote:
-            raise SystemExit("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
+            raise Invalid("Cannot run: backend=gpu but no NVIDIA GPU was found (NVML); "
                              "use backend=auto or backend=static")
         try:
             uri = resolve_uri(given_uri)
