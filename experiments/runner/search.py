@@ -364,8 +364,8 @@ def objective(runs: list, metric: str, combine: str) -> tuple[float | None, str,
                                     f"{r.data.tags.get('outcome')}) has no metric {metric}")
         values.append(r.data.metrics[metric])
     if combine == "geomean" and len(values) > 1 and min(values) <= 0:
-        return None, "unusable", (f"{metric} is {min(values):g} in a run: the geometric mean over the sizes is "
-                                "not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
+        return None, "unusable", (f"{metric} is {min(values):g} in a run: the geometric mean over the sizes "
+                                "is not defined; use hydra.sweeper.objective.combine=mean (or min, max)")
     return float(values[0] if len(values) == 1 else COMBINE[combine](values)), "measured", ""
 
 

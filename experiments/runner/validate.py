@@ -95,7 +95,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Integer", msg):
         if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
-        return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}{_axis_hint(key, m.group(1))}"
+        hint = _axis_hint(key, m.group(1))
+        return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}{hint}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Float", msg):
         valid = "; valid: 0 or more seconds" * (key == "tracking.wait")
         return f"{key}={m.group(1)} is not a number{given}{valid}"
