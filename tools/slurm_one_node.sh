@@ -56,6 +56,8 @@ ClusterName=onenode
 SlurmctldHost=$node
 SlurmUser=root
 AuthType=auth/munge
+# a requeued job (preemption, USR2) may start again once its credential expires: 10 s instead of 120
+AuthInfo=cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
