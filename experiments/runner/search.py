@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ from pathlib import Path
 
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from ..store.track import HOST, process_ended
 
 __all__ = ["SearchSweeper", "Space", "parse_space", "Points", "space_problem", "options_problem", "objective",
            "storage_url",
@@ -586,22 +587,14 @@ def _tell(study, trial, state, value, outcome: str, reason: str) -> None:
     study.tell(trial, value if state.name == "COMPLETE" else None, state=state)
 
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"     # user attribute of a trial: the process that asked it
+OWNER = f"{HOST}:{os.getpid()}"     # user attribute of a trial: the process that asked it
 
 
 def _ended(owner: str | None) -> bool:
-    """Whether the process ``owner`` (host:pid) that asked a trial has ended: on this host, when no such
-    process exists; a trial of another host, or without an owner, counts as ended."""
+    """Whether the process ``owner`` (host:pid) that asked a trial has ended (track.process_ended); a
+    trial of another host, or without an owner, counts as ended."""
     host, _, pid = (owner or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return host != HOST or not pid.isdigit() or process_ended(host, pid)
 
 
 def _recover(study) -> int:

@@ -478,6 +478,21 @@ def run_key(*parts) -> str:
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
 
 
+def process_ended(host: str, pid: str) -> bool:
+    """Whether the process ``pid`` (text) on ``host`` is known to have ended: only a process of this
+    host can be looked up (no process has that pid); one of another host, or one this user may not
+    signal, is not known to have ended."""
+    if host != HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
 def stale(run, stale_after: float = STALE_AFTER_S, now: float | None = None) -> str | None:
     """Why the RUNNING run ``run`` (an mlflow Run) has no live process any more, or None while it may
     still run: its process on this host is gone, or its heartbeat (tag ``heartbeat_unix``, refreshed
@@ -486,13 +501,8 @@ def stale(run, stale_after: float = STALE_AFTER_S, now: float | None = None) -> 
     compared: keep them in step (NTP) well within ``stale_after``."""
     tags = run.data.tags
     host, pid = tags.get("owner_host", "?"), tags.get("owner_pid", "")
-    if host == HOST and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return f"its process (pid {pid} on {host}) ended without closing it"
-        except PermissionError:
-            pass
+    if process_ended(host, pid):
+        return f"its process (pid {pid} on {host}) ended without closing it"
     try:
         beat = float(tags[HEARTBEAT])
     except (KeyError, ValueError):
