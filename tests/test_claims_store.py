@@ -114,5 +114,7 @@ def test_simultaneous_claims_through_a_tracking_server_start_one_run(server):
     tr = Tracker(server, "stale-on-server", stale_after=30)
     dead = tr.start("dead", {}, {"run_key": "k-dead"})
     _other_host(tr, dead, 90)
-    assert tr.claim("k-dead", "again", {}, {}, lambda: None)[0] == "new"
+    state, again = tr.claim("k-dead", "again", {}, {}, lambda: None)
+    assert state == "new"
     assert tr.client.get_run(dead).info.status == "KILLED"
+    tr.end(again)          # no run left open: this process would beat it against the stopped server

@@ -12,6 +12,7 @@ column groupID, K bytes 4 * (lane % 4) (+16 for i = 1), in chunks of 32 (or 16) 
 all loaders produce the same bits, they give bit-identical C (tests/test_gpu.py checks that on a GPU).
 """
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -103,8 +104,17 @@ def _fragment(s, lane, warp, reg, chunk):
     return [(col, (kbyte + i * 16) * 8 // bits + x) for x in range(32 // bits)]
 
 
+def _geometry(s):
+    """The numbers of ``s`` that _register, _byte and _fragment read, read once (the spec derives them
+    anew on every read, millions of times in _check)."""
+    names = ("bm", "bn", "ktile", "b_layout", "row_bytes", "b_row_bytes", "smem_stride", "b_stride", "swizzle",
+             "prec", "warp_tile")
+    return SimpleNamespace(**{name: getattr(s, name) for name in names})
+
+
 def _check(s, warps):
     n = 0
+    g = _geometry(s)
     plan0, plan1 = fragment_plan(s, 0), fragment_plan(s, 1)
     assert str(plan1) == str(plan0).replace("%a0m", "%a1m").replace("%b0n", "%b1n")
     bases = {w: {op: [lane_address(b, lane, *w) for lane in range(32)] for op, b in lane_bases(s).items()}
@@ -116,8 +126,8 @@ def _check(s, warps):
                 loaded.append(reg)
                 for warp in warps:
                     for lane in range(32):
-                        got = _register(s, lane, bases[warp], ld, reg)
-                        want = _fragment(s, lane, warp, reg, c)
+                        got = _register(g, lane, bases[warp], ld, reg)
+                        want = _fragment(g, lane, warp, reg, c)
                         assert got == want, (s.entry, c, reg, lane, warp, got, want)
                         n += 1
         assert len(loaded) == len(set(loaded))                        # each register loaded once

@@ -496,7 +496,9 @@ def _tma_points(precision):
     return out
 
 
-@pytest.mark.parametrize("precision", list(TYPES))
+# the epilogue depends on the precision only through the accumulator (f32 or s32): one of each; every
+# precision's TMA epilogue is in the covering subset
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_tma_epilogue_assembles(precision, tmp_path, need_ptxas):
     specs = _tma_points(precision)
     assert len(specs) == 32

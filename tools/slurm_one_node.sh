@@ -58,6 +58,8 @@ SlurmUser=root
 AuthType=auth/munge
 # a requeued job (preemption, USR2) may start again once its credential expires: 10 s instead of 120
 AuthInfo=cred_expire=10
+# and the scheduler looks at it (and at any pending job) every 2 s, not every 60 (backfill: 30)
+SchedulerParameters=sched_interval=2,bf_interval=2
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
