@@ -466,3 +466,31 @@ def test_a_new_store_is_made_whole_before_ctrl_c_takes_effect(tmp_path, monkeypa
     monkeypatch.setattr(mlflow, "MlflowClient", made)
     assert track._schema_made(tmp_path / "new.db")
     assert Tracker(f"sqlite:///{tmp_path}/new.db", "e").experiment_id
+
+
+def test_a_forked_process_owns_its_runs_under_its_own_pid(tmp_path):
+    """A process forked after the store's modules were imported (a fork server, the test zygote) tagged
+    its runs with the pid of the process it was forked from, which outlives it: a run it left RUNNING
+    looked alive, and its Ctrl-C counted runs finished since that process started as its own."""
+    import os
+
+    from experiments.store import track
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                         # the child: one run, then its pid and start
+        code = 1
+        try:
+            tr = Tracker(f"sqlite:///{tmp_path}/m.db", "forked")
+            rid = tr.start("child", {}, {})
+            owner = tr.client.get_run(rid).data.tags["owner_pid"]
+            tr.end(rid)
+            os.write(write, f"{owner} {track.PID} {track.START_MS}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        owner, recorded, start_ms = f.read().split()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert owner == recorded == str(pid) != str(os.getpid())
+    assert int(start_ms) > track.START_MS and track.OWNER["owner_pid"] == str(os.getpid())

@@ -68,6 +68,17 @@ CLAIMS = ".claims"       # name prefix of the marker experiments of claims (clai
 OWNER = {"owner_host": HOST, "owner_pid": str(PID)}
 
 
+def _forked() -> None:
+    """In a process forked from this one (a fork server that imported this module): its own pid and
+    start, not those of the process it was forked from."""
+    global PID, START_MS
+    PID, START_MS = os.getpid(), int(time.time() * 1000)
+    OWNER["owner_pid"] = str(PID)
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class StoreError(RuntimeError):
     """The tracking store cannot be used as asked; the message says why and what to do."""
 
