@@ -233,8 +233,10 @@ def check_preset_sweep(argv: list) -> str | None:
     import re
 
     import yaml
-    if any(a in ("-m", "--multirun", "--help", "-h", "--hydra-help") for a in argv):
+    if any(a in ("--help", "-h", "--hydra-help") for a in argv):
         return None
+    if any(a in ("-m", "--multirun") for a in argv):
+        return _presets_swept(argv)
     dirs = _config_dirs(argv)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
@@ -271,6 +273,42 @@ def check_preset_sweep(argv: list) -> str | None:
     return (f"experiment={preset} defines a sweep over {swept}; without -m Hydra would ignore it and run "
             f"a single job with {keys} at the config's default: nothing was run. Run the sweep: "
             f"python run.py -m {rest}   or one of its jobs: python run.py {rest} {first}")
+
+
+def _presets_swept(argv: list) -> str | None:
+    """The message for ``-m experiment=A,B`` (a sweep over presets) where a preset defines a sweep of its
+    own over keys the command line does not set: Hydra's sweeper then takes only the command line's
+    sweep and runs one job per preset with those keys at the config's default, none of the presets'
+    kernels. None otherwise (one preset, or every key the presets sweep given)."""
+    import re
+
+    import yaml
+    dirs = _config_dirs(argv)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
+    arg = next((a for a in overrides if a.split("=", 1)[0] == "experiment"), None)
+    values = _values(arg) if arg and dirs else None
+    if not values or len(values) < 2:
+        return None
+    own = {}
+    for preset in values:
+        try:
+            y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) or {}
+        except (KeyError, OSError, yaml.YAMLError):
+            continue                           # no such preset: Hydra says so
+        params = {k: re.sub(r",\s+", ",", str(v).strip())           # YAML's ">-" values
+                  for k, v in swept_params(y).items() if k not in given}
+        if params:
+            own[preset] = ", ".join(f"{k} ({len(_values(f'{k}={v}') or [v])} values)"
+                                    for k, v in params.items())
+    if not own:
+        return None
+    rest = [a for a in argv if a != arg and a not in ("-m", "--multirun")]
+    runs = "; ".join(f"python run.py -m {' '.join([*rest, f'experiment={p}'])}" for p in values)
+    return (f"{arg} sweeps presets that define sweeps of their own ("
+            + "; ".join(f"{p}: {what}" for p, what in own.items())
+            + "): Hydra would run one job per preset with those keys at the config's default, none of the "
+            f"presets' kernels; nothing was run. Run each preset's sweep: {runs}")
 
 
 def _reported(func):

@@ -15,6 +15,21 @@ from test_cli import ROOT, _empty_store, _refusal, _run_module, all_runs, empty_
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
 
+def test_a_sweep_over_presets_with_sweeps_of_their_own_stops_before_any_work(tmp_path, run_checks):
+    """-m experiment=l4_run2_int8,l4_run3_int4 ran two jobs of the default fp16 kernel, exit 0: Hydra's
+    sweeper takes the command line's sweep only, so neither preset's variants ran."""
+    args = ["-m", "experiment=l4_run2_int8,l4_run3_int4", *store_args(tmp_path, new_store=True)]
+    rc, out = run_checks(tmp_path, *args)
+    assert rc == 2 and "Traceback" not in out, out
+    rest = " ".join(args[2:])
+    assert out.strip() == (
+        "experiment=l4_run2_int8,l4_run3_int4 sweeps presets that define sweeps of their own (l4_run2_int8: "
+        "variant (6 values); l4_run3_int4: variant (5 values)): Hydra would run one job per preset with those "
+        "keys at the config's default, none of the presets' kernels; nothing was run. Run each preset's sweep: "
+        f"python run.py -m {rest} experiment=l4_run2_int8; python run.py -m {rest} experiment=l4_run3_int4")
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("preset, swept, keys, first", [
     ("l4_run4_int4_k64_ablation", "variant (6 values)", "variant", "variant=int4_ptx_mma_k64_x4_x2nontrans_ca"),
     ("generations", "precision (4 values), variant (22 values)", "precision and variant",
@@ -329,6 +344,14 @@ def test_without_a_gpu_every_next_step_points_to_the_static_table(static_sweep, 
     (["-c", "hydra", "experiment=generations"], None),          # shows the sweep itself
     (["--help", "experiment=generations"], None),
     (["-m", "experiment=generations"], None),
+    # a sweep over presets takes only the command line's sweep: each preset's own would be lost
+    (["-m", "experiment=l4_run2_int8,methodology", "precision=int8"],
+     "experiment=l4_run2_int8,methodology sweeps presets that define sweeps of their own (l4_run2_int8: variant "
+     "(6 values); methodology: timing.regime (2 values), variant (3 values)): Hydra would run one job per preset "
+     "with those keys at the config's default, none of the presets' kernels; nothing was run. Run each preset's "
+     "sweep: python run.py -m precision=int8 experiment=l4_run2_int8; python run.py -m precision=int8 "
+     "experiment=methodology"),
+    (["-m", "experiment=l4_run2_int8,l4_run3_int4", "variant=int8_ptx_3stage"], None),   # the swept key given
     (["experiment=generations", "variant=gen_wgmma", "precision=fp16"], None),
     (["experiment=h200_performance", "variant=h200_perf_peak"],
      "experiment=h200_performance defines a sweep over precision (3 values); without -m Hydra would ignore it and "
