@@ -223,33 +223,42 @@ def _config_dirs(argv: list) -> tuple | None:
     return tuple(dirs)
 
 
-def check_preset_sweep(argv: list) -> str | None:
-    """The message for a preset that defines a sweep (``hydra.sweeper.params`` of conf/experiment/)
-    given without ``-m``: Hydra then ignores the sweep and runs one job with the defaults of the swept
-    keys, which belongs to no job of the sweep. None with ``-m``, with --help, when the command line
-    sets every swept key (one job of the sweep), or without such a preset. The message gives the
-    ``-m`` command and the command of the sweep's first job; with ``--cfg job`` (or ``all``) it is a
-    YAML comment line saying where the sweep is shown (``--cfg hydra``, which needs none)."""
+def _own_sweep(preset: str, argv: list) -> tuple[dict, dict] | None:
+    """(its YAML, {key: values} of what it sweeps that ``argv`` does not set) of the preset
+    ``experiment=preset`` among the config folders of ``argv``; None when it is not found there (Hydra
+    says so) or a ``hydra.searchpath`` override leaves the presets to Hydra."""
     import re
 
     import yaml
+    dirs = _config_dirs(argv)
+    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
+    if dirs is None:
+        return None
+    try:
+        y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) or {}
+    except (KeyError, OSError, yaml.YAMLError):
+        return None
+    folded = {k: re.sub(r",\s+", ",", str(v).strip()) for k, v in swept_params(y).items()}  # YAML's ">-"
+    return y, {k: _values(f"{k}={v}") or [v] for k, v in folded.items() if k not in given}
+
+
+def check_preset_sweep(argv: list) -> str | None:
+    """The message for a preset that defines a sweep (``hydra.sweeper.params`` of conf/experiment/)
+    given without ``-m``: Hydra then ignores the sweep and runs one job with the defaults of the swept
+    keys, which belongs to no job of the sweep; with ``-m``, the message of :func:`_presets_swept`.
+    None with --help, when the command line sets every swept key (one job of the sweep), or without
+    such a preset. The message gives the ``-m`` command and the command of the sweep's first job; with
+    ``--cfg job`` (or ``all``) it is a YAML comment line saying where the sweep is shown (``--cfg
+    hydra``, which needs none)."""
     if any(a in ("--help", "-h", "--hydra-help") for a in argv):
         return None
     if any(a in ("-m", "--multirun") for a in argv):
         return _presets_swept(argv)
-    dirs = _config_dirs(argv)
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
-    preset = next((a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "experiment"), None)
-    try:
-        y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) if dirs and preset else None
-    except (KeyError, OSError, yaml.YAMLError):
-        return None                        # no such preset: Hydra says so
-    params = swept_params(y or {})
-    folded = {k: re.sub(r",\s+", ",", str(v).strip()) for k, v in params.items()}   # YAML's ">-" values
-    missing = {k: _values(f"{k}={v}") or [v] for k, v in folded.items() if k not in given}
-    if not missing:
+    preset = next((a.split("=", 1)[1] for a in argv
+                   if "=" in a and not a.startswith("-") and a.split("=", 1)[0] == "experiment"), None)
+    if preset is None or (own := _own_sweep(preset, argv)) is None or not own[1]:
         return None
+    y, missing = own
     swept = ", ".join(f"{k} ({len(v)} values)" for k, v in missing.items())
     cfg = [i for i, a in enumerate(argv) if a in ("-c", "--cfg") or a.startswith("--cfg=")]
     shown = [argv[i].partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "") for i in cfg]
@@ -280,27 +289,15 @@ def _presets_swept(argv: list) -> str | None:
     own over keys the command line does not set: Hydra's sweeper then takes only the command line's
     sweep and runs one job per preset with those keys at the config's default, none of the presets'
     kernels. None otherwise (one preset, or every key the presets sweep given)."""
-    import re
-
-    import yaml
-    dirs = _config_dirs(argv)
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
-    arg = next((a for a in overrides if a.split("=", 1)[0] == "experiment"), None)
-    values = _values(arg) if arg and dirs else None
+    arg = next((a for a in argv if "=" in a and not a.startswith("-") and a.split("=", 1)[0] == "experiment"),
+               None)
+    values = _values(arg) if arg else None
     if not values or len(values) < 2:
         return None
     own = {}
     for preset in values:
-        try:
-            y = yaml.safe_load(presets("experiment", dirs)[preset].read_text()) or {}
-        except (KeyError, OSError, yaml.YAMLError):
-            continue                           # no such preset: Hydra says so
-        params = {k: re.sub(r",\s+", ",", str(v).strip())           # YAML's ">-" values
-                  for k, v in swept_params(y).items() if k not in given}
-        if params:
-            own[preset] = ", ".join(f"{k} ({len(_values(f'{k}={v}') or [v])} values)"
-                                    for k, v in params.items())
+        if (found := _own_sweep(preset, argv)) is not None and found[1]:
+            own[preset] = ", ".join(f"{k} ({len(v)} values)" for k, v in found[1].items())
     if not own:
         return None
     rest = [a for a in argv if a != arg and a not in ("-m", "--multirun")]
