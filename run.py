@@ -223,15 +223,13 @@ def _config_dirs(argv: list) -> tuple | None:
     return tuple(dirs)
 
 
-def _own_sweep(preset: str, argv: list) -> tuple[dict, dict] | None:
-    """(its YAML, {key: values} of what it sweeps that ``argv`` does not set) of the preset
-    ``experiment=preset`` among the config folders of ``argv``; None when it is not found there (Hydra
-    says so) or a ``hydra.searchpath`` override leaves the presets to Hydra."""
+def _own_sweep(preset: str, dirs: tuple | None, given: set) -> tuple[dict, dict] | None:
+    """(its YAML, {key: values} of what it sweeps besides the keys ``given``) of the preset
+    ``experiment=preset`` in the config folders ``dirs`` (:func:`_config_dirs`); None when it is not
+    found there (Hydra says so) or ``dirs`` is None (a ``hydra.searchpath`` override: Hydra's presets)."""
     import re
 
     import yaml
-    dirs = _config_dirs(argv)
-    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a and not a.startswith("-")}
     if dirs is None:
         return None
     try:
@@ -252,11 +250,15 @@ def check_preset_sweep(argv: list) -> str | None:
     hydra``, which needs none)."""
     if any(a in ("--help", "-h", "--hydra-help") for a in argv):
         return None
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    given = {a.split("=", 1)[0].lstrip("+~") for a in overrides}
+    arg = next((a for a in overrides if a.split("=", 1)[0] == "experiment"), None)
+    if arg is None:
+        return None
     if any(a in ("-m", "--multirun") for a in argv):
-        return _presets_swept(argv)
-    preset = next((a.split("=", 1)[1] for a in argv
-                   if "=" in a and not a.startswith("-") and a.split("=", 1)[0] == "experiment"), None)
-    if preset is None or (own := _own_sweep(preset, argv)) is None or not own[1]:
+        return _presets_swept(argv, arg, _config_dirs(argv), given)
+    preset = arg.split("=", 1)[1]
+    if (own := _own_sweep(preset, _config_dirs(argv), given)) is None or not own[1]:
         return None
     y, missing = own
     swept = ", ".join(f"{k} ({len(v)} values)" for k, v in missing.items())
@@ -284,19 +286,17 @@ def check_preset_sweep(argv: list) -> str | None:
             f"python run.py -m {rest}   or one of its jobs: python run.py {rest} {first}")
 
 
-def _presets_swept(argv: list) -> str | None:
-    """The message for ``-m experiment=A,B`` (a sweep over presets) where a preset defines a sweep of its
-    own over keys the command line does not set: Hydra's sweeper then takes only the command line's
-    sweep and runs one job per preset with those keys at the config's default, none of the presets'
-    kernels. None otherwise (one preset, or every key the presets sweep given)."""
-    arg = next((a for a in argv if "=" in a and not a.startswith("-") and a.split("=", 1)[0] == "experiment"),
-               None)
-    values = _values(arg) if arg else None
+def _presets_swept(argv: list, arg: str, dirs: tuple | None, given: set) -> str | None:
+    """The message for ``-m experiment=A,B`` (the override ``arg``, a sweep over presets) where a preset
+    defines a sweep of its own over keys not ``given`` on the command line: Hydra's sweeper then takes
+    only the command line's sweep and runs one job per preset with those keys at the config's default,
+    none of the presets' kernels. None otherwise (one preset, or every key the presets sweep given)."""
+    values = _values(arg)
     if not values or len(values) < 2:
         return None
     own = {}
     for preset in values:
-        if (found := _own_sweep(preset, argv)) is not None and found[1]:
+        if (found := _own_sweep(preset, dirs, given)) is not None and found[1]:
             own[preset] = ", ".join(f"{k} ({len(v)} values)" for k, v in found[1].items())
     if not own:
         return None
