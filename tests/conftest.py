@@ -126,8 +126,12 @@ def _cli_env(mp, cwd):
 def _fresh_hydra():
     """Hydra's global state after each test as a new process has it: a test that composes a config or runs
     run.py in this process (run_checks) leaves GlobalHydra and HydraConfig set, and a later test's job
-    would read that run's Hydra config as its own."""
+    would read that run's Hydra config as its own. Likewise the heartbeats: a Tracker a test left with
+    runs open went on beating them, against a server the test had stopped, into later tests' output."""
     yield
+    track = sys.modules.get("experiments.store.track")
+    if track is not None:
+        track._BEATING.clear()
     hydra = sys.modules.get("hydra.core.hydra_config")
     if hydra is not None:
         from hydra.core.global_hydra import GlobalHydra
