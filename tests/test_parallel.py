@@ -2,16 +2,17 @@
 server on the loopback address (the documented store for several processes or hosts)."""
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_cli import _empty_store, run_cli
+from test_cli import ROOT, _empty_store, run_cli
+
+sys.path.insert(0, str(ROOT))
+from tools import tracking_server  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -38,7 +39,6 @@ def test_gpus_preset_runs_three_jobs_per_gpu(tmp_path):
 
 def _launcher(*overrides):
     from hydra import compose, initialize_config_dir
-    from test_cli import ROOT
 
     from experiments.config import register
     register()
@@ -97,34 +97,12 @@ def test_prewarm_refuses_zero_job_processes():
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    shutil.copy(_empty_store(), tmp_path / "server.db")      # migrated already: the server starts sooner
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-                             "--default-artifact-root", str(tmp_path / "artifacts")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail("mlflow server exited at start")
-            time.sleep(0.5)
-    import urllib.request
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
+    """``mlflow server`` on loopback (tools/tracking_server.py) over a copy of the empty store (migrated
+    already: it starts sooner); its URI."""
+    shutil.copy(_empty_store(), tmp_path / "server.db")
+    uri, proc = tracking_server.start_server(f"sqlite:///{tmp_path}/server.db", tmp_path, workers=1)
     yield uri
-    os.killpg(proc.pid, signal.SIGKILL)    # the test is over: no graceful shutdown of the workers
-    proc.wait(30)
+    tracking_server.stop(proc)
 
 
 def test_parallel_sweep_against_a_tracking_server(tmp_path, mlflow_server):
@@ -257,30 +235,35 @@ def test_gpu_lock_lets_warm_ups_share_the_gpu_but_never_a_timing(tmp_path, monke
         f"pid {os.getpid()} on {socket.gethostname()}"
 
 
-@pytest.mark.parametrize("after_s, group", [(2.5, True), (6.0, False)])
-def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, after_s, group):
-    """SIGINT while the job processes start or while they run, to the whole process group (Ctrl-C in a
-    terminal) or to run.py alone (kill -INT): the command ends with 130, no job process of it stays
-    behind (it used to hang at exit waiting for them, or leave them running), no run stays RUNNING,
-    and the same command resumes."""
+@pytest.mark.parametrize("after, group", [("[HYDRA] Launching jobs", True), ("[1/6] ", False)])
+def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, after, group):
+    """SIGINT while the job processes start (after the launcher's first line) or while they run (after
+    the first result), to the whole process group (Ctrl-C in a terminal) or to run.py alone (kill
+    -INT): the command ends with 130, no job process of it stays behind (it used to hang at exit
+    waiting for them, or leave them running), no run stays RUNNING, and the same command resumes."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     import signal
+    import threading
 
-    from test_cli import ROOT, all_runs, store_args
-    args = [sys.executable, str(ROOT / "run.py"), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-            "backend=static", "experiment=l4_run2_int8", *store_args(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
-    proc = subprocess.Popen(args, cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    time.sleep(after_s)
+    from test_cli import all_runs, popen_cli, store_args
+    args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "backend=static", "experiment=l4_run2_int8",
+            *store_args(tmp_path)]
+    proc = popen_cli(tmp_path, *args, start_new_session=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if after in line:
+            break
+    assert after in seen[-1], "".join(seen)
     (os.killpg if group else os.kill)(proc.pid, signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
+    reader = threading.Thread(target=lambda: seen.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    reader.join(90)
+    if reader.is_alive():
         os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("run.py did not end within 90 s of the SIGINT: " + proc.communicate()[0][-2000:])
-    if proc.returncode == 0:
-        pytest.skip(f"the sweep ended before the Ctrl-C at {after_s} s")
+        pytest.fail("run.py did not end within 90 s of the SIGINT: " + "".join(seen)[-2000:])
+    out = "".join(seen)
+    proc.wait(30)
     assert proc.returncode == 130, out
     time.sleep(1)
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cwd(p) == str(tmp_path)]
@@ -290,7 +273,7 @@ def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, 
     kept = sum(c.info.status == "FINISHED" for c in children)     # finished by the job processes
     killed = sum(c.info.status == "KILLED" for c in children)
     assert f"Interrupted: {kept} run(s) finished in this command are kept; {killed} run(s) in progress" in out
-    rc, out = run_cli(tmp_path, *args[2:])
+    rc, out = run_cli(tmp_path, *args)
     assert rc == 0, out
     parents, children = all_runs(tmp_path)
     finished = [c for c in children if c.info.status == "FINISHED"]

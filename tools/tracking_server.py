@@ -79,8 +79,9 @@ def start_server(backend: str, folder: Path, workers: int = 2,
                  env: dict | None = None) -> tuple[str, subprocess.Popen]:
     """Start ``mlflow server`` on a free loopback port with the store ``backend`` and artifacts in
     ``folder``/artifacts, with the environment variables ``env`` added; returns (its URI, the process)
-    once it answers /health. Raises RuntimeError with the server's last lines when it does not start
-    within two minutes."""
+    once it answers /health. MLflow's job runner (its own processes, for GenAI evaluation jobs) is off
+    unless ``env`` turns it on: a tracking store needs none, and it costs several interpreters' start-up.
+    Raises RuntimeError with the server's last lines when it does not start within two minutes."""
     port = _free_port()
     log = open(Path(folder) / "mlflow-server.log", "w")   # noqa: SIM115 - the server's, for as long as it runs
     names = ",".join(sorted({"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}))
@@ -88,7 +89,8 @@ def start_server(backend: str, folder: Path, workers: int = 2,
                              str(port), "--backend-store-uri", backend, "--default-artifact-root",
                              str(Path(folder) / "artifacts"), "--workers", str(workers),
                              "--allowed-hosts", ",".join(f"{n},{n}:{port}" for n in names.split(","))],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})})
     uri = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -52,9 +52,7 @@ def ui(store: str):
     """``mlflow server`` for the store URI ``store`` on a free loopback port, for the block's length;
     yields its address (``http://127.0.0.1:PORT``). Raises RuntimeError when it does not start."""
     with tempfile.TemporaryDirectory(prefix="mlflow-ui-") as folder:
-        # one worker and no job runner (a process of its own): the UI needs neither
-        uri, proc = start_server(store, Path(folder), workers=1,
-                                 env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        uri, proc = start_server(store, Path(folder), workers=1)     # the UI needs one worker
         try:
             yield uri
         finally:
