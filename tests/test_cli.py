@@ -36,25 +36,56 @@ _ZYGOTE = []
 _ZYGOTE_LOCK = threading.Lock()
 
 
-def _zygote_run(cwd, args, env, timeout, prelude=None):
-    """(status, output) from this process's zygote (tests/zygote.py), or None when it cannot take
-    the command: another thread is using it, or ``env`` differs from its own in a start-up setting."""
+def _start_settings(env: dict, module) -> dict:
+    """The variables of ``env`` that a new interpreter reads at start-up. A PYTHONPATH of only this
+    checkout changes nothing for run.py, whose folder it is (first on sys.path already); the command's
+    own child processes (Slurm tasks) still get it from ``env``."""
+    got = {k: v for k, v in env.items() if k.startswith(_START_ENV)}
+    if module is None and not [p for p in got.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]:
+        got.pop("PYTHONPATH", None)
+    return got
+
+
+def _zygote(env, module=None):
+    """This process's zygote (tests/zygote.py), started with run_cli's environment, or None when ``env``
+    differs from that in a start-up setting (the command needs a fresh interpreter)."""
     from zygote import Zygote
+    if not _ZYGOTE:
+        _ZYGOTE.append(Zygote(_cli_env()))
+        atexit.register(_ZYGOTE[0].close)
+    if _start_settings(env, module) != _start_settings(_ZYGOTE[0].env, module):
+        return None
+    return _ZYGOTE[0]
+
+
+def _zygote_run(cwd, args, env, timeout, prelude=None):
+    """(status, output) from this process's zygote, or None when it cannot take the command: another
+    thread is using it, or ``env`` differs from its own in a start-up setting."""
     if not _ZYGOTE_LOCK.acquire(blocking=False):
         return None
     try:
-        if not _ZYGOTE:
-            _ZYGOTE.append(Zygote(_cli_env()))
-            atexit.register(_ZYGOTE[0].close)
-        start = _ZYGOTE[0].env
-        if any(env.get(k) != start.get(k) for k in {*env, *start} if k.startswith(_START_ENV)):
+        if (zygote := _zygote(env)) is None:
             return None
-        rc, data = _ZYGOTE[0].run(cwd, args, env, timeout, prelude)
+        rc, data = zygote.run(cwd, args, env, timeout, prelude)
     finally:
         _ZYGOTE_LOCK.release()
     # as subprocess.run(text=True) decodes it
     text = data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
     return rc, text
+
+
+def popen_cli(cwd, *args, env=None, module=None, start_new_session=False):
+    """``python run.py ARGS`` (``python -m MODULE ARGS``) started in ``cwd`` and not waited for, with the
+    environment ``env`` (default: run_cli's); what ``subprocess.Popen(..., text=True, stdout=PIPE,
+    stderr=STDOUT)`` returns. Forked from this process's zygote when it can take the command (as
+    run_cli), else a new interpreter."""
+    env = _cli_env() if env is None else env
+    zygote = _zygote(env, module)
+    if zygote is not None:
+        return zygote.popen(cwd, args, env, module, start_new_session)
+    command = [str(ROOT / "run.py")] if module is None else ["-m", module]
+    return subprocess.Popen([sys.executable, *command, *map(str, args)], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=start_new_session)
 
 
 def run_cli(cwd, *args, env=None, timeout=300, fresh=False, prelude=None):
@@ -668,6 +699,55 @@ def test_forked_command_says_what_a_fresh_interpreter_says(tmp_path, args):
     forked = run_cli(tmp_path, *args, *store)
     assert forked == run_cli(tmp_path, *args, *store, fresh=True)
     assert forked[0] == {"-m": 2, "--cfg": 0}.get(args[0], 1), forked[1]
+
+
+@pytest.mark.parametrize("module, args", [(None, ("--cfg", "job", "precision=int8")),
+                                          (None, ("precision=int5",)),
+                                          ("experiments.report", ("--help",))])
+def test_started_command_says_what_a_fresh_interpreter_says(tmp_path, module, args):
+    """popen_cli's zygote path (a fork started without waiting for it, read through a FIFO) gives the
+    output and exit status of the same command in a new interpreter, for run.py and for python -m."""
+    from zygote import Started
+    proc = popen_cli(tmp_path, *args, module=module)
+    assert isinstance(proc, Started)
+    out, _ = proc.communicate(timeout=120)
+    command = [str(ROOT / "run.py")] if module is None else ["-m", module]
+    fresh = subprocess.run([sys.executable, *command, *args], cwd=tmp_path, env=_cli_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert (proc.returncode, out) == (fresh.returncode, fresh.stdout)
+    assert proc.returncode == (2 if args == ("precision=int5",) else 0), out
+
+
+def test_hydra_reads_each_config_file_once_and_an_edited_file_again(tmp_path, monkeypatch):
+    """experiments.runner.sweep.compose_once: compositions with other overrides parse a YAML file of their
+    defaults list once per process; a file edited since is parsed again, and each composition gets its
+    own copy of what was read."""
+    import os
+
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from experiments.runner.sweep import compose_once
+    conf = tmp_path / "conf"
+    (conf / "x").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - x: a\n  - _self_\nk: 1\n")
+    option = conf / "x" / "a.yaml"
+    option.write_text("v: 1\n")
+    compose_once()
+    load, read = OmegaConf.load, []
+    monkeypatch.setattr(OmegaConf, "load", lambda f: read.append(getattr(f, "name", f)) or load(f))
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for k in range(3):
+            cfg = loader.load_configuration("config", [f"k={k}"], RunMode.RUN)
+            assert (cfg.k, cfg.x.v) == (k, 1)
+            cfg.x.v = 5                                     # each caller gets its own copy
+        assert read.count(os.path.realpath(option)) == 1
+        option.write_text("v: 22\n")
+        assert loader.load_configuration("config", ["k=7"], RunMode.RUN).x.v == 22
+        assert read.count(os.path.realpath(option)) == 2
 
 
 def test_hydra_composes_each_config_once_per_command(monkeypatch):
