@@ -120,12 +120,22 @@ def _store_is_sound(tmp):
     return parents, children
 
 
-def _sacct(job: str) -> dict:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"], capture_output=True,
-                         text=True)
-    if out.returncode:
-        pytest.fail(f"{slurm.ACCOUNTING_DOWN} ({(out.stderr.strip().splitlines() or ['sacct failed'])[-1]})")
-    return {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.stdout.strip().split("\n")}
+def _sacct(job: str, *ids: str) -> dict:
+    """{job or array task id: (state, exit code)} from Slurm accounting once it holds a record of each of
+    ``ids`` (default: any) and none is still pending or running (slurmdbd records a job's end a moment
+    after squeue drops it), or as it stands after 60 s."""
+    deadline = time.time() + 60
+    while True:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"],
+                             capture_output=True, text=True)
+        if out.returncode:
+            pytest.fail(f"{slurm.ACCOUNTING_DOWN} ({(out.stderr.strip().splitlines() or ['sacct failed'])[-1]})")
+        got = {line.split("|")[0]: tuple(line.split("|")[1:]) for line in out.stdout.strip().split("\n") if line}
+        settled = not any(state.startswith(("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED"))
+                          for state, _ in got.values())
+        if (got and set(ids) <= set(got) and settled) or time.time() > deadline:
+            return got
+        time.sleep(0.5)
 
 
 def _accounting_down(tmp) -> dict:
@@ -168,7 +178,7 @@ def test_a_rerun_of_a_finished_sweep_submits_nothing(tmp_path, need_ptxas):
         f"{slurm.ACCOUNTING_DOWN} (sacct: error: Problem talking to the database: Connection refused). The sweep "
         "goes on: it follows its jobs by squeue and their result files."], out
     job = out.split("Submitted Slurm job ")[1].split(":")[0]
-    assert _sacct(job) == {f"{job}_0": ("COMPLETED", "0:0"), f"{job}_1": ("COMPLETED", "0:0")}
+    assert _sacct(job, f"{job}_0", f"{job}_1") == {f"{job}_0": ("COMPLETED", "0:0"), f"{job}_1": ("COMPLETED", "0:0")}
     parents, children = _store_is_sound(tmp_path)
     assert len(children) == 2 and {c.data.tags["slurm_job_id"] for c in children} == {f"{job}_0", f"{job}_1"}
     rc, out = run_cli(tmp_path, *args, env=_env())
@@ -202,7 +212,7 @@ def test_failed_runs_fail_their_job_and_a_cancelled_task_is_one_line(tmp_path, n
     assert f"\nSlurm job {job}_1 (precision=int8 ktile=64 target.ptx_version=9.9) ended CANCELLED" in out
     assert "1 Slurm job(s) of this sweep ended without finishing" in out
     assert "1 of 1 run(s) failed: 1 rejected by the assembler" in out.strip().splitlines()[-1]
-    assert _sacct(job)[f"{job}_0"] == ("FAILED", "1:0")
+    assert _sacct(job, f"{job}_0")[f"{job}_0"] == ("FAILED", "1:0")
     parents, children = _store_is_sound(tmp_path)
     assert [(c.info.status, c.data.tags["failed_stage"]) for c in children] == [("FAILED", "assemble")]
     assert [p.info.status for p in parents] == ["FAILED"]

@@ -8,14 +8,12 @@ continues under the same parent; no parent is empty.
 """
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_cli import EXPERIMENT, ROOT, all_runs, run_cli, store_args
+from test_cli import EXPERIMENT, ROOT, all_runs, popen_cli, run_cli, store_args
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
 
@@ -27,8 +25,8 @@ def cli_env(**extra):
 
 
 def popen(cwd, *args, env=None):
-    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=env or cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """``python run.py ARGS`` started in ``cwd`` (test_cli.popen_cli), stdout and stderr in one text stream."""
+    return popen_cli(cwd, *args, env=env or cli_env())
 
 
 def assert_store_is_true(tmp):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import EXPERIMENT, ROOT, _empty_store, all_runs, run_cli, store_args
+from test_cli import EXPERIMENT, ROOT, _empty_store, all_runs, popen_cli, run_cli, store_args
 from test_store import assert_store_is_true, cli_env
 
 pytestmark = pytest.mark.usefixtures("need_ptxas")
@@ -220,11 +220,9 @@ def test_concurrent_imports_and_a_sweep_make_one_new_store_once(tmp_path):
     import mlflow
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     report = str(TCP / "run2__int8_wmma_ncu_8192.txt")
-    imports = [subprocess.Popen([sys.executable, "-m", "experiments.profile", "--import-text", report, "--uri", uri],
-                                cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    imports = [popen_cli(ROOT, "--import-text", report, "--uri", uri, module="experiments.profile", env=cli_env())
                for _ in range(3)]
-    reader = subprocess.Popen([sys.executable, "-m", "experiments.report", "--uri", uri], cwd=ROOT, env=cli_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reader = popen_cli(ROOT, "--uri", uri, module="experiments.report", env=cli_env())
     rc, out = run_cli(tmp_path, "-m", "precision=int8", "ktile=32,64", *store_args(tmp_path, new_store=True))
     outs = [p.communicate(timeout=240)[0] for p in imports]
     read = reader.communicate(timeout=240)[0]       # a table, or the store or experiment not there yet
