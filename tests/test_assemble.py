@@ -453,7 +453,8 @@ def test_covering_subset_assembles(covered):
     1..65, tile.group_m 1 and 8) is enumerated by experiments.spec.space(); assembled is the covering
     subset of experiments.spec_cover: every pair of values of two kernel-shaping axes (arch, precision,
     acc, ktile, mma, b_layout, tile, loader.a, loader.b, pipeline.stages) that occurs in a valid point,
-    and for every (precision, arch) every value of every axis, cache.op / L2 hints / group_m included.
+    and for every (precision, arch) every value of every axis, cache.op / L2 hints / group_m included
+    (of the stage counts: 1 to 4, the powers of two and the largest).
     Every chosen kernel assembles, with 1 barrier, no static shared memory and <= 255 registers."""
     sp, specs, reports = covered
     assert len(reports) == len({(s.entry, s.arch) for s in specs}) == len(specs)

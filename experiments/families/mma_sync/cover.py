@@ -6,7 +6,9 @@ takes hours. :func:`covering_subset` picks kernels so that
      b_layout, tile, loader.a, loader.b, pipeline.stages) that occurs together in some valid point
      occurs together in a chosen kernel, and
   2. for every (precision, target.arch), every value of every axis (shaping or not: cache.op,
-     cache.l2_hint_a/b, tile.group_m) that occurs with them occurs in a chosen kernel with them.
+     cache.l2_hint_a/b, tile.group_m) that occurs with them occurs in a chosen kernel with them; of
+     pipeline.stages, 1 to 4, the powers of two and the largest count the space allows with them
+     (every count from 1 to the largest meets every value of every other axis by 1.).
 The choice is greedy (each step takes, among a few candidate points that cover the rarest open
 requirement, the one that covers most open requirements) and deterministic for a given space.
 """
@@ -18,7 +20,7 @@ from collections import defaultdict
 
 from .spec import KernelSpec, Space
 
-__all__ = ["covering_subset", "requirements"]
+__all__ = ["covering_subset", "pa_stages", "requirements"]
 
 _CANDIDATES = 24
 
@@ -30,6 +32,11 @@ def _point_tuples(values: tuple, stage: int, stage_axis: int) -> set:
     arch, prec = values[0], values[1]
     out |= {("pa", arch, prec, v) for v in vals}
     return out
+
+
+def pa_stages(most: int) -> list[int]:
+    """The stage counts requirement 2. asks of a (precision, arch) whose largest valid count is ``most``."""
+    return sorted({s for s in (1, 2, 3, 4, 8, 16, 32, 64) if s <= most} | {most})
 
 
 def requirements(sp: Space) -> set:
@@ -45,11 +52,10 @@ def requirements(sp: Space) -> set:
         key = ("pa", values[0], values[1])
         max_s[key] = max(max_s[key], mx)
     for v, mx in list(max_s.items()):
-        for s in range(1, mx + 1):
-            if v[0] == "pa":
-                req.add(("pa", v[1], v[2], (stage_axis, s)))
-            else:
-                req.add((v, (stage_axis, s)))
+        if v[0] == "pa":
+            req |= {("pa", v[1], v[2], (stage_axis, s)) for s in pa_stages(mx)}
+        else:
+            req |= {(v, (stage_axis, s)) for s in range(1, mx + 1)}
     return req
 
 
