@@ -90,20 +90,31 @@ def test_simultaneous_claims_on_sqlite_without_its_file_lock_start_one_run(tmp_p
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """An MLflow tracking server backed by PostgreSQL, both on loopback (tools/tracking_server.py)."""
+    """An MLflow tracking server backed by PostgreSQL, both on loopback, as ``python
+    tools/tracking_server.py FOLDER`` starts them; at the end it is stopped with SIGTERM (``kill``),
+    which must stop both: it once left them running."""
+    import signal
+    import socket
+    import subprocess
+    from urllib.parse import urlsplit
     if not (tracking_server.postgres_bin("initdb") and tracking_server.postgres_bin("postgres")):
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
     if importlib.util.find_spec("psycopg2") is None:
         pytest.skip("the psycopg2 driver is not installed (pip install psycopg2-binary)")
     folder = tmp_path_factory.mktemp("pg")
-    db, pg = tracking_server.start_postgres(folder)
-    try:
-        uri, proc = tracking_server.start_server(db, folder, workers=2)
-    except BaseException:
-        tracking_server.stop(pg)
-        raise
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "tracking_server.py"), str(folder), "--workers",
+                             "2"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("tracking server "):
+        proc.kill()
+        pytest.fail(f"tools/tracking_server.py did not start: {line!r} (its log: {folder}/mlflow-server.log)")
+    uri, db = line.split()[2], line.split("(store ")[1].rstrip(")\n")
     yield uri
-    tracking_server.stop(proc, pg)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    for address in (urlsplit(uri), urlsplit(db)):      # both stopped: nothing answers on their ports
+        with pytest.raises(OSError), socket.create_connection((address.hostname, address.port), timeout=2):
+            pass
 
 
 def test_simultaneous_claims_through_a_tracking_server_start_one_run(server):

@@ -123,6 +123,10 @@ def test_parallel_sweep_against_a_tracking_server(tmp_path, mlflow_server):
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert max(Counter(c.data.tags["run_key"] for c in children).values()) == 1
     assert len({c.data.tags["owner_pid"] for c in children}) > 1      # jobs ran in several processes
+    # the server is the UI: its own address in the links, no `mlflow ui` to start, no MLflow link per run
+    assert f"Browse the results on the tracking server {mlflow_server}:" in out
+    assert f"  all runs:   {mlflow_server}/#/experiments/{exp.experiment_id}/runs" in out
+    assert "mlflow ui" not in out and "View run" not in out and "127.0.0.1:5000" not in out, out
 
 
 def _run(gpu, start, end):

@@ -1,10 +1,11 @@
 """A PostgreSQL database and an MLflow tracking server on this host's loopback, for tests and for
 trying a store many hosts share (README, "A Slurm cluster"):
 
-    python tools/tracking_server.py /tmp/store          # prints the server's URI; Ctrl-C stops both
+    python tools/tracking_server.py /tmp/store          # prints the server's URI; Ctrl-C or kill stops both
 
-PostgreSQL runs from a new data folder under the given folder (as the user ``postgres`` when started
-by root: PostgreSQL refuses root), the server with ``--backend-store-uri postgresql://...`` and
+The server's artifacts and log go to the given folder; PostgreSQL runs from a new data folder under /tmp
+(removed when it stops; as the user ``postgres`` when started by root: PostgreSQL refuses root), the
+server with ``--workers 4`` (``--workers N``), ``--backend-store-uri postgresql://...`` and
 ``--allowed-hosts`` for this host's names. Needs PostgreSQL's ``initdb`` and ``postgres`` (Debian:
 apt-get install postgresql) and the ``psycopg2`` driver (pip install psycopg2-binary).
 """
@@ -118,16 +119,31 @@ def stop(*procs: subprocess.Popen) -> None:
             shutil.rmtree(proc.data_dir, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    where = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/mlflow-pg")
+def main(argv: list[str] | None = None) -> None:
+    """``python tools/tracking_server.py [FOLDER] [--workers N]``: start both, print the server's URI, and
+    stop both (their data folder removed) on Ctrl-C or SIGTERM, also when started in the background
+    (where a shell leaves SIGINT ignored)."""
+    import argparse
+    import signal
+    ap = argparse.ArgumentParser(description="PostgreSQL and an MLflow tracking server on loopback")
+    ap.add_argument("folder", nargs="?", default="/tmp/mlflow-pg", help="the server's artifacts and log")
+    ap.add_argument("--workers", type=int, default=4, help="the server's worker processes")
+    args = ap.parse_args(argv)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
+    where = Path(args.folder)
     where.mkdir(parents=True, exist_ok=True)
-    db, pg = start_postgres(where)
-    server = pg
+    pg = server = None
     try:
-        uri, server = start_server(db, where, workers=4)
+        db, pg = start_postgres(where)
+        uri, server = start_server(db, where, workers=args.workers)
         print(f"tracking server {uri} (store {db})", flush=True)
         server.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        stop(server, pg)
+        stop(*(p for p in (server, pg) if p is not None))
+
+
+if __name__ == "__main__":
+    main()

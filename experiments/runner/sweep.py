@@ -753,9 +753,13 @@ class SweepCallback(Callback):
         if busy_line:
             print(busy_line, flush=True)
         publish(tracker.client, exp, parent, runs)
-        ui = "http://127.0.0.1:5000/"
-        print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}\n"
-              f"  this sweep: {sweep_link(exp, parent, ui)}\n  all runs:   {ui}#/experiments/{exp}/runs",
+        if uri.startswith(("http://", "https://")):     # a tracking server is its own UI
+            ui = uri.rstrip("/") + "/"
+            print(f"Browse the results on the tracking server {uri}:", flush=True)
+        else:
+            ui = "http://127.0.0.1:5000/"
+            print(f"Browse the results:  mlflow ui --backend-store-uri {shlex.quote(uri)}", flush=True)
+        print(f"  this sweep: {sweep_link(exp, parent, ui)}\n  all runs:   {ui}#/experiments/{exp}/runs",
               flush=True)
         if not self.measured:                    # no GPU: the resources of its static runs
             print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)

@@ -638,6 +638,8 @@ class Tracker:
         guard = (lambda c: _Guarded(c, db, wait, create)) if db is not None else (lambda c: c)  # noqa: E731
         if uri.startswith(("http://", "https://")):
             _check_server(uri)
+            # MLflow prints a link of its own for each run it ends on a server; the sweep prints its links
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri, self.experiment, self.open = uri, experiment, set()
         self.stale_after = float(stale_after)
         self.done: set = set()      # ids of the FINISHED runs this process ended or claim found done
