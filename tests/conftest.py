@@ -145,6 +145,7 @@ def run_checks(capsys):
     this process (no interpreter start-up): run.py's checks, Hydra's composition and the sweep's start
     up to its config check (experiments.runner.validate.check); (exit status, stdout + stderr) as ``run_cli``
     returns them. A command that gets past the config check fails the test."""
+    import gc
     import runpy
     import signal
     import sys
@@ -170,6 +171,7 @@ def run_checks(capsys):
         with pytest.MonkeyPatch.context() as mp:
             _cli_env(mp, cwd)
             mp.setattr(sys, "argv", [str(script), *args])
+            mp.setattr(gc, "freeze", lambda: None)      # run.py's: this process's objects stay collectable
             mp.setattr(experiments.runner.sweep, "check", checked)
             mp.setattr(hydra_utils, "run_and_report", hydra_utils.run_and_report)
             try:
