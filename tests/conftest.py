@@ -53,12 +53,19 @@ exit $rc
 
 def pytest_configure(config):
     """Put the caching ptxas and cuobjdump (_TOOL_CACHE) first on PATH, once per test run: the
-    controller makes them, xdist workers and every command they start inherit PATH."""
+    controller makes them, xdist workers and every command they start inherit PATH. SIGINT is handled
+    in each process of the test run."""
     import os
     import tempfile
     from pathlib import Path
 
+    import signal
+
     from experiments.build.assemble import find_ptxas, find_tool
+    # tests send Ctrl-C (SIGINT) to commands and to this process: handled, as in a terminal, also where a
+    # shell started the tests in the background with SIGINT ignored (what every process started here inherits)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("TC_TOOL_CACHE") or os.environ.get("PTXAS"):
         return
     tools = {"ptxas": find_ptxas(), "cuobjdump": find_tool("cuobjdump", "cuda_cuobjdump")}
