@@ -131,6 +131,12 @@ def test_a_group_of_a_config_dir_is_added_with_plus(tmp_path, run_checks):
     rc, out = run_checks(tmp_path, cd, "+mygroup=slow", *store_args(tmp_path, False))
     assert rc == 2 and out.strip() == f"mygroup=slow is not a preset ('+mygroup=slow'); valid: fast, nested ({group})"
     assert len(all_runs(tmp_path)[1]) == 1
+    # a group conf/ has too: the valid values come from both folders, and the message names both
+    (tmp_path / "cd" / "tile").mkdir()
+    (tmp_path / "cd" / "tile" / "mine.yaml").write_text("block: [64, 64]\nwarps: [2, 2]\n")
+    rc, out = run_checks(tmp_path, cd, "tile=nope", *store_args(tmp_path, False))
+    assert rc == 2 and out.strip().startswith("tile=nope is not a preset ('tile=nope'); valid: 128x128, "), out
+    assert out.strip().endswith(f", mine (conf/tile/, {tmp_path / 'cd' / 'tile'})"), out
 
 
 def _slurm_env(tmp_path, *tools):

@@ -50,7 +50,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         options = re.findall(r"^\t(\S+)$", listed, re.M)
         given = next((f" ({a!r})" for a in argv if a.lstrip("+~").partition("=")[0] == group), "")
         folders = [str(d / group) for d in _config_dirs(argv)[1:] if (d / group).is_dir()]
-        where = ", ".join(folders) if folders and not (_CONF / group).is_dir() else f"conf/{group}/"
+        where = ", ".join([f"conf/{group}/"] * (_CONF / group).is_dir() + folders)
         if group == "variant":
             where += " and the variants conf/experiment/ presets list"
         return f"{group}={name} is not a preset{given}; valid: {', '.join(options)} ({where})"
