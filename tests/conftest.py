@@ -51,21 +51,25 @@ exit $rc
 """
 
 
+def handle_sigint() -> None:
+    """Tests send Ctrl-C (SIGINT) to commands and to their own process: SIGINT is handled, as in a
+    terminal, also where a shell started the tests in the background with SIGINT ignored (which every
+    process started from here would inherit; a handled signal is reset to its default in a new program)."""
+    import signal
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_configure(config):
-    """Put the caching ptxas and cuobjdump (_TOOL_CACHE) first on PATH, once per test run: the
-    controller makes them, xdist workers and every command they start inherit PATH. SIGINT is handled
-    in each process of the test run."""
+    """SIGINT handled in each process of the test run (:func:`handle_sigint`). Put the caching ptxas and
+    cuobjdump (_TOOL_CACHE) first on PATH, once per test run: the controller makes them, xdist workers and
+    every command they start inherit PATH."""
     import os
     import tempfile
     from pathlib import Path
 
-    import signal
-
     from experiments.build.assemble import find_ptxas, find_tool
-    # tests send Ctrl-C (SIGINT) to commands and to this process: handled, as in a terminal, also where a
-    # shell started the tests in the background with SIGINT ignored (what every process started here inherits)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    handle_sigint()
     if os.environ.get("TC_TOOL_CACHE") or os.environ.get("PTXAS"):
         return
     tools = {"ptxas": find_ptxas(), "cuobjdump": find_tool("cuobjdump", "cuda_cuobjdump")}

@@ -718,6 +718,23 @@ def test_started_command_says_what_a_fresh_interpreter_says(tmp_path, module, ar
     assert proc.returncode == (2 if args == ("precision=int5",) else 0), out
 
 
+def test_sigint_is_handled_where_the_shell_left_it_ignored():
+    """A non-interactive shell starts a background job with SIGINT ignored, and every process of the test
+    run inherited that: the Ctrl-C tests signalled processes that ignored it (conftest.handle_sigint)."""
+    import signal
+
+    from conftest import handle_sigint
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        handle_sigint()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        proc = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.stdout.strip() == "<built-in function default_int_handler>"    # a new program's: default
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def test_hydra_reads_each_config_file_once_and_an_edited_file_again(tmp_path, monkeypatch):
     """experiments.runner.sweep.compose_once: compositions with other overrides parse a YAML file of their
     defaults list once per process; a file edited since is parsed again, and each composition gets its

@@ -297,10 +297,9 @@ def _start(tmp, *args, slow_s=120):
     (tmp / "marks").mkdir()
     env = {**_cli_env(), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "TC_SLOW_RUN_MARKS": str(tmp / "marks"),
            "TC_SLOW_RUN_S": str(slow_s)}
-    with open(tmp / "command.log", "w") as log:        # Ctrl-C reaches it also where the tests ignore SIGINT
+    with open(tmp / "command.log", "w") as log:      # (SIGINT is handled: conftest.handle_sigint)
         return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args, *store_args(tmp)], cwd=tmp, env=env,
-                                stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def _poll(what, timeout=120):
