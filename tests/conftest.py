@@ -98,11 +98,12 @@ def pytest_xdist_auto_num_workers(config):
 
 
 # the files that take longest without a GPU (CPU time of ptxas and run.py commands, waits for a tracking
-# server or Slurm), longest first: collected first, so that with -n and `--dist loadfile
-# --no-loadscope-reorder` they start first and the short files even out the workers' ends
-LONGEST_FIRST = ("test_first_steps.py", "test_wgmma.py", "test_parallel.py", "test_assemble.py",
-                 "test_concurrency_store.py", "test_claims_store.py", "test_slurm.py", "test_cli.py",
-                 "test_analysis_report.py", "test_where_runs_land.py", "test_store.py", "test_store_pressure.py")
+# server or Slurm), collected first, so that with -n and `--dist loadfile --no-loadscope-reorder` they
+# start first and the short files even out the workers' ends. The Slurm tests, which mostly wait for the
+# scheduler, come first: the ptxas of the covering subsets (two processes at a time) fills those waits
+LONGEST_FIRST = ("test_slurm.py", "test_assemble.py", "test_wgmma.py", "test_first_steps.py", "test_parallel.py",
+                 "test_concurrency_store.py", "test_claims_store.py", "test_cli.py", "test_analysis_report.py",
+                 "test_where_runs_land.py", "test_store.py", "test_store_pressure.py")
 
 
 def pytest_collection_modifyitems(config, items):

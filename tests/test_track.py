@@ -1,4 +1,5 @@
 """experiments/store/track.py: tracking URI resolution, flattened params, job counting, the Tracker."""
+import contextlib
 import math
 import socket
 from pathlib import Path
@@ -494,3 +495,56 @@ def test_a_forked_process_owns_its_runs_under_its_own_pid(tmp_path):
     assert os.waitpid(pid, 0)[1] == 0
     assert owner == recorded == str(pid) != str(os.getpid())
     assert int(start_ms) > track.START_MS and track.OWNER["owner_pid"] == str(os.getpid())
+
+
+def _schema_and_rows(db) -> list:
+    """The SQL dump of the SQLite file ``db`` with times (13-digit ms) and folder names left out and the
+    clauses of each statement sorted: MLflow's own migrations order a table's constraints differently
+    from one new store to the next."""
+    import re
+    import sqlite3
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        lines = [re.sub(r"\b1\d{12}\b", "T", line).replace(f"{Path(db).parent}/", "DIR/") for line in con.iterdump()]
+    return sorted("\n".join(sorted(line.split("\n"))) for line in lines)
+
+
+def test_a_new_store_is_a_copy_of_the_empty_store_mlflow_makes(tmp_path, monkeypatch):
+    """MLflow makes a new store's schema by running its ~70 migrations (about 1 s of CPU); a new SQLite
+    store is instead copied from an empty one made once per MLflow version in the cache folder, and
+    holds the same tables, rows and Default experiment as a store MLflow makes. A half-made store is
+    never replaced (MLflow completes it), and where the cache folder cannot be written MLflow makes the
+    schema itself."""
+    import sqlite3
+
+    import mlflow
+    import mlflow.store.db.utils as db_utils
+
+    from experiments.store import track
+    made = []
+    initialize = db_utils._initialize_tables
+    monkeypatch.setattr(db_utils, "_initialize_tables", lambda engine: made.append(1) or initialize(engine))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        Tracker(f"sqlite:///{tmp_path}/{name}/mlflow.db", "e")
+    assert len(made) == 1                                     # the empty store, once; both stores copied
+    empty = tmp_path / "cache" / "tensorcore-ablations" / f"mlflow-{mlflow.__version__}-{track._schema_head()}.db"
+    with contextlib.closing(sqlite3.connect(empty)) as con:
+        assert con.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    (tmp_path / "m").mkdir()
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/m/mlflow.db")     # MLflow makes it
+    client.create_experiment("e", artifact_location=(tmp_path / "m" / "artifacts").as_uri())
+    assert len(made) == 2
+    assert _schema_and_rows(tmp_path / "a" / "mlflow.db") == _schema_and_rows(tmp_path / "m" / "mlflow.db")
+    assert [(e.experiment_id, e.name) for e in client.search_experiments()] == [("1", "e"), ("0", "Default")]
+
+    engine = db_utils.create_sqlalchemy_engine(f"sqlite:///{tmp_path}/half.db")
+    db_utils.InitialBase.metadata.create_all(engine)         # a store whose making was cut short (kill -9)
+    engine.dispose()
+    Tracker(f"sqlite:///{tmp_path}/half.db", "e")            # MLflow completes it, in place
+    assert len(made) == 3 and track._schema_made(tmp_path / "half.db")
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))          # no folder can be made there
+    Tracker(f"sqlite:///{tmp_path}/c.db", "e")
+    assert len(made) == 4 and track._schema_made(tmp_path / "c.db")

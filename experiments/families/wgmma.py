@@ -149,7 +149,11 @@ def geometry(precision: str, p: dict) -> dict:
 def smem_bytes(precision: str, p: dict) -> int:
     """Dynamic shared memory of one block (bytes): alignment slack + stages x (BM + BN) x SW + the C
     staging (epilogue=tma: consumers x 2 x 4 boxes x 2048) + the barriers (2 x 8 bytes per stage)."""
-    g = geometry(precision, p)
+    return _smem_of(geometry(precision, p))
+
+
+def _smem_of(g: dict) -> int:
+    """:func:`smem_bytes` of the :func:`geometry` ``g``."""
     return ALIGN_SLACK + g["STAGES"] * g["stage_bytes"] + g["stg_bytes"] + 16 * g["STAGES"]
 
 
@@ -229,7 +233,7 @@ def auto_tile(family: WgmmaFamily, precision: str, options: dict, m: int, n: int
 
 def _smem_rule(precision, p, arch):
     g = geometry(precision, p)
-    need, limit = smem_bytes(precision, p), ARCHS[arch].max_smem_block
+    need, limit = _smem_of(g), ARCHS[arch].max_smem_block
     if need > limit:
         fit = (limit - ALIGN_SLACK - g["stg_bytes"]) // (g["stage_bytes"] + 16)
         staging = (f" + {g['stg_bytes']} of C staging ({p['consumers']} x {g['stg_wg']})"

@@ -271,6 +271,69 @@ def _schema_head() -> str:
     return head
 
 
+def _cache_folder() -> Path:
+    """Where this project keeps files it can make again: ``$XDG_CACHE_HOME/tensorcore-ablations``
+    (default ``~/.cache/tensorcore-ablations``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tensorcore-ablations"
+
+
+def _empty_store() -> Path | None:
+    """A SQLite file with the installed MLflow's schema as MLflow makes it for a new store (its tables
+    created, its ~70 alembic migrations run) and no experiment, or None where it cannot be kept.
+
+    MLflow makes a new store's schema by running every migration: about 1 s of CPU per store. This is
+    done once per MLflow version, into :func:`_cache_folder` (``mlflow-<version>-<schema head>.db``,
+    written aside and renamed into place, so processes that make it at once each see a whole file), and
+    a new store is a copy of it (:func:`_made_from_template`). On opening the copy MLflow adds its
+    Default experiment, as it does after making a schema."""
+    import mlflow
+    head = _schema_head()
+    path = _cache_folder() / f"mlflow-{mlflow.__version__}-{head}.db"
+    if _revision(path) == head:
+        return path
+    try:
+        from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        try:
+            engine = create_sqlalchemy_engine(f"sqlite:///{aside}")
+            try:
+                _initialize_tables(engine)          # what SqlAlchemyStore does to an empty database
+            finally:
+                engine.dispose()
+            if _revision(Path(aside)) != head:
+                return None
+            os.replace(aside, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+    except Exception:  # noqa: BLE001 - no cache folder, a full disk: MLflow makes the store itself
+        return None
+    return path
+
+
+def _made_from_template(db: Path) -> bool:
+    """Make the new SQLite store ``db`` (no file yet, or an empty one) a copy of :func:`_empty_store`;
+    False, leaving ``db`` as it was, where that cannot be done (MLflow then makes the schema itself and
+    says what went wrong, e.g. a full disk). Called under the store lock."""
+    import shutil
+    if db.exists() and db.stat().st_size > 0:     # some other SQLite file: MLflow adds its tables to it
+        return False
+    if (template := _empty_store()) is None:
+        return False
+    aside = db.with_name(f".{db.name}.{os.getpid()}.new")
+    try:
+        shutil.copyfile(template, aside)
+        os.replace(aside, db)
+    except OSError:
+        with contextlib.suppress(OSError):
+            aside.unlink()
+        return False
+    return True
+
+
 def _schema_known(rev: str) -> bool:
     """Whether the installed MLflow's migrations hold the revision ``rev`` (an older schema)."""
     from alembic.script import ScriptDirectory
@@ -661,6 +724,8 @@ class Tracker:
         with store_lock(uri) if locked else contextlib.nullcontext(), \
                 _uninterrupted() if db is not None and not made else contextlib.nullcontext():
             if locked or not opened:
+                if db is not None and not made:
+                    _made_from_template(db)
                 try:
                     client, exp = _client(mlflow, uri, experiment)
                 except Exception as exc:
