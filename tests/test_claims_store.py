@@ -3,6 +3,9 @@ stale): at most one run per measurement however many claimants race, on SQLite a
 server backed by PostgreSQL; a run whose heartbeat stopped is closed KILLED by any host and measured
 again. The heavy race is ``python tools/claim_race.py --processes 8 --trials 20 --postgres``."""
 import importlib.util
+import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,6 +84,23 @@ def test_a_claim_whose_claimant_died_before_its_run_is_taken_over(tmp_path):
     assert tr.claim("k1", "x", {}, {}, lambda: None) == ("done", again)
 
 
+def test_a_claim_whose_claimant_on_this_host_ended_before_its_run_is_taken_over_at_once(tmp_path):
+    """A job process killed between its claim marker and its run (Ctrl-C of a parallel sweep) held the
+    key for tracking.stale_after_s: the sweep run again at once skipped that kernel as measured
+    elsewhere, and ended with one run fewer. A claimant of this host whose process has ended has spent
+    its claim; one still alive, or of another host, holds it while the marker is young."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "markers", stale_after=600)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for key, pid in (("dead", gone), ("alive", str(os.getpid()))):
+        tr.client.create_experiment(claim_marker(tr.experiment_id, key, 0),
+                                    tags={"owner_host": socket.gethostname(), "owner_pid": pid})
+    state, rid = tr.claim("dead", "x", {}, {}, lambda: None)
+    assert state == "new" and tr.client.get_run(rid).data.tags["claim"] == "1"
+    assert tr.claim("alive", "x", {}, {}, lambda: None) == ("busy", f"{socket.gethostname()}:{os.getpid()}")
+    tr.end(rid)
+
+
 def test_simultaneous_claims_on_sqlite_without_its_file_lock_start_one_run(tmp_path):
     """Processes on several hosts sharing a SQLite file (a network file system) do not share its
     file lock: the claim marker alone decides."""
@@ -94,8 +114,6 @@ def server(tmp_path_factory):
     tools/tracking_server.py FOLDER`` starts them; at the end it is stopped with SIGTERM (``kill``),
     which must stop both: it once left them running."""
     import signal
-    import socket
-    import subprocess
     from urllib.parse import urlsplit
     if not (tracking_server.postgres_bin("initdb") and tracking_server.postgres_bin("postgres")):
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")

@@ -602,8 +602,9 @@ def claim_marker(experiment_id: str, key: str, n: int) -> str:
     once, the database lets exactly one insert succeed and the others get RESOURCE_ALREADY_EXISTS
     (directly, or through a tracking server, which passes the store's error on). A claimant that wins
     marker ``n`` starts the run (tag ``claim`` = n); claim ``n + 1`` may only be tried once claim ``n``
-    is spent: its run ended (FAILED, KILLED, or under a deleted parent), or it has no run ``stale_after``
-    seconds after its marker was made (the claimant died in between). Markers are deleted at once
+    is spent: its run ended (FAILED, KILLED, or under a deleted parent), or it has no run and its claimant
+    died in between: its process on this host has ended, or ``stale_after`` seconds have passed since
+    the marker was made. Markers are deleted at once
     (hidden in the UI; a deleted name stays taken until ``mlflow gc``)."""
     return f"{CLAIMS}/{experiment_id}/{key}/{n}"
 
@@ -947,7 +948,8 @@ class Tracker:
                    or r.info.status == "RUNNING" and not stale(r, self.stale_after)
                    for r in claimed if not self._parent_deleted(r)):
                 return n - 1, ""
-            if not claimed and time.time() - last.creation_time / 1000 <= self.stale_after:
+            if not claimed and time.time() - last.creation_time / 1000 <= self.stale_after \
+                    and not process_ended(last.tags.get("owner_host", "?"), last.tags.get("owner_pid", "")):
                 return n - 1, _holder(last)          # its claimant is starting the run now
         me = f"{HOST}:{PID}:{threading.get_ident()}:{time.time_ns()}"
         try:
