@@ -289,10 +289,10 @@ def _empty_store() -> Path | None:
     Default experiment, as it does after making a schema."""
     import mlflow
     head = _schema_head()
-    path = _cache_folder() / f"mlflow-{mlflow.__version__}-{head}.db"
-    if _revision(path) == head:
-        return path
     try:
+        path = _cache_folder() / f"mlflow-{mlflow.__version__}-{head}.db"
+        if _revision(path) == head:
+            return path
         from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -309,7 +309,7 @@ def _empty_store() -> Path | None:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(aside)
-    except Exception:  # noqa: BLE001 - no cache folder, a full disk: MLflow makes the store itself
+    except Exception:  # noqa: BLE001 - no home or cache folder, a full disk: MLflow makes the store itself
         return None
     return path
 
