@@ -604,8 +604,8 @@ def claim_marker(experiment_id: str, key: str, n: int) -> str:
     marker ``n`` starts the run (tag ``claim`` = n); claim ``n + 1`` may only be tried once claim ``n``
     is spent: its run ended (FAILED, KILLED, or under a deleted parent), or it has no run and its claimant
     died in between: its process on this host has ended, or ``stale_after`` seconds have passed since
-    the marker was made. Markers are deleted at once
-    (hidden in the UI; a deleted name stays taken until ``mlflow gc``)."""
+    the marker was made. Markers are deleted at once (hidden in the UI; a deleted name stays taken
+    until ``mlflow gc``)."""
     return f"{CLAIMS}/{experiment_id}/{key}/{n}"
 
 
