@@ -548,3 +548,102 @@ def test_a_new_store_is_a_copy_of_the_empty_store_mlflow_makes(tmp_path, monkeyp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))          # no folder can be made there
     Tracker(f"sqlite:///{tmp_path}/c.db", "e")
     assert len(made) == 4 and track._schema_made(tmp_path / "c.db")
+
+
+def _empty_store_file(tmp_path):
+    import mlflow
+
+    from experiments.store import track
+    return tmp_path / "cache" / "tensorcore-ablations" / f"mlflow-{mlflow.__version__}-{track._schema_head()}.db"
+
+
+def test_a_damaged_or_written_empty_store_is_made_again_and_leftovers_go(tmp_path, monkeypatch):
+    """The empty store in the cache folder was trusted on its schema revision alone: a page damaged
+    elsewhere in it made every new store 'database disk image is malformed', and an experiment written
+    into it appeared in every new store. Files a killed process left aside (in the cache folder, an
+    hour old; beside a store, under its lock) are removed. A relative XDG_CACHE_HOME is not used."""
+    import os
+    import sqlite3
+    import time
+
+    from experiments.store import track
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    Tracker(f"sqlite:///{tmp_path}/a.db", "e")
+    empty = _empty_store_file(tmp_path)
+    data = bytearray(empty.read_bytes())
+    page = 4096 * 100                                      # a page of some table, not the header
+    data[page:page + 4096] = b"\xa5" * 4096
+    empty.write_bytes(bytes(data))
+    assert track._revision(empty) == track._schema_head() and not track._empty_store_sound(empty, track._schema_head())
+    left = empty.with_name(f".{empty.name}.abc123")
+    left.write_bytes(b"x")
+    os.utime(left, (time.time() - 7200,) * 2)
+    beside = tmp_path / ".b.db.99999.new"
+    beside.write_bytes(b"x")
+    b = Tracker(f"sqlite:///{tmp_path}/b.db", "e")
+    assert [e.name for e in b.client.search_experiments()] == ["e", "Default"]
+    assert track._empty_store_sound(empty, track._schema_head()) and not left.exists() and not beside.exists()
+    with contextlib.closing(sqlite3.connect(empty)) as con:
+        con.execute("INSERT INTO experiments (name, lifecycle_stage) VALUES ('leaked', 'active')")
+        con.commit()
+    c = Tracker(f"sqlite:///{tmp_path}/c.db", "e")
+    assert [e.name for e in c.client.search_experiments()] == ["e", "Default"]
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    assert track._cache_folder() == Path.home() / ".cache" / "tensorcore-ablations"
+
+
+def test_a_store_path_that_is_there_keeps_its_link_owner_and_mode(tmp_path, monkeypatch):
+    """The copy replaced whatever was at the store's path: a link to an empty file became a file of its
+    own (the link's target stayed empty), and an empty file made for the store lost its mode and owner.
+    Something at the path is set up by MLflow, through the link, in the file."""
+    import stat
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "real.db").touch()
+    (tmp_path / "link.db").symlink_to(tmp_path / "real.db")
+    Tracker(f"sqlite:///{tmp_path}/link.db", "e")
+    assert (tmp_path / "link.db").is_symlink() and (tmp_path / "real.db").stat().st_size > 0
+    (tmp_path / "own.db").touch(mode=0o600)
+    (tmp_path / "own.db").chmod(0o600)
+    Tracker(f"sqlite:///{tmp_path}/own.db", "e")
+    assert stat.S_IMODE((tmp_path / "own.db").stat().st_mode) == 0o600 and (tmp_path / "own.db").stat().st_size > 0
+
+
+def test_a_full_disk_while_a_new_store_is_made_leaves_no_store_behind(tmp_path, monkeypatch):
+    """A full disk while MLflow made a new store's schema left a half-made store, which the same command
+    then took for one of an older MLflow whose upgrade failed ('table spans already exists'): it could
+    not resume. The copy of the empty store stops at once on a full disk; MLflow's own set-up that
+    fails on a full disk leaves nothing; either way the same command then makes the store."""
+    import errno
+    import shutil
+    import sqlite3
+
+    import mlflow.store.db.utils as db_utils
+    import sqlalchemy
+
+    from experiments.store import track
+    from experiments.store.track import StoreUnavailable
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    Tracker(f"sqlite:///{tmp_path}/first.db", "e")                 # the empty store exists
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as mp:
+        mp.setattr(shutil, "copyfile", full)
+        with pytest.raises(StoreUnavailable, match="the disk of the store .*copy.db is full"):
+            Tracker(f"sqlite:///{tmp_path}/copy.db", "e")
+    assert list(tmp_path.glob("*copy.db*")) == [tmp_path / "copy.db.lock"]
+
+    initialize = db_utils._initialize_tables
+
+    def half(engine):                                  # MLflow's tables, then the disk fills up
+        db_utils.InitialBase.metadata.create_all(engine)
+        raise sqlalchemy.exc.OperationalError("ALTER TABLE", {}, sqlite3.OperationalError("database or disk is full"))
+    with monkeypatch.context() as mp:
+        mp.setattr(track, "_empty_store", lambda: None)
+        mp.setattr(db_utils, "_initialize_tables", half)
+        with pytest.raises(StoreUnavailable, match="the disk of the store .*mlflow_made.db is full"):
+            Tracker(f"sqlite:///{tmp_path}/mlflow_made.db", "e")
+    assert not (tmp_path / "mlflow_made.db").exists()
+    assert db_utils._initialize_tables is initialize
+    for name in ("copy", "mlflow_made"):
+        assert Tracker(f"sqlite:///{tmp_path}/{name}.db", "e").experiment_id == "1"

@@ -29,6 +29,7 @@ retries of SQLite's own write lock on one host).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import math
@@ -273,9 +274,24 @@ def _schema_head() -> str:
 
 def _cache_folder() -> Path:
     """Where this project keeps files it can make again: ``$XDG_CACHE_HOME/tensorcore-ablations``
-    (default ``~/.cache/tensorcore-ablations``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tensorcore-ablations"
+    (default, and for a relative ``XDG_CACHE_HOME`` as the XDG specification asks:
+    ``~/.cache/tensorcore-ablations``)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tensorcore-ablations"
+
+
+def _empty_store_sound(path: Path, head: str) -> bool:
+    """Whether ``path`` is a whole empty store of schema ``head``: its revision, SQLite's
+    ``quick_check`` of every page, and no experiment in it."""
+    import sqlite3
+    if _revision(path) != head:
+        return False
+    try:
+        with _read_only(path) as con:
+            return (con.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+                    and con.execute("SELECT count(*) FROM experiments").fetchone() == (0,))
+    except sqlite3.Error:
+        return False
 
 
 def _empty_store() -> Path | None:
@@ -286,12 +302,17 @@ def _empty_store() -> Path | None:
     done once per MLflow version, into :func:`_cache_folder` (``mlflow-<version>-<schema head>.db``,
     written aside and renamed into place, so processes that make it at once each see a whole file), and
     a new store is a copy of it (:func:`_made_from_template`). On opening the copy MLflow adds its
-    Default experiment, as it does after making a schema."""
+    Default experiment, as it does after making a schema. A file there that is not a whole empty store
+    (:func:`_empty_store_sound`: damaged, or written to) is made again, and files left aside by a
+    process killed while making it are removed."""
     import mlflow
     head = _schema_head()
     try:
         path = _cache_folder() / f"mlflow-{mlflow.__version__}-{head}.db"
-        if _revision(path) == head:
+        for left in path.parent.glob(f".{path.name}.*"):        # asides of killed processes (an hour old)
+            if time.time() - left.stat().st_mtime > 3600:
+                left.unlink()
+        if _empty_store_sound(path, head):
             return path
         from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -303,7 +324,7 @@ def _empty_store() -> Path | None:
                 _initialize_tables(engine)          # what SqlAlchemyStore does to an empty database
             finally:
                 engine.dispose()
-            if _revision(Path(aside)) != head:
+            if not _empty_store_sound(Path(aside), head):
                 return None
             os.replace(aside, path)
         finally:
@@ -315,23 +336,39 @@ def _empty_store() -> Path | None:
 
 
 def _made_from_template(db: Path) -> bool:
-    """Make the new SQLite store ``db`` (no file yet, or an empty one) a copy of :func:`_empty_store`;
-    False, leaving ``db`` as it was, where that cannot be done (MLflow then makes the schema itself and
-    says what went wrong, e.g. a full disk). Called under the store lock."""
+    """Make the new SQLite store ``db`` a copy of :func:`_empty_store` when nothing is at that path (no
+    file, no link): the copy is written aside and renamed into place. False, leaving ``db`` as it was,
+    where nothing was copied: MLflow then makes the schema itself, in a file or link that is there
+    (keeping its owner and mode). Raises OSError when the store's disk is full (nothing is left at
+    ``db``). Called under the store lock, so a file left aside here is one a killed process left: it
+    is removed."""
     import shutil
-    if db.exists() and db.stat().st_size > 0:     # some other SQLite file: MLflow adds its tables to it
+    if os.path.lexists(db) or (template := _empty_store()) is None:
         return False
-    if (template := _empty_store()) is None:
-        return False
+    for left in db.parent.glob(f".{db.name}.*.new"):
+        with contextlib.suppress(OSError):
+            left.unlink()
     aside = db.with_name(f".{db.name}.{os.getpid()}.new")
     try:
         shutil.copyfile(template, aside)
         os.replace(aside, db)
-    except OSError:
+    except OSError as exc:
         with contextlib.suppress(OSError):
             aside.unlink()
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise                                   # MLflow would fail the same way, half-way through
         return False
     return True
+
+
+def _remove_half_made(uri: str, db: Path) -> None:
+    """Remove the store ``db`` whose set-up failed half-way, and MLflow's engine of ``uri``, which
+    keeps a connection to the removed file and would show its tables to a later client in this
+    process."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    db.unlink()
+    with contextlib.suppress(Exception):   # MLflow's cache of engines by URI
+        SqlAlchemyStore._engine_map.pop(uri).dispose()
 
 
 def _schema_known(rev: str) -> bool:
@@ -454,7 +491,6 @@ def _lock_holder(db: Path) -> str | None:
 def unavailable(exc: BaseException, db: Path, wait: float) -> str | None:
     """Why the SQLite store ``db`` refused a write, when ``exc`` (or an error inside it) says it was
     locked by another process past ``wait`` seconds or its disk is full; else None."""
-    import errno
     while exc is not None:
         text = str(exc)
         if "database is locked" in text:
@@ -463,11 +499,19 @@ def unavailable(exc: BaseException, db: Path, wait: float) -> str | None:
                    f"by another process (not known which: `fuser {db}` lists those that have it open)")
             return (f"the store {db} stayed locked {who} holding a write transaction for {wait:g} s "
                     "(tracking.wait); end that process or let it finish")
-        if "database or disk is full" in text or (isinstance(exc, OSError)
-                                                   and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
-            return f"the disk of the store {db} is full; free space there (or give another tracking.uri)"
+        if _disk_full(exc):
+            return f"the disk of the store {db} {_FULL}"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+_FULL = "is full; free space there (or give another tracking.uri)"
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` itself says a disk is full (SQLite's error, or ENOSPC / EDQUOT)."""
+    return "database or disk is full" in str(exc) or (isinstance(exc, OSError)
+                                                      and exc.errno in (errno.ENOSPC, errno.EDQUOT))
 
 
 _WAIT_MS: dict = {}       # SQLite database path -> how long its writes wait for another's lock (ms)
@@ -725,13 +769,16 @@ class Tracker:
         with store_lock(uri) if locked else contextlib.nullcontext(), \
                 _uninterrupted() if db is not None and not made else contextlib.nullcontext():
             if locked or not opened:
-                if db is not None and not made:
-                    _made_from_template(db)
+                new = db is not None and not made and not os.path.lexists(db)
                 try:
+                    if new:
+                        _made_from_template(db)
                     client, exp = _client(mlflow, uri, experiment)
                 except Exception as exc:
                     if db is None or (why := unavailable(exc, db, wait)) is None:
                         raise
+                    if new and why.endswith(_FULL) and db.is_file() and not _schema_made(db):
+                        _remove_half_made(uri, db)  # the same command makes it again
                     raise (StoreUnavailable if create else StoreError)(why) from None
                 self.client = guard(client)
             if exp is None and not create:
