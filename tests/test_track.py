@@ -528,7 +528,7 @@ def test_a_new_store_is_a_copy_of_the_empty_store_mlflow_makes(tmp_path, monkeyp
     for name in ("a", "b"):
         Tracker(f"sqlite:///{tmp_path}/{name}/mlflow.db", "e")
     assert len(made) == 1                                     # the empty store, once; both stores copied
-    empty = tmp_path / "cache" / "tensorcore-ablations" / f"mlflow-{mlflow.__version__}-{track._schema_head()}.db"
+    empty = _empty_store_file(tmp_path)
     with contextlib.closing(sqlite3.connect(empty)) as con:
         assert con.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
     (tmp_path / "m").mkdir()

@@ -284,11 +284,12 @@ def _empty_store_sound(path: Path, head: str) -> bool:
     """Whether ``path`` is a whole empty store of schema ``head``: its revision, SQLite's
     ``quick_check`` of every page, and no experiment in it."""
     import sqlite3
-    if _revision(path) != head:
+    if not path.is_file():
         return False
     try:
         with _read_only(path) as con:
-            return (con.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+            return (con.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
+                    and con.execute("PRAGMA quick_check").fetchall() == [("ok",)]
                     and con.execute("SELECT count(*) FROM experiments").fetchone() == (0,))
     except sqlite3.Error:
         return False
@@ -336,14 +337,13 @@ def _empty_store() -> Path | None:
 
 
 def _made_from_template(db: Path) -> bool:
-    """Make the new SQLite store ``db`` a copy of :func:`_empty_store` when nothing is at that path (no
-    file, no link): the copy is written aside and renamed into place. False, leaving ``db`` as it was,
-    where nothing was copied: MLflow then makes the schema itself, in a file or link that is there
-    (keeping its owner and mode). Raises OSError when the store's disk is full (nothing is left at
-    ``db``). Called under the store lock, so a file left aside here is one a killed process left: it
-    is removed."""
+    """Make the new SQLite store ``db``, a path where nothing is (no file, no link: a file or link that is
+    there MLflow sets up itself, keeping its owner and mode), a copy of :func:`_empty_store`, written
+    aside and renamed into place. False, leaving nothing at ``db``, where nothing was copied: MLflow then
+    makes the schema itself. Raises OSError when the store's disk is full. Called under the store lock,
+    so a file left aside here is one a killed process left: it is removed."""
     import shutil
-    if os.path.lexists(db) or (template := _empty_store()) is None:
+    if (template := _empty_store()) is None:
         return False
     for left in db.parent.glob(f".{db.name}.*.new"):
         with contextlib.suppress(OSError):
@@ -488,6 +488,9 @@ def _lock_holder(db: Path) -> str | None:
     return None
 
 
+_FULL = "is full; free space there (or give another tracking.uri)"    # how unavailable ends a full disk
+
+
 def unavailable(exc: BaseException, db: Path, wait: float) -> str | None:
     """Why the SQLite store ``db`` refused a write, when ``exc`` (or an error inside it) says it was
     locked by another process past ``wait`` seconds or its disk is full; else None."""
@@ -499,19 +502,11 @@ def unavailable(exc: BaseException, db: Path, wait: float) -> str | None:
                    f"by another process (not known which: `fuser {db}` lists those that have it open)")
             return (f"the store {db} stayed locked {who} holding a write transaction for {wait:g} s "
                     "(tracking.wait); end that process or let it finish")
-        if _disk_full(exc):
+        if "database or disk is full" in text or (isinstance(exc, OSError)
+                                                   and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
             return f"the disk of the store {db} {_FULL}"
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-_FULL = "is full; free space there (or give another tracking.uri)"
-
-
-def _disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` itself says a disk is full (SQLite's error, or ENOSPC / EDQUOT)."""
-    return "database or disk is full" in str(exc) or (isinstance(exc, OSError)
-                                                      and exc.errno in (errno.ENOSPC, errno.EDQUOT))
 
 
 _WAIT_MS: dict = {}       # SQLite database path -> how long its writes wait for another's lock (ms)
