@@ -560,8 +560,9 @@ def _empty_store_file(tmp_path):
 def test_a_damaged_or_written_empty_store_is_made_again_and_leftovers_go(tmp_path, monkeypatch):
     """The empty store in the cache folder was trusted on its schema revision alone: a page damaged
     elsewhere in it made every new store 'database disk image is malformed', and an experiment written
-    into it appeared in every new store. Files a killed process left aside (in the cache folder, an
-    hour old; beside a store, under its lock) are removed. A relative XDG_CACHE_HOME is not used."""
+    into it, or a row into any other table, appeared in every new store. Files a killed process left
+    aside (in the cache folder, of any MLflow version, an hour old; beside a store, under its lock) are
+    removed. A relative XDG_CACHE_HOME is not used."""
     import os
     import sqlite3
     import time
@@ -574,7 +575,7 @@ def test_a_damaged_or_written_empty_store_is_made_again_and_leftovers_go(tmp_pat
     page = 4096 * 100                                      # a page of some table, not the header
     data[page:page + 4096] = b"\xa5" * 4096
     empty.write_bytes(bytes(data))
-    assert track._revision(empty) == track._schema_head() and not track._empty_store_sound(empty, track._schema_head())
+    assert track._revision(empty) == track._schema_head() and not track._empty_store_sound(empty)
     left = empty.with_name(f".{empty.name}.abc123")
     left.write_bytes(b"x")
     os.utime(left, (time.time() - 7200,) * 2)
@@ -582,12 +583,20 @@ def test_a_damaged_or_written_empty_store_is_made_again_and_leftovers_go(tmp_pat
     beside.write_bytes(b"x")
     b = Tracker(f"sqlite:///{tmp_path}/b.db", "e")
     assert [e.name for e in b.client.search_experiments()] == ["e", "Default"]
-    assert track._empty_store_sound(empty, track._schema_head()) and not left.exists() and not beside.exists()
+    assert track._empty_store_sound(empty) and not left.exists() and not beside.exists()
     with contextlib.closing(sqlite3.connect(empty)) as con:
         con.execute("INSERT INTO experiments (name, lifecycle_stage) VALUES ('leaked', 'active')")
         con.commit()
     c = Tracker(f"sqlite:///{tmp_path}/c.db", "e")
     assert [e.name for e in c.client.search_experiments()] == ["e", "Default"]
+    with contextlib.closing(sqlite3.connect(empty)) as con:      # a row of any other table, too
+        con.execute("INSERT INTO registered_models (name, creation_time, last_updated_time) VALUES ('intruder', 0, 0)")
+        con.commit()
+    older = empty.with_name(".mlflow-3.0.0-0123456789ab.db.xyz")  # left by a killed process of another MLflow
+    older.write_bytes(b"x")
+    os.utime(older, (time.time() - 7200,) * 2)
+    d = Tracker(f"sqlite:///{tmp_path}/d.db", "e")
+    assert d.client.search_registered_models() == [] and not older.exists()
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")
     assert track._cache_folder() == Path.home() / ".cache" / "tensorcore-ablations"
 

@@ -280,12 +280,10 @@ def _cache_folder() -> Path:
     return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tensorcore-ablations"
 
 
-def _empty_store_sound(path: Path, head: str) -> bool:
-    """Whether ``path`` is a whole empty store of schema ``head``: its revision, SQLite's
-    ``quick_check`` of every page, and no experiment in it."""
+def _empty_store_made(path: Path, head: str) -> bool:
+    """Whether MLflow made ``path`` whole: schema ``head``, SQLite's ``quick_check`` of every page, no
+    experiment in it."""
     import sqlite3
-    if not path.is_file():
-        return False
     try:
         with _read_only(path) as con:
             return (con.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
@@ -295,42 +293,61 @@ def _empty_store_sound(path: Path, head: str) -> bool:
         return False
 
 
+def _empty_store_sound(path: Path) -> bool:
+    """Whether ``path`` is still the empty store that was made and checked (:func:`_empty_store_made`):
+    its sha256 is the one written beside it then (``<name>.sha256``). A damaged page or a row written
+    into any table changes it."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == Path(f"{path}.sha256").read_text()
+    except OSError:
+        return False
+
+
+def _aside(path: Path) -> Path:
+    """A new file beside ``path`` to write in before renaming it to ``path``."""
+    fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    return Path(aside)
+
+
 def _empty_store() -> Path | None:
     """A SQLite file with the installed MLflow's schema as MLflow makes it for a new store (its tables
     created, its ~70 alembic migrations run) and no experiment, or None where it cannot be kept.
 
     MLflow makes a new store's schema by running every migration: about 1 s of CPU per store. This is
-    done once per MLflow version, into :func:`_cache_folder` (``mlflow-<version>-<schema head>.db``,
-    written aside and renamed into place, so processes that make it at once each see a whole file), and
-    a new store is a copy of it (:func:`_made_from_template`). On opening the copy MLflow adds its
-    Default experiment, as it does after making a schema. A file there that is not a whole empty store
-    (:func:`_empty_store_sound`: damaged, or written to) is made again, and files left aside by a
-    process killed while making it are removed."""
+    done once per MLflow version, into :func:`_cache_folder` (``mlflow-<version>-<schema head>.db`` and
+    its sha256, each written aside and renamed into place, so processes that make it at once each see
+    a whole file), and a new store is a copy of it (:func:`_made_from_template`). On opening the copy
+    MLflow adds its Default experiment, as it does after making a schema. A file there that is not the
+    one made (:func:`_empty_store_sound`: damaged, or written to) is made again, and files left aside
+    by killed processes (of any MLflow version, an hour old) are removed."""
     import mlflow
     head = _schema_head()
     try:
         path = _cache_folder() / f"mlflow-{mlflow.__version__}-{head}.db"
-        for left in path.parent.glob(f".{path.name}.*"):        # asides of killed processes (an hour old)
+        for left in path.parent.glob(".mlflow-*"):
             if time.time() - left.stat().st_mtime > 3600:
                 left.unlink()
-        if _empty_store_sound(path, head):
+        if _empty_store_sound(path):
             return path
         from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, aside = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
+        made, digest = _aside(path), _aside(Path(f"{path}.sha256"))
         try:
-            engine = create_sqlalchemy_engine(f"sqlite:///{aside}")
+            engine = create_sqlalchemy_engine(f"sqlite:///{made}")
             try:
                 _initialize_tables(engine)          # what SqlAlchemyStore does to an empty database
             finally:
                 engine.dispose()
-            if not _empty_store_sound(Path(aside), head):
+            if not _empty_store_made(made, head):
                 return None
-            os.replace(aside, path)
+            digest.write_text(hashlib.sha256(made.read_bytes()).hexdigest())
+            os.replace(digest, f"{path}.sha256")
+            os.replace(made, path)
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(aside)
+            for left in (made, digest):
+                with contextlib.suppress(OSError):
+                    left.unlink()
     except Exception:  # noqa: BLE001 - no home or cache folder, a full disk: MLflow makes the store itself
         return None
     return path
