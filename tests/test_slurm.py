@@ -313,8 +313,10 @@ def _poll(what, timeout=120):
 
 def _in_progress(tmp, n):
     def runs():
-        """the command's runs in progress"""
-        if not (tmp / "mlflow.db").exists():
+        """the command's runs in progress, each in its slow stretch (its mark made)"""
+        # (a run is RUNNING before it logs its kernel: a signal then ends it before its mark, and the
+        # requeued job, not the signalled one, would stay TC_SLOW_RUN_S in its run)
+        if not (tmp / "mlflow.db").exists() or len(list((tmp / "marks").iterdir())) < n:
             return None
         children = all_runs(tmp)[1]
         return children if sum(c.info.status == "RUNNING" for c in children) >= n else None
