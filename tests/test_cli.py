@@ -231,7 +231,7 @@ def test_headline_again_tracks_nothing_new(headline):
     ("ktile=abc", ["ktile=abc is not an integer ('ktile=abc'); valid: 16, 32, 64, 128"]),
     ("tile.sms=1.5", ["tile.sms=1.5 is not an integer ('tile.sms=1.5')"]),
     ("precision=int5", ["precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, "
-                        "fp8_e4m3, fp8_e5m2, copy"]),
+                        "fp8_e4m3, fp8_e5m2, copy (family=peak)"]),
     ("precsion=int8", ["Unknown key 'precsion' ('precsion=int8'); valid top-level keys: family, precision, "
                        "ktile, mma, acc, b_layout, smem_layout, backend, data, study_kernel, tile, loader, pipeline, "
                        "cache, problem, target, timing, launch, verify, tracking (python run.py --help)"]),
@@ -480,12 +480,12 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "timing.cuda_graph=1 is not valid ('timing.cuda_graph=1'); valid: true, false"),
     (['-m', 'precision=choice(int8,foo)'],
      "precision=foo is not valid ('precision=foo'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
-     'fp8_e5m2, copy'),
+     'fp8_e5m2, copy (family=peak)'),
     (['-m', 'timing.batches=choice(3,x)'],
      "timing.batches=x is not an integer ('timing.batches=x')"),
     (['precision='],
      "precision= is not valid ('precision='); valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2, "
-     'copy'),
+     'copy (family=peak)'),
     (['-m', 'precision=glob(int*)', "verify.rtol='1e-3'"],
      None),
     (['tile.block=128'],
@@ -501,7 +501,7 @@ def test_integer_family_options_keep_params_and_kernel_names():
      None),
     (['--help', 'precision=int5'],
      "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
-     'fp8_e5m2, copy'),
+     'fp8_e5m2, copy (family=peak)'),
     (['-m', 'cache.op=ca,cx'],
      "cache.op=cx is not valid ('cache.op=cx'); valid: ca, cg"),
     (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],

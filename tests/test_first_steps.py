@@ -542,7 +542,7 @@ def test_parent_counts_each_measurement_once(tmp_path):
     # a value of the wrong type, outside an Enum, a scalar for a list
     (["ktile=32.5"], "ktile=32.5 is not an integer ('ktile=32.5'); valid: 16, 32, 64, 128"),
     (["precision=int5"], "precision=int5 is not valid ('precision=int5'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
-                         "fp8_e5m2, copy"),
+                         "fp8_e5m2, copy (family=peak)"),
     (["tile.block=128"], "tile.block takes a list ('tile.block=128'); give one in brackets, e.g. "
                          "'tile.block=[256,128]'"),
     # a boolean given as 1: OmegaConf reads it as true, the typed field takes true or false only

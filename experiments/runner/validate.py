@@ -91,7 +91,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     value = getattr(cause, "value", None)
     shown = f"{key}={value}" if key else ""
     if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg):
-        return f"{key}={m.group(1)} is not valid{given}; valid: {m.group(2)}{_axis_hint(key, m.group(1))}"
+        return (f"{key}={m.group(1)} is not valid{given}; valid: {_listed(key, m.group(2))}"
+                f"{_axis_hint(key, m.group(1))}")
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Integer", msg):
         if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
@@ -113,6 +114,21 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
 
 
 _CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _listed(key: str, valid: str) -> str:
+    """The valid values ``valid`` (comma-separated, as OmegaConf lists an Enum's) of ``key``; for
+    ``precision``, a value that is not an element type names the families that take it (copy: peak)."""
+    if key != "precision":
+        return valid
+    from ..dtypes import DType
+    from ..families import get, names
+
+    def shown(v: str) -> str:
+        if v in DType.__members__:
+            return v
+        return f"{v} (family={','.join(n for n in names() if v in map(str, get(n).axes['precision']))})"
+    return ", ".join(shown(v) for v in valid.split(", "))
 
 
 def _axis_hint(key: str, value: str) -> str:
