@@ -11,6 +11,7 @@ from pathlib import Path
 
 import hydra
 import hydra._internal.utils as hydra_utils
+from hydra._internal.hydra import Hydra
 from omegaconf import OmegaConf
 
 from experiments.config import register
@@ -33,6 +34,7 @@ OmegaConf.register_new_resolver("gpu_jobs", lambda: max(1, gpu_count()) * JOBS_P
 
 CONF = Path(__file__).parent / "conf"
 _run_and_report = hydra_utils.run_and_report
+_hydra_show_cfg, _hydra_hydra_help = Hydra.show_cfg, Hydra.hydra_help
 
 
 def presets(group: str, dirs: tuple = (CONF,)) -> dict:
@@ -332,6 +334,51 @@ def _raise(error: BaseException):
     raise error
 
 
+def _checked(hydra, config_name: str | None, overrides: list, multirun: bool):
+    """The config of ``overrides`` as Hydra composes it for the command (with -m in MULTIRUN mode: the
+    swept keys at their defaults), after the checks a run makes at its start
+    (experiments.runner.validate.check; with -m and Hydra's basic sweeper on each job's config; a
+    search's own check, which also asks for a GPU, is left to its start): raises validate.Invalid (exit
+    2) for what a run refuses, Hydra's errors for a config it cannot compose."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from experiments.runner.validate import BASIC_SWEEPER, check
+    cfg = hydra.compose_config(config_name=config_name, overrides=overrides,
+                               run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))    # ${hydra:...} resolves as in a run
+    check(cfg, multirun and cfg.hydra.sweeper.get("_target_") == BASIC_SWEEPER)
+    return cfg
+
+
+def _app_help(self, config_name, args_parser, args) -> None:
+    """Hydra's --help (``Hydra.app_help``) for the config the command would run, refused as the run would
+    be (:func:`_checked`; Hydra's errors as one line, :func:`_reported`): ``precision=int9 --help`` and
+    ``ktile=48 --help`` exit 2 with the run's message. With -m it shows the sweep's config (Hydra's own
+    composes a sweep as a single run and refuses it)."""
+    import copy
+    cfg = _reported(lambda: _checked(self, config_name, args.overrides, args.multirun))
+    print(self.get_help(cfg.hydra.help, self.get_sanitized_cfg(copy.deepcopy(cfg), "job"), args_parser,
+                        resolve=args.resolve))
+
+
+def _show_cfg(self, config_name, overrides, cfg_type, package, resolve=False) -> None:
+    """Hydra's --cfg (``Hydra.show_cfg``, run under :func:`_reported`) once the config passes the checks a
+    run makes (:func:`_checked`): ``--cfg job ktile=48`` exits 2 with the run's message, as the run would."""
+    _checked(self, config_name, overrides, multirun=False)
+    _hydra_show_cfg(self, config_name=config_name, overrides=overrides, cfg_type=cfg_type, package=package,
+                    resolve=resolve)
+
+
+def _hydra_help(self, config_name, args_parser, args) -> None:
+    """Hydra's --hydra-help (``Hydra.hydra_help``), which composes Hydra's own config only: the command's
+    other overrides (``precision=int9``, which it refuses with a traceback) are left out of it."""
+    args.overrides = [o for o in args.overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    _reported(lambda: _hydra_hydra_help(self, config_name=config_name, args_parser=args_parser, args=args))
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt(signum)
 
@@ -346,6 +393,7 @@ if __name__ == "__main__":
     compose_once()                       # Hydra's repeated compositions of the same config, done once
     gc.freeze()         # what is imported so far lives as long as the command: collections skip it (~7% CPU)
     hydra_utils.run_and_report = _reported
+    Hydra.app_help, Hydra.show_cfg, Hydra.hydra_help = _app_help, _show_cfg, _hydra_help
     try:        # the variants that presets of a --config-dir list, beside conf/'s
         if len(dirs := _config_dirs(sys.argv[1:]) or ()) > 1:
             register_variants(dirs=dirs)

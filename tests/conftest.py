@@ -164,6 +164,7 @@ def run_checks(capsys):
     from pathlib import Path
 
     import hydra._internal.utils as hydra_utils
+    from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
 
     import experiments.runner.sweep
@@ -186,6 +187,8 @@ def run_checks(capsys):
             mp.setattr(gc, "freeze", lambda: None)      # run.py's: this process's objects stay collectable
             mp.setattr(experiments.runner.sweep, "check", checked)
             mp.setattr(hydra_utils, "run_and_report", hydra_utils.run_and_report)
+            for name in ("app_help", "show_cfg", "hydra_help"):    # run.py's, for --help and --cfg
+                mp.setattr(Hydra, name, getattr(Hydra, name))
             try:
                 runpy.run_path(str(script), run_name="__main__")
                 rc = 0

@@ -419,6 +419,54 @@ def _compose(*overrides):
         return compose("config", overrides=list(overrides))
 
 
+INT9 = ("precision=int9 is not valid ('precision=int9'); valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2, "
+        "copy (family=peak)")
+
+
+@pytest.mark.parametrize("args, message", [
+    # Hydra's traceback, exit 1, for a value it cannot compose
+    (("--help", "precision=int9"), INT9),
+    (("precision=int9", "--help"), INT9),
+    (("-m", "precision=int4,int9", "--help"), INT9),
+    (("family=foo", "--help"),
+     "family=foo is not a preset ('family=foo'); valid: cublas, dp4a, mma_sync, peak, wgmma, wmma (conf/family/)"),
+    # the help, exit 0, for a value the run refuses
+    (("ktile=48", "--help"), "ktile=48 is not valid ('ktile=48'); valid: 16, 32, 64, 128"),
+    (("family=wgmma", "family.bn=100", "--help"),
+     "family.bn=100 is not valid for family=wgmma ('family.bn=100'); valid: 256, 192, 128, 64"),
+    # the config, exit 0
+    (("--cfg", "job", "ktile=48"), "ktile=48 is not valid ('ktile=48'); valid: 16, 32, 64, 128"),
+    (("--cfg", "all", "family=wgmma", "family.bn=100"),
+     "family.bn=100 is not valid for family=wgmma ('family.bn=100'); valid: 256, 192, 128, 64"),
+    (("--cfg", "job", "precision=copy"),
+     "precision=copy is not valid for family=mma_sync; valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 "
+     "(copy is a precision of family=peak)"),
+    (("--cfg", "job", "tile.block=[100,128]"),
+     "Invalid configuration: tile.block=[100, 128] with tile.warps=[4, 2] gives a warp tile of 25x64; it must "
+     "be a multiple of 16x8 (m16n8 MMA tiles). Valid examples: block [128,128] warps [2,4]; [64,64] [2,2]."),
+])
+def test_help_and_cfg_refuse_what_the_run_refuses(tmp_path, run_checks, args, message):
+    """--help and --cfg show the config the command would run: a config the run refuses is refused the
+    same way, one line and exit 2, before anything is shown."""
+    rc, out = run_checks(tmp_path, *args)
+    assert (rc, out.splitlines()) == (2, [message])
+    rc, out = run_checks(tmp_path, *(a for a in args if a not in ("--help", "--cfg", "job", "all")))
+    assert (rc, out.splitlines()) == (2, [message])          # the run's own refusal
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, shown", [
+    (("-m", "precision=int4,int8", "--help"), "== Options of family=mma_sync"),   # Hydra: 'Ambiguous value'
+    (("-m", "experiment=search_mma_sync", "--help"), "== Options of family=mma_sync"),  # no GPU needed
+    (("--hydra-help", "precision=int9"), "Hydra (1.3"),      # Hydra's own help: the app's keys left out
+    (("--cfg", "job", "family=wgmma", "family.bn=128"), "  bn: 128"),
+])
+def test_help_and_cfg_of_a_valid_command(tmp_path, run_checks, args, shown):
+    rc, out = run_checks(tmp_path, *args)
+    assert rc == 0 and shown in out.splitlines()[0] + "\n" + out, out
+    assert "Traceback" not in out and list(tmp_path.iterdir()) == []
+
+
 def test_cfg_job_shows_integer_family_options_as_integers(tmp_path):
     rc, out = run_cli(tmp_path, "family=wgmma", "--cfg", "job")
     assert rc == 0, out
@@ -462,6 +510,25 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "family.bn=100 is not valid for family=wgmma ('family.bn=100'); valid: 256, 192, 128, 64"),
     (['family=wgmma', 'family.stages=abc'],
      "family.stages=abc is not an integer ('family.stages=abc'); valid: 2, 3, 4, 5, 6, 7, 8"),
+    # the value as given (OmegaConf's message says True)
+    (['family=wgmma', 'family.stages=true'],
+     "family.stages=true is not an integer ('family.stages=true'); valid: 2, 3, 4, 5, 6, 7, 8"),
+    # family.name set alone: "family.bn=None is not valid for family=wgmma"
+    (['family.name=wgmma'],
+     "'family.name=wgmma' does not choose a family (family.name names the one family= chose); choose it "
+     "with family=wgmma, which brings its options (python run.py family=wgmma --help)"),
+    (['family=peak', 'family.name=peak'],
+     "'family.name=peak' does not choose a family (family.name names the one family= chose); choose it "
+     "with family=peak, which brings its options (python run.py family=peak --help)"),
+    # a value removed: "precision=None is not valid", and for ktile a multi-line error, exit 1
+    (['~precision'],
+     "'~precision' leaves precision without a value, which a run needs; give it one instead, e.g. "
+     "precision=fp16 (python run.py --help lists the values)"),
+    (['-m', '~ktile', 'precision=int8,fp16'],
+     "'~ktile' leaves ktile without a value, which a run needs; give it one instead, e.g. ktile=32 "
+     "(python run.py --help lists the values)"),
+    (['~tile'],                     # a config group removed from the defaults: the schema's values
+     None),
     (['timing.l2_flush=1'],
      "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
     (['tracking.rerun=on'],

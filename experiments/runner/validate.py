@@ -90,6 +90,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                 f"with +{given}")
     value = getattr(cause, "value", None)
     shown = f"{key}={value}" if key else ""
+    typed = given.strip(" ()'").partition("=")      # the override as given: its value as typed (true)
+    typed = typed[2] if given and typed[0].lstrip("+~") == key else None
     if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg):
         return (f"{key}={m.group(1)} is not valid{given}; valid: {_listed(key, m.group(2))}"
                 f"{_axis_hint(key, m.group(1))}")
@@ -97,10 +99,10 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
         hint = _axis_hint(key, m.group(1))
-        return f"{key}={m.group(1)} is not an integer{given}{_declared(cause, key)}{hint}"
+        return f"{key}={typed or m.group(1)} is not an integer{given}{_declared(cause, key)}{hint}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Float", msg):
         valid = "; valid: 0 or more seconds" * (key == "tracking.wait")
-        return f"{key}={m.group(1)} is not a number{given}{valid}"
+        return f"{key}={typed or m.group(1)} is not a number{given}{valid}"
     if re.match(r"Value '(.*)' is not a valid bool", msg):
         return f"{shown or msg} is not valid{given}; valid: true, false"
     if re.match(r"field '.*' is not Optional", msg):
@@ -374,6 +376,12 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
         except Exception:  # noqa: BLE001 - composed already, so Hydra read it
             continue
         key, v = override.key_or_group.lstrip("+~"), override.value()
+        if key == "family.name":
+            return (f"{text!r} does not choose a family (family.name names the one family= chose); choose "
+                    f"it with family={v}, which brings its options (python run.py family={v} --help)")
+        if override.is_delete() and OmegaConf.select(cfg, key, default=None) is None:
+            return (f"'~{key}' leaves {key} without a value, which a run needs; give it one instead, "
+                    f"e.g. {key}={_default(key)} (python run.py --help lists the values)")
         parent, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent) if parent else cfg
         node = parent._get_node(leaf) if OmegaConf.is_dict(parent) and leaf in parent else None  # noqa: SLF001
