@@ -134,15 +134,24 @@ def main(cfg) -> None:
         raise SystemExit(f"Cannot run: {exc}") from None
 
 
+_MODES = {"--run": ("--run", "-r"), "--multirun": ("--multirun", "-m"), "--cfg": ("--cfg", "-c"),
+          "--info": ("--info", "-i"), "--shell-completion": ("--shell-completion", "-sc")}
+
+
 def check_modes(argv: list) -> str | None:
-    """The message for ``-m`` (``--multirun``) given with ``--cfg`` (``-c``), which Hydra refuses with a
-    traceback (it takes one of --run, --multirun, --cfg, --info, --shell-completion); None otherwise.
+    """The message for two of Hydra's modes given together (``--run``, ``--multirun``, ``--cfg``,
+    ``--info``, ``--shell-completion``), which Hydra refuses with a traceback; None otherwise. For ``-m``
+    (``--multirun``) given with ``--cfg`` (``-c``):
     ``--cfg`` shows the config of one job: the message gives the command without ``-m`` (flags first,
     as Hydra's parser wants them; each sweep, a list, choice(...) or range(...), cut to its first
     value (:func:`_values`); one without a first value, e.g. interval(...) or glob(...), left out),
     and where a preset's sweep is shown (``--cfg hydra``)."""
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    if not (multirun and any(a in ("-c", "--cfg") or a.startswith("--cfg=") for a in argv)):
+    modes = {mode for a in argv for mode, flags in _MODES.items()
+             if a in flags or a.startswith(tuple(f"{f}=" for f in flags if f.startswith("--")))}
+    if len(modes) > 1 and modes != {"--multirun", "--cfg"}:
+        return (f"Hydra takes one of {', '.join(f'{m} ({_MODES[m][-1]})' for m in _MODES)}; this command "
+                f"gives {' and '.join(m for m in _MODES if m in modes)}: keep one")
+    if modes != {"--multirun", "--cfg"}:
         return None
     flags, overrides = [], []
     for a in argv:
@@ -319,12 +328,17 @@ def _reported(func):
     from omegaconf.errors import OmegaConfBaseException
 
     from experiments.runner.validate import Invalid, one_line
+    import yaml
     try:
         return func()
-    except (HydraException, OmegaConfBaseException) as exc:
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
         unquoted = (next((p for a in sys.argv[1:] if "=" in a and (p := _unquoted_problem(a))), None)
                     if isinstance(exc, OverrideParseException) else None)
         raise Invalid(unquoted or one_line(exc, tuple(sys.argv[1:]))) from None
+    except ValueError as exc:   # Hydra's for a config group given no name (tile=null, family=5, =5)
+        if not str(exc).startswith("Config group override"):
+            raise
+        raise Invalid(one_line(exc, tuple(sys.argv[1:]))) from None
     except Exception as exc:  # noqa: BLE001 - any other error: Hydra reports it as it does
         error = exc
     return _run_and_report(lambda: _raise(error))
@@ -368,13 +382,17 @@ def _show_cfg(self, config_name, overrides, cfg_type, package, resolve=False) ->
     """Hydra's --cfg (``Hydra.show_cfg``, run under :func:`_reported`) once the config passes the checks a
     run makes (:func:`_checked`): ``--cfg job ktile=48`` exits 2 with the run's message, as the run would."""
     _checked(self, config_name, overrides, multirun=False)
+    if (note := check_preset_sweep(sys.argv[1:])) and note.startswith("#"):    # a preset's sweep: where it is
+        print(note, flush=True)
     _hydra_show_cfg(self, config_name=config_name, overrides=overrides, cfg_type=cfg_type, package=package,
                     resolve=resolve)
 
 
 def _hydra_help(self, config_name, args_parser, args) -> None:
-    """Hydra's --hydra-help (``Hydra.hydra_help``), which composes Hydra's own config only: the command's
-    other overrides (``precision=int9``, which it refuses with a traceback) are left out of it."""
+    """Hydra's --hydra-help (``Hydra.hydra_help``) once the command's config passes the checks a run makes
+    (:func:`_checked`); Hydra's help composes Hydra's own config only, so the command's other overrides
+    (``precision=int8``, which it refuses with a traceback) are left out of it."""
+    _reported(lambda: _checked(self, config_name, args.overrides, args.multirun))
     args.overrides = [o for o in args.overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     _reported(lambda: _hydra_hydra_help(self, config_name=config_name, args_parser=args_parser, args=args))
 
@@ -403,11 +421,9 @@ if __name__ == "__main__":
     if problem := check_modes(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)
-    if problem := check_preset_sweep(sys.argv[1:]):
-        if not problem.startswith("#"):            # --cfg shows the config after this comment line
-            print(problem, file=sys.stderr)
-            sys.exit(2)
-        print(problem, flush=True)
+    if (problem := check_preset_sweep(sys.argv[1:])) and not problem.startswith("#"):  # '#': _show_cfg's
+        print(problem, file=sys.stderr)
+        sys.exit(2)
     try:
         main()
     except Invalid as exc:                # the config, refused before any work (experiments.runner.validate)

@@ -441,6 +441,10 @@ INT9 = ("precision=int9 is not valid ('precision=int9'); valid: fp16, bf16, int8
     (("--cfg", "job", "precision=copy"),
      "precision=copy is not valid for family=mma_sync; valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 "
      "(copy is a precision of family=peak)"),
+    (("tile=null", "--help"),
+     "'tile=null': tile takes a preset's name; valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+     "256x128, 256x128_w4x4, 64x64, auto, l4_32x64"),
+    (("--hydra-help", "ktile=48"), "ktile=48 is not valid ('ktile=48'); valid: 16, 32, 64, 128"),
     (("--cfg", "job", "tile.block=[100,128]"),
      "Invalid configuration: tile.block=[100, 128] with tile.warps=[4, 2] gives a warp tile of 25x64; it must "
      "be a multiple of 16x8 (m16n8 MMA tiles). Valid examples: block [128,128] warps [2,4]; [64,64] [2,2]."),
@@ -450,15 +454,48 @@ def test_help_and_cfg_refuse_what_the_run_refuses(tmp_path, run_checks, args, me
     same way, one line and exit 2, before anything is shown."""
     rc, out = run_checks(tmp_path, *args)
     assert (rc, out.splitlines()) == (2, [message])
-    rc, out = run_checks(tmp_path, *(a for a in args if a not in ("--help", "--cfg", "job", "all")))
+    rc, out = run_checks(tmp_path, *(a for a in args if a not in ("--help", "--hydra-help", "--cfg", "job",
+                                                                  "all")))
     assert (rc, out.splitlines()) == (2, [message])          # the run's own refusal
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cfg_of_a_preset_sweep_says_nothing_before_it_refuses(tmp_path, run_checks):
+    """The comment line on the preset's sweep came on stdout before the refusal."""
+    rc, out = run_checks(tmp_path, "experiment=l4_run1_fp16", "ktile=48", "--cfg", "job")
+    assert (rc, out.splitlines()) == (2, ["ktile=48 is not valid ('ktile=48'); valid: 16, 32, 64, 128"])
+    rc, out = run_checks(tmp_path, "experiment=l4_run1_fp16", "--cfg", "job")
+    assert rc == 0 and out.startswith("# experiment=l4_run1_fp16 sweeps variant (6 values); ")
+    assert "\nktile: 32\n" in out
+
+
+def test_a_preset_file_that_is_not_yaml_is_named_with_where(tmp_path, run_checks):
+    """Hydra's yaml.parser.ParserError came as a traceback of about 100 lines, in a run, --help and --cfg."""
+    (tmp_path / "cd" / "variant").mkdir(parents=True)
+    (tmp_path / "cd" / "variant" / "broken.yaml").write_text("ktile: [48\n")
+    message = (f"{tmp_path / 'cd' / 'variant' / 'broken.yaml'} is not valid YAML: expected ',' or ']', but got "
+               "'<stream end>' at line 2, column 1; fix the file")
+    for flags in ((), ("--help",), ("--cfg", "job")):
+        rc, out = run_checks(tmp_path, "--config-dir", str(tmp_path / "cd"), "variant=broken", *flags)
+        assert (rc, out.splitlines()) == (2, [message]), flags
+
+
+@pytest.mark.parametrize("argv, given", [(["--run", "--cfg", "job"], "--run and --cfg"),
+                                         (["-c", "job", "-r", "ktile=32"], "--run and --cfg"),
+                                         (["--info", "-m", "ktile=32"], "--multirun and --info"),
+                                         (["-sc", "query", "--cfg=all"], "--cfg and --shell-completion")])
+def test_two_modes_are_one_line(argv, given):
+    """Hydra's answer was a traceback: 'Only one of --run, --multirun, --cfg, --info and --shell_completion
+    can be specified'."""
+    assert _run_module().check_modes(argv) == (
+        "Hydra takes one of --run (-r), --multirun (-m), --cfg (-c), --info (-i), --shell-completion (-sc); "
+        f"this command gives {given}: keep one")
 
 
 @pytest.mark.parametrize("args, shown", [
     (("-m", "precision=int4,int8", "--help"), "== Options of family=mma_sync"),   # Hydra: 'Ambiguous value'
     (("-m", "experiment=search_mma_sync", "--help"), "== Options of family=mma_sync"),  # no GPU needed
-    (("--hydra-help", "precision=int9"), "Hydra (1.3"),      # Hydra's own help: the app's keys left out
+    (("--hydra-help", "precision=int8"), "Hydra (1.3"),      # Hydra's own help: the app's keys left out
     (("--cfg", "job", "family=wgmma", "family.bn=128"), "  bn: 128"),
 ])
 def test_help_and_cfg_of_a_valid_command(tmp_path, run_checks, args, shown):
@@ -517,9 +554,6 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (['family.name=wgmma'],
      "'family.name=wgmma' does not choose a family (family.name names the one family= chose); choose it "
      "with family=wgmma, which brings its options (python run.py family=wgmma --help)"),
-    (['family=peak', 'family.name=peak'],
-     "'family.name=peak' does not choose a family (family.name names the one family= chose); choose it "
-     "with family=peak, which brings its options (python run.py family=peak --help)"),
     # a value removed: "precision=None is not valid", and for ktile a multi-line error, exit 1
     (['~precision'],
      "'~precision' leaves precision without a value, which a run needs; give it one instead, e.g. "
@@ -529,6 +563,34 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "(python run.py --help lists the values)"),
     (['~tile'],                     # a config group removed from the defaults: the schema's values
      None),
+    (['~family'],
+     "'~family' leaves family without a value, which a run needs; choose one of its presets instead: "
+     "family=NAME (valid: cublas, dp4a, mma_sync, peak, wgmma, wmma)"),
+    (['~timing'],                   # gave the default as a Python dict
+     "'~timing' leaves timing without a value, which a run needs; leave it out for the default (python "
+     "run.py --cfg job shows it)"),
+    (['~tile.block'],               # "TileConf (DictConfig) does not support deletion"
+     "'~tile.block' leaves tile.block without a value, which a run needs; give it one instead, e.g. "
+     "tile.block=[256,128] (python run.py --help lists the values)"),
+    (['family=wgmma', 'family.name=wgmma'],     # the family given: nothing to refuse
+     None),
+    (['family.name=nope'],
+     "'family.name=nope' does not choose a family (family.name names the one family= chose); choose one "
+     "with family=NAME; valid: mma_sync, wmma, dp4a, cublas, peak, wgmma"),
+    # a config group given no preset's name: Hydra's ValueError, a traceback
+    (['tile=null'],
+     "'tile=null': tile takes a preset's name; valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+     "256x128, 256x128_w4x4, 64x64, auto, l4_32x64"),
+    (['-m', 'family=5'], "'family=5': family takes a preset's name; valid: cublas, dp4a, mma_sync, peak, "
+     "wgmma, wmma"),
+    (['+=5'], "'+=5' has no key; give key=value (python run.py --help lists the keys)"),
+    # tracking.wait=inf: an OverflowError at the sweep's start, exit 1; stale_after_s=-1 was taken
+    (['tracking.wait=inf'],
+     "tracking.wait=inf is out of range; valid: 0 or more seconds, finite (0: no waiting for the store's "
+     "lock)"),
+    (['tracking.stale_after_s=-1'],
+     "tracking.stale_after_s=-1 is out of range; valid: more than 0 seconds, finite (a RUNNING run without "
+     "a heartbeat this long is closed KILLED and redone)"),
     (['timing.l2_flush=1'],
      "timing.l2_flush=1 is not valid ('timing.l2_flush=1'); valid: true, false"),
     (['tracking.rerun=on'],

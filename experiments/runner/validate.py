@@ -7,6 +7,7 @@ key, the value, the valid values and the fix. A refused command exits 2 and trac
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 
@@ -37,8 +38,13 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     members, a node's keys) and how to fix it; ``argv``, the command line, names a --config-dir's group
     and folder. An error of another kind: its lines joined."""
     from hydra.errors import MissingConfigException, OverrideParseException
+    import yaml
     cause = exc.__cause__ or exc
     text = str(exc).strip()
+    if isinstance(exc, yaml.YAMLError):
+        return _yaml_problem(exc, argv)
+    if isinstance(exc, ValueError) and text.startswith("Config group override"):
+        return _group_value_problem(argv)
     key = getattr(cause, "full_key", None)
     given = re.search(r"override (\S+=.*)$", text.splitlines()[0]) or re.search(r"use \+(\S+=.*)$", text)
     given = f" ({given.group(1)!r})" if given else ""
@@ -82,6 +88,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                     f"({swept}): each job's family takes only its own options; sweep the families separately "
                     "(or put the option in a variant per family)")
         return f"Unknown key {key!r}{given}; {_keys_of(kind, key)}"
+    if (m := re.search(r"override ~(\S+)", text)) and "does not support deletion" in msg:
+        return _removed(m.group(1))
     if "No match in the defaults list" in text and (m := re.search(r"Could not override '(\w+)'", text)):
         group = m.group(1)
         given = next((a for a in argv if a.partition("=")[0] == group), f"{group}=OPTION")
@@ -131,6 +139,63 @@ def _listed(key: str, valid: str) -> str:
             return v
         return f"{v} (family={','.join(n for n in names() if v in map(str, get(n).axes['precision']))})"
     return ", ".join(shown(v) for v in valid.split(", "))
+
+
+def _presets_of(group: str, argv: tuple) -> list:
+    """The presets of config group ``group`` in conf/ and the --config-dir folders of ``argv``."""
+    return sorted({f.stem for d in _config_dirs(argv) for f in (d / group).glob("*.yaml")}) if group else []
+
+
+def _group_value_problem(argv: tuple) -> str:
+    """The message for a config group given a value that is no preset's name (``tile=null``,
+    ``family=5``; Hydra raises ValueError) or an override without a key (``=5``)."""
+    for a in argv:
+        key, eq, _ = a.lstrip("+~").partition("=")
+        if eq and not a.startswith("-") and not key:
+            return f"{a!r} has no key; give key=value (python run.py --help lists the keys)"
+        if eq and not a.startswith("-") and (presets := _presets_of(key, argv)):
+            return f"{a!r}: {key} takes a preset's name; valid: {', '.join(presets)}"
+    return "A config group is given a value that is not a preset's name (python run.py --help lists them)"
+
+
+def _yaml_problem(exc, argv: tuple) -> str:
+    """The message for a config file Hydra cannot read as YAML: the preset of ``argv`` whose file it is
+    (else any file of conf/ and the --config-dir folders that does not load), the parser's problem and
+    where."""
+    import yaml
+    files = [d / key / f"{name}.yaml" for a in argv if "=" in a and not a.startswith("-")
+             for key, _, name in [a.lstrip("+~").partition("=")] for d in _config_dirs(argv)]
+    files += [f for d in _config_dirs(argv) for f in sorted(d.rglob("*.yaml"))]
+    for f in files:
+        try:
+            if f.is_file():
+                yaml.safe_load(f.read_text())
+        except yaml.YAMLError as bad:
+            mark = getattr(bad, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            return f"{f} is not valid YAML: {getattr(bad, 'problem', None) or bad}{where}; fix the file"
+        except OSError:
+            continue
+    return f"A config file is not valid YAML: {' '.join(str(exc).split())}"
+
+
+def _removed(key: str) -> str:
+    """The message for ``~key``, which leaves ``key`` without the value a run needs."""
+    if "." not in key and (presets := _presets_of(key, ())):
+        return (f"'~{key}' leaves {key} without a value, which a run needs; choose one of its presets "
+                f"instead: {key}=NAME (valid: {', '.join(presets)})")
+    default = OmegaConf.select(OmegaConf.structured(_config()), key, default=None)
+    if OmegaConf.is_dict(default) or default is None:
+        return (f"'~{key}' leaves {key} without a value, which a run needs; leave it out for the default "
+                "(python run.py --cfg job shows it)")
+    return (f"'~{key}' leaves {key} without a value, which a run needs; give it one instead, e.g. "
+            f"{_example(key) if OmegaConf.is_list(default) else f'{key}={_default(key)}'} (python run.py "
+            "--help lists the values)")
+
+
+def _config():
+    from ..config import Config
+    return Config
 
 
 def _axis_hint(key: str, value: str) -> str:
@@ -376,12 +441,14 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
         except Exception:  # noqa: BLE001 - composed already, so Hydra read it
             continue
         key, v = override.key_or_group.lstrip("+~"), override.value()
-        if key == "family.name":
-            return (f"{text!r} does not choose a family (family.name names the one family= chose); choose "
-                    f"it with family={v}, which brings its options (python run.py family={v} --help)")
+        chosen = OmegaConf.select(cfg, "hydra.runtime.choices.family", default=None) or DEFAULT
+        if key == "family.name" and v != chosen:
+            valid = names()
+            choose = (f"choose it with family={v}, which brings its options (python run.py family={v} --help)"
+                      if v in valid else f"choose one with family=NAME; valid: {', '.join(valid)}")
+            return f"{text!r} does not choose a family (family.name names the one family= chose); {choose}"
         if override.is_delete() and OmegaConf.select(cfg, key, default=None) is None:
-            return (f"'~{key}' leaves {key} without a value, which a run needs; give it one instead, "
-                    f"e.g. {key}={_default(key)} (python run.py --help lists the values)")
+            return _removed(key)
         parent, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent) if parent else cfg
         node = parent._get_node(leaf) if OmegaConf.is_dict(parent) and leaf in parent else None  # noqa: SLF001
@@ -402,9 +469,13 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
         if problem := setting_problem(key, v):
             return problem
     wait = OmegaConf.select(cfg, "tracking.wait", throw_on_resolution_failure=False)
-    if isinstance(wait, (int, float)) and not wait >= 0:
-        return (f"tracking.wait={wait:g} is out of range; valid: 0 or more seconds (0: no waiting for the "
-                "store's lock)")
+    if isinstance(wait, (int, float)) and not 0 <= wait < math.inf:
+        return (f"tracking.wait={wait:g} is out of range; valid: 0 or more seconds, finite (0: no waiting "
+                "for the store's lock)")
+    stale = OmegaConf.select(cfg, "tracking.stale_after_s", throw_on_resolution_failure=False)
+    if isinstance(stale, (int, float)) and not 0 < stale < math.inf:
+        return (f"tracking.stale_after_s={stale:g} is out of range; valid: more than 0 seconds, finite (a "
+                "RUNNING run without a heartbeat this long is closed KILLED and redone)")
     experiment = OmegaConf.select(cfg, "tracking.experiment", throw_on_resolution_failure=False)
     if isinstance(experiment, str) and not experiment.strip():
         return ("tracking.experiment is empty; give a name, e.g. tracking.experiment=ablation, or leave it "
