@@ -480,6 +480,20 @@ def test_a_preset_file_that_is_not_yaml_is_named_with_where(tmp_path, run_checks
         assert (rc, out.splitlines()) == (2, [message]), flags
 
 
+@pytest.mark.parametrize("text, key, valid", [
+    ("timing:\n  foo: 1\n", "timing.foo", "valid keys of timing: timing.warmup, timing.batches, "),
+    ("foo: 1\n", "foo", "valid top-level keys: family, precision, ktile, ")])
+def test_a_preset_key_the_config_lacks_is_named_where_it_is(tmp_path, run_checks, text, key, valid):
+    """A preset's unknown key outside family.* was said to be 'family.foo, an option family=TimingConf
+    does not have'."""
+    (tmp_path / "cd" / "variant").mkdir(parents=True)
+    (path := tmp_path / "cd" / "variant" / "mine.yaml").write_text("# @package _global_\n" + text)
+    rc, out = run_checks(tmp_path, "--config-dir", str(tmp_path / "cd"), "variant=mine")
+    assert rc == 2 and out.startswith(f"variant=mine ({path}) sets {key}, which the config does not have; "
+                                      f"{valid}"), out
+    assert len(out.splitlines()) == 1 and "family" not in out.split(";")[0]
+
+
 @pytest.mark.parametrize("argv, given", [(["--run", "--cfg", "job"], "--run and --cfg"),
                                          (["-c", "job", "-r", "ktile=32"], "--run and --cfg"),
                                          (["--info", "-m", "ktile=32"], "--multirun and --info"),

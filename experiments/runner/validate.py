@@ -75,6 +75,16 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         group, name, option, family = m.groups()
         from ..config import family_schema
         from ..families import names
+        full = re.search(r"full_key: (\S+)", text)
+        full = full.group(1) if full else option
+        if not full.startswith("family."):       # another section's key (timing.foo) or a top-level one
+            files = [d / group / f"{name}.yaml" for d in _config_dirs(argv)]
+            path = next((f for f in files if f.is_file()), f"{group}/{name}.yaml")
+            parent = full.rpartition(".")[0]
+            node = OmegaConf.select(OmegaConf.structured(_config()), parent) if parent else None
+            kind = OmegaConf.get_type(node) if node is not None else _config()
+            return (f"{group}={name} ({path}) sets {full}, which the config does not have; "
+                    f"{_keys_of(kind, full)}")
         family = {family_schema(n).__name__: n for n in names()}.get(family, family)
         return (f"{group}={name} sets family.{option}, an option family={family} does not have: a family= on "
                 f"the command line replaces the preset's family; drop it, or choose a {group} of "
