@@ -172,6 +172,31 @@ def check_modes(argv: list) -> str | None:
             f"hydra.sweeper.params with python run.py --cfg hydra {preset}")
 
 
+def check_group_values(argv: list) -> str | None:
+    """The message for a config group (a folder of presets: family, tile, ...) given anything but one
+    preset's name, also as a value of a sweep: a list (``tile=[1]``, ``family=[]``: Hydra takes a list as
+    several presets at once), null or a number (``tile=null``, ``family=5``), an empty name, a path
+    (``family=../tile/64x64``: another group's preset); and for an override without a key (``=5``).
+    Hydra ends some of these in a traceback and runs others with a config of no family. None otherwise
+    (a name that is no preset: Hydra's message lists them; a deletion ``~tile``)."""
+    dirs = _config_dirs(argv) or (CONF,)
+    for a in argv:
+        key, eq, _ = a.lstrip("+~").partition("=")
+        if a.startswith("-") or not eq:
+            continue
+        if not key:
+            return f"{a!r} has no key; give key=value (python run.py --help lists the keys)"
+        if not (valid := presets(key, dirs)) or (override := _parsed(a)) is None or override.is_delete():
+            continue
+        try:
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        except Exception:  # noqa: BLE001 - glob(...), interval(...): Hydra has the last word
+            continue
+        if any(not isinstance(v, str) or not v or "/" in v for v in values):
+            return f"{a!r}: {key} takes one preset's name; valid: {', '.join(valid)}"
+    return None
+
+
 def _unquoted_problem(arg: str) -> str | None:
     """The message for an override whose value holds characters Hydra's override grammar takes only
     quoted (any non-ASCII letter: ``tracking.experiment=tëst``; ``~``, ``#`` and the like:
@@ -331,14 +356,15 @@ def _reported(func):
     import yaml
     try:
         return func()
-    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as exc:
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as exc:
         unquoted = (next((p for a in sys.argv[1:] if "=" in a and (p := _unquoted_problem(a))), None)
                     if isinstance(exc, OverrideParseException) else None)
         raise Invalid(unquoted or one_line(exc, tuple(sys.argv[1:]))) from None
-    except ValueError as exc:   # Hydra's for a config group given no name (tile=null, family=5, =5)
-        if not str(exc).startswith("Config group override"):
-            raise
-        raise Invalid(one_line(exc, tuple(sys.argv[1:]))) from None
+    except OSError as exc:      # Hydra's for a preset file whose YAML is not a mapping
+        if not str(exc).startswith("Invalid loaded object type"):
+            error = exc
+        else:
+            raise Invalid(one_line(exc, tuple(sys.argv[1:]))) from None
     except Exception as exc:  # noqa: BLE001 - any other error: Hydra reports it as it does
         error = exc
     return _run_and_report(lambda: _raise(error))
@@ -418,7 +444,7 @@ if __name__ == "__main__":
     except VariantError as exc:
         print(f"Invalid preset: {exc}", file=sys.stderr)
         sys.exit(2)
-    if problem := check_modes(sys.argv[1:]):
+    if problem := check_modes(sys.argv[1:]) or check_group_values(sys.argv[1:]):
         print(problem, file=sys.stderr)
         sys.exit(2)
     if (problem := check_preset_sweep(sys.argv[1:])) and not problem.startswith("#"):  # '#': _show_cfg's

@@ -442,7 +442,7 @@ INT9 = ("precision=int9 is not valid ('precision=int9'); valid: fp16, bf16, int8
      "precision=copy is not valid for family=mma_sync; valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 "
      "(copy is a precision of family=peak)"),
     (("tile=null", "--help"),
-     "'tile=null': tile takes a preset's name; valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+     "'tile=null': tile takes one preset's name; valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
      "256x128, 256x128_w4x4, 64x64, auto, l4_32x64"),
     (("--hydra-help", "ktile=48"), "ktile=48 is not valid ('ktile=48'); valid: 16, 32, 64, 128"),
     (("--cfg", "job", "tile.block=[100,128]"),
@@ -469,15 +469,72 @@ def test_cfg_of_a_preset_sweep_says_nothing_before_it_refuses(tmp_path, run_chec
     assert "\nktile: 32\n" in out
 
 
-def test_a_preset_file_that_is_not_yaml_is_named_with_where(tmp_path, run_checks):
-    """Hydra's yaml.parser.ParserError came as a traceback of about 100 lines, in a run, --help and --cfg."""
-    (tmp_path / "cd" / "variant").mkdir(parents=True)
-    (tmp_path / "cd" / "variant" / "broken.yaml").write_text("ktile: [48\n")
-    message = (f"{tmp_path / 'cd' / 'variant' / 'broken.yaml'} is not valid YAML: expected ',' or ']', but got "
-               "'<stream end>' at line 2, column 1; fix the file")
+GROUP_VALUE = "{arg!r}: {group} takes one preset's name; valid: {valid}"
+TILES = "128x128, 128x128_w2x2, 128x256, 128x256_w4x4, 256x128, 256x128_w4x4, 64x64, auto, l4_32x64"
+FAMILIES = "cublas, dp4a, mma_sync, peak, wgmma, wmma"
+
+
+@pytest.mark.parametrize("args, arg, group, valid", [
+    # Hydra: "ValueError: Config group override must be a string or a list", a traceback
+    (["tile=null"], "tile=null", "tile", TILES),
+    (["-m", "family=5"], "family=5", "family", FAMILIES),
+    (["experiment=1.5"], "experiment=1.5", "experiment", None),
+    # a list is several presets at once to Hydra: a TypeError's traceback, or a run of no family (exit 0)
+    (["problem=[1,2]"], "problem=[1,2]", "problem", "default, small"),
+    (["family=[]"], "family=[]", "family", FAMILIES),
+    (["-m", "tile=64x64,[1]"], "tile=64x64,[1]", "tile", TILES),
+    # a path into another group: a run of the tile's keys under family (exit 0)
+    (["family=../tile/64x64"], "family=../tile/64x64", "family", FAMILIES),
+    (["family=''"], "family=''", "family", FAMILIES),
+])
+def test_a_config_group_takes_one_preset_name(tmp_path, run_checks, args, arg, group, valid):
+    from experiments.runner.variants import listed  # noqa: F401 - run.py's presets, as --help lists them
+    valid = valid or ", ".join(_run_module().presets(group))
+    message = GROUP_VALUE.format(arg=arg, group=group, valid=valid)
     for flags in ((), ("--help",), ("--cfg", "job")):
-        rc, out = run_checks(tmp_path, "--config-dir", str(tmp_path / "cd"), "variant=broken", *flags)
+        if flags and "-m" in args and flags[0] == "--cfg":
+            continue
+        rc, out = run_checks(tmp_path, *args, *flags)
         assert (rc, out.splitlines()) == (2, [message]), flags
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_override_without_a_key_says_so(tmp_path, run_checks):
+    for arg in ("=5", "+=5"):
+        rc, out = run_checks(tmp_path, arg)
+        assert (rc, out.splitlines()) == (2, [f"{arg!r} has no key; give key=value (python run.py --help lists "
+                                              "the keys)"])
+
+
+@pytest.mark.parametrize("group, name, data, problem", [
+    # each was a traceback: yaml.parser.ParserError, OSError 'Invalid loaded object type: int',
+    # UnicodeDecodeError; a key given twice blamed another file of the folder
+    ("variant", "broken", b"ktile: [48\n",
+     "is not valid YAML: expected ',' or ']', but got '<stream end>' at line 2, column 1; fix the file"),
+    ("tile", "scalar", b"5\n", "holds one value (int), not a mapping of keys to values; fix the file"),
+    ("tile", "binary", b"\xff\xfe\n", "is not UTF-8 text (byte 0); a preset is a YAML file"),
+    ("tile", "dup", b"block: [64,64]\nblock: [64,64]\n",
+     "is not valid YAML: found duplicate key block at line 2, column 1; fix the file"),
+])
+def test_a_preset_file_that_does_not_load_is_named_with_why(tmp_path, run_checks, group, name, data, problem):
+    """The same line from a run, --help and --cfg, with a file that does not load beside it."""
+    (tmp_path / "cd" / group).mkdir(parents=True)
+    (path := tmp_path / "cd" / group / f"{name}.yaml").write_bytes(data)
+    (tmp_path / "cd" / group / "aaa.yaml").write_text("ktile: [48\n")        # not the one chosen
+    for flags in ((), ("--help",), ("--cfg", "job")):
+        rc, out = run_checks(tmp_path, f"{group}={name}", "--config-dir", str(tmp_path / "cd"), *flags)
+        assert (rc, out.splitlines()) == (2, [f"{path} {problem}"]), flags
+
+
+def test_an_experiment_file_that_does_not_load_stops_every_command(tmp_path, run_checks):
+    """Every command reads the experiment presets' variant lists: a broken one was a traceback in each,
+    also when another preset was chosen."""
+    (tmp_path / "cd" / "experiment").mkdir(parents=True)
+    (path := tmp_path / "cd" / "experiment" / "broken.yaml").write_text("# @package _global_\nktile: [48\n")
+    for args in ((), ("--help",), ("experiment=l4_run1_fp16", "--cfg", "job")):
+        rc, out = run_checks(tmp_path, *args, "--config-dir", str(tmp_path / "cd"))
+        assert (rc, out.splitlines()) == (2, [f"Invalid preset: {path} is not valid YAML: expected ',' or ']', "
+                                              "but got '<stream end>' at line 3, column 1; fix the file"])
 
 
 @pytest.mark.parametrize("text, key, valid", [
@@ -577,9 +634,8 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "(python run.py --help lists the values)"),
     (['~tile'],                     # a config group removed from the defaults: the schema's values
      None),
-    (['~family'],
-     "'~family' leaves family without a value, which a run needs; choose one of its presets instead: "
-     "family=NAME (valid: cublas, dp4a, mma_sync, peak, wgmma, wmma)"),
+    (['~family'],                   # the default family's config, as without a family=
+     None),
     (['~timing'],                   # gave the default as a Python dict
      "'~timing' leaves timing without a value, which a run needs; leave it out for the default (python "
      "run.py --cfg job shows it)"),
@@ -591,17 +647,19 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (['family.name=nope'],
      "'family.name=nope' does not choose a family (family.name names the one family= chose); choose one "
      "with family=NAME; valid: mma_sync, wmma, dp4a, cublas, peak, wgmma"),
-    # a config group given no preset's name: Hydra's ValueError, a traceback
-    (['tile=null'],
-     "'tile=null': tile takes a preset's name; valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
-     "256x128, 256x128_w4x4, 64x64, auto, l4_32x64"),
-    (['-m', 'family=5'], "'family=5': family takes a preset's name; valid: cublas, dp4a, mma_sync, peak, "
-     "wgmma, wmma"),
-    (['+=5'], "'+=5' has no key; give key=value (python run.py --help lists the keys)"),
-    # tracking.wait=inf: an OverflowError at the sweep's start, exit 1; stale_after_s=-1 was taken
+    (['~variant'],                  # a group without a default: nothing removed
+     None),
+    # tracking.wait=inf or 1e308: an OverflowError at the sweep's start, exit 1; stale_after_s=-1 was taken
     (['tracking.wait=inf'],
-     "tracking.wait=inf is out of range; valid: 0 or more seconds, finite (0: no waiting for the store's "
-     "lock)"),
+     "tracking.wait=inf is out of range; valid: 0 ... 2147483 seconds (0: no waiting for the store's lock; "
+     "at most SQLite's busy timeout, a 32-bit count of milliseconds)"),
+    (['tracking.wait=1e308'],
+     "tracking.wait=1e+308 is out of range; valid: 0 ... 2147483 seconds (0: no waiting for the store's "
+     "lock; at most SQLite's busy timeout, a 32-bit count of milliseconds)"),
+    (['tracking.wait=2147483'],
+     None),
+    (['family.name=null'],          # "e.g. the default family.name=None"
+     "family.name takes no null ('family.name=null'); give a value, as python run.py --help lists them"),
     (['tracking.stale_after_s=-1'],
      "tracking.stale_after_s=-1 is out of range; valid: more than 0 seconds, finite (a RUNNING run without "
      "a heartbeat this long is closed KILLED and redone)"),

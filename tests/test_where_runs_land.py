@@ -343,8 +343,11 @@ def test_an_in_memory_store_is_refused_with_a_file_to_use(tmp_path, uri):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["tracking.wait=-1"], "tracking.wait=-1 is out of range; valid: 0 or more seconds"),
-    (["tracking.wait=abc"], "tracking.wait=abc is not a number ('tracking.wait=abc'); valid: 0 or more seconds"),
+    (["tracking.wait=-1"], "tracking.wait=-1 is out of range; valid: 0 ... 2147483 seconds"),
+    (["tracking.wait=abc"], "tracking.wait=abc is not a number ('tracking.wait=abc'); valid: 0 ... 2147483 "
+                            "seconds"),
+    (["tracking.stale_after_s=abc"], "tracking.stale_after_s=abc is not a number ('tracking.stale_after_s=abc'); "
+                                     "valid: more than 0 seconds, finite"),
     (["-m", "tracking.wait=5,-2"], "Cannot sweep tracking.wait (tracking.wait=5,-2): the wait for the store's "
                                    "write lock is set once for the whole sweep. Run one sweep per value instead: "
                                    "python run.py -m tracking.wait=5, then the next value."),
@@ -355,6 +358,9 @@ def test_an_in_memory_store_is_refused_with_a_file_to_use(tmp_path, uri):
      "tracking.rerun=true, then the next value."),
     (["-m", "precision=int8", "tracking.wait=1,2"],
      "Cannot sweep tracking.wait (tracking.wait=1,2): the wait for the store's write lock is set once"),
+    (["-m", "precision=int8", "tracking.stale_after_s=60,120"],       # exit 1, the reason of the store's keys
+     "Cannot sweep tracking.stale_after_s (tracking.stale_after_s=60,120): how long a RUNNING run may go "
+     "without a heartbeat before it is redone is set once for the whole sweep."),
 ])
 def test_invalid_tracking_settings_stop_before_any_work(tmp_path, run_checks, args, message):
     """tracking.wait=-1 was taken ("holding a write transaction for -1 s"), tracking.wait=abc gave Hydra's

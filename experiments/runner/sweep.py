@@ -315,7 +315,9 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
             command = " ".join(["python run.py -m", *(o for o in task if o != text), f"{key}={first}"])
             why = {"tracking.rerun":
                    "whether finished runs are measured again is set once for the whole sweep",
-                   "tracking.wait": "the wait for the store's write lock is set once for the whole sweep"}
+                   "tracking.wait": "the wait for the store's write lock is set once for the whole sweep",
+                   "tracking.stale_after_s": "how long a RUNNING run may go without a heartbeat before it is "
+                                             "redone is set once for the whole sweep"}
             # a setting (exit 2, as any invalid value); the store or experiment: exit 1
             raise (Invalid if key in why else SystemExit)(
                 f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value instead: "

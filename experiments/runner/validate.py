@@ -17,6 +17,7 @@ from ..families import DEFAULT
 
 __all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem", "config_problem"]
 
+MAX_WAIT_S = (2**31 - 1) // 1000         # tracking.wait: SQLite's busy timeout is an int of milliseconds
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEARCH_SWEEPER = "hydra_plugins.tca_search_sweeper.SearchSweeper"
 
@@ -41,10 +42,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     import yaml
     cause = exc.__cause__ or exc
     text = str(exc).strip()
-    if isinstance(exc, yaml.YAMLError):
-        return _yaml_problem(exc, argv)
-    if isinstance(exc, ValueError) and text.startswith("Config group override"):
-        return _group_value_problem(argv)
+    if isinstance(exc, (yaml.YAMLError, UnicodeDecodeError)) or text.startswith("Invalid loaded object type"):
+        return _file_problem(exc, argv)
     key = getattr(cause, "full_key", None)
     given = re.search(r"override (\S+=.*)$", text.splitlines()[0]) or re.search(r"use \+(\S+=.*)$", text)
     given = f" ({given.group(1)!r})" if given else ""
@@ -119,12 +118,15 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         hint = _axis_hint(key, m.group(1))
         return f"{key}={typed or m.group(1)} is not an integer{given}{_declared(cause, key)}{hint}"
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Float", msg):
-        valid = "; valid: 0 or more seconds" * (key == "tracking.wait")
+        valid = {"tracking.wait": f"; valid: 0 ... {MAX_WAIT_S} seconds",
+                 "tracking.stale_after_s": "; valid: more than 0 seconds, finite"}.get(key, "")
         return f"{key}={typed or m.group(1)} is not a number{given}{valid}"
     if re.match(r"Value '(.*)' is not a valid bool", msg):
         return f"{shown or msg} is not valid{given}; valid: true, false"
     if re.match(r"field '.*' is not Optional", msg):
-        return f"{key} takes no null{given}; give a value, e.g. the default {key}={_default(key)}"
+        example = (f"e.g. the default {key}={default}" if (default := _default(key)) is not None
+                   else "as python run.py --help lists them")
+        return f"{key} takes no null{given}; give a value, {example}"
     if "is not a ListConfig" in msg:
         return f"{key} takes a list{given}; give one in brackets, e.g. '{_example(key)}'"
     every = text.splitlines() + ([] if cause is exc else str(cause).splitlines())
@@ -151,49 +153,20 @@ def _listed(key: str, valid: str) -> str:
     return ", ".join(shown(v) for v in valid.split(", "))
 
 
-def _presets_of(group: str, argv: tuple) -> list:
-    """The presets of config group ``group`` in conf/ and the --config-dir folders of ``argv``."""
-    return sorted({f.stem for d in _config_dirs(argv) for f in (d / group).glob("*.yaml")}) if group else []
-
-
-def _group_value_problem(argv: tuple) -> str:
-    """The message for a config group given a value that is no preset's name (``tile=null``,
-    ``family=5``; Hydra raises ValueError) or an override without a key (``=5``)."""
+def _file_problem(exc, argv: tuple) -> str:
+    """The message for a config file Hydra cannot load (``exc``: not YAML, not UTF-8, not a mapping): the
+    preset of ``argv`` whose file it is (experiments.runner.variants.file_problem), else Hydra's text."""
+    from .variants import file_problem
     for a in argv:
-        key, eq, _ = a.lstrip("+~").partition("=")
-        if eq and not a.startswith("-") and not key:
-            return f"{a!r} has no key; give key=value (python run.py --help lists the keys)"
-        if eq and not a.startswith("-") and (presets := _presets_of(key, argv)):
-            return f"{a!r}: {key} takes a preset's name; valid: {', '.join(presets)}"
-    return "A config group is given a value that is not a preset's name (python run.py --help lists them)"
-
-
-def _yaml_problem(exc, argv: tuple) -> str:
-    """The message for a config file Hydra cannot read as YAML: the preset of ``argv`` whose file it is
-    (else any file of conf/ and the --config-dir folders that does not load), the parser's problem and
-    where."""
-    import yaml
-    files = [d / key / f"{name}.yaml" for a in argv if "=" in a and not a.startswith("-")
-             for key, _, name in [a.lstrip("+~").partition("=")] for d in _config_dirs(argv)]
-    files += [f for d in _config_dirs(argv) for f in sorted(d.rglob("*.yaml"))]
-    for f in files:
-        try:
-            if f.is_file():
-                yaml.safe_load(f.read_text())
-        except yaml.YAMLError as bad:
-            mark = getattr(bad, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            return f"{f} is not valid YAML: {getattr(bad, 'problem', None) or bad}{where}; fix the file"
-        except OSError:
-            continue
-    return f"A config file is not valid YAML: {' '.join(str(exc).split())}"
+        key, eq, name = a.lstrip("+~").partition("=")
+        for d in _config_dirs(argv) if eq and not a.startswith("-") else ():
+            if (f := d / key / f"{name}.yaml").is_file() and (problem := file_problem(f)):
+                return problem
+    return f"A config file cannot be loaded: {' '.join(str(exc).split())}"
 
 
 def _removed(key: str) -> str:
     """The message for ``~key``, which leaves ``key`` without the value a run needs."""
-    if "." not in key and (presets := _presets_of(key, ())):
-        return (f"'~{key}' leaves {key} without a value, which a run needs; choose one of its presets "
-                f"instead: {key}=NAME (valid: {', '.join(presets)})")
     default = OmegaConf.select(OmegaConf.structured(_config()), key, default=None)
     if OmegaConf.is_dict(default) or default is None:
         return (f"'~{key}' leaves {key} without a value, which a run needs; leave it out for the default "
@@ -457,8 +430,9 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
             choose = (f"choose it with family={v}, which brings its options (python run.py family={v} --help)"
                       if v in valid else f"choose one with family=NAME; valid: {', '.join(valid)}")
             return f"{text!r} does not choose a family (family.name names the one family= chose); {choose}"
-        if override.is_delete() and OmegaConf.select(cfg, key, default=None) is None:
-            return _removed(key)
+        if override.is_delete() and OmegaConf.select(cfg, key, default=None) is None \
+                and OmegaConf.select(OmegaConf.structured(_config()), key, default=None) is not None:
+            return _removed(key)            # not a preset group without a default (~variant: none)
         parent, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent) if parent else cfg
         node = parent._get_node(leaf) if OmegaConf.is_dict(parent) and leaf in parent else None  # noqa: SLF001
@@ -479,9 +453,9 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
         if problem := setting_problem(key, v):
             return problem
     wait = OmegaConf.select(cfg, "tracking.wait", throw_on_resolution_failure=False)
-    if isinstance(wait, (int, float)) and not 0 <= wait < math.inf:
-        return (f"tracking.wait={wait:g} is out of range; valid: 0 or more seconds, finite (0: no waiting "
-                "for the store's lock)")
+    if isinstance(wait, (int, float)) and not 0 <= wait <= MAX_WAIT_S:
+        return (f"tracking.wait={wait:g} is out of range; valid: 0 ... {MAX_WAIT_S} seconds (0: no waiting "
+                "for the store's lock; at most SQLite's busy timeout, a 32-bit count of milliseconds)")
     stale = OmegaConf.select(cfg, "tracking.stale_after_s", throw_on_resolution_failure=False)
     if isinstance(stale, (int, float)) and not 0 < stale < math.inf:
         return (f"tracking.stale_after_s={stale:g} is out of range; valid: more than 0 seconds, finite (a "

@@ -190,8 +190,34 @@ def listed(dirs: tuple = (CONF,)) -> dict:
 
 
 def _load(path: Path) -> dict:
-    """A preset's YAML (libyaml's parser where PyYAML has it: every command reads every preset)."""
-    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    """A preset's YAML (libyaml's parser where PyYAML has it: every command reads every preset). Raises
+    VariantError naming the file, the problem and where (:func:`file_problem`) for one that cannot be
+    read as YAML."""
+    try:
+        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        raise VariantError(file_problem(path) or f"{path} cannot be read") from None
+
+
+def file_problem(path: Path) -> str | None:
+    """Why the config file ``path`` is not one Hydra can load: not UTF-8 text, not YAML (the parser's
+    problem, line and column; a key given twice, which OmegaConf's loader refuses), or YAML whose top is
+    not a mapping; None when it loads (or cannot be read: Hydra's own message follows)."""
+    from omegaconf._utils import get_yaml_loader
+    try:
+        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=get_yaml_loader())
+    except UnicodeDecodeError as exc:
+        return f"{path} is not UTF-8 text (byte {exc.start}); a preset is a YAML file"
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{path} is not valid YAML: {getattr(exc, 'problem', None) or exc}{where}; fix the file"
+    except OSError:
+        return None
+    if loaded is not None and not isinstance(loaded, dict):
+        return (f"{path} holds one value ({type(loaded).__name__}), not a mapping of keys to values; fix "
+                "the file")
+    return None
 
 
 def register(variants: dict | None = None, where: str = "", dirs: tuple = (CONF,)) -> list:

@@ -543,7 +543,7 @@ def _set_wait(db: Path, seconds: float) -> None:
     from sqlalchemy.engine import Engine
     if not event.contains(Engine, "before_cursor_execute", _busy_timeout):
         event.listen(Engine, "before_cursor_execute", _busy_timeout, retval=True)
-    _WAIT_MS[str(db)] = max(1, int(seconds * 1000))
+    _WAIT_MS[str(db)] = max(1, int(min(seconds, (2**31 - 1) / 1000) * 1000))     # SQLite's: an int
 
 
 class _Guarded:
