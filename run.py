@@ -3,6 +3,7 @@
 Ctrl-C (or SIGTERM) closes the runs in progress as KILLED, says what was kept and exits 130 (143);
 re-running the same command resumes: finished runs are skipped, new ones join the same parent run.
 """
+import copy
 import gc
 import os
 import signal
@@ -380,8 +381,6 @@ def _checked(hydra, config_name: str | None, overrides: list, multirun: bool):
     (experiments.runner.validate.check; with -m and Hydra's basic sweeper on each job's config; a
     search's own check, which also asks for a GPU, is left to its start): raises validate.Invalid (exit
     2) for what a run refuses, Hydra's errors for a config it cannot compose."""
-    import copy
-
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -398,7 +397,6 @@ def _app_help(self, config_name, args_parser, args) -> None:
     be (:func:`_checked`; Hydra's errors as one line, :func:`_reported`): ``precision=int9 --help`` and
     ``ktile=48 --help`` exit 2 with the run's message. With -m it shows the sweep's config (Hydra's own
     composes a sweep as a single run and refuses it)."""
-    import copy
     cfg = _reported(lambda: _checked(self, config_name, args.overrides, args.multirun))
     print(self.get_help(cfg.hydra.help, self.get_sanitized_cfg(copy.deepcopy(cfg), "job"), args_parser,
                         resolve=args.resolve))

@@ -14,10 +14,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..families import DEFAULT
+from ..store.track import MAX_WAIT_S
 
 __all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem", "config_problem"]
 
-MAX_WAIT_S = (2**31 - 1) // 1000         # tracking.wait: SQLite's busy timeout is an int of milliseconds
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEARCH_SWEEPER = "hydra_plugins.tca_search_sweeper.SearchSweeper"
 
@@ -65,8 +65,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     in_preset = r"In '(\w+)/(\w+)': \w+ raised while composing config:\nKey '(\w+)' not in '(\w+)'"
     if (m := re.search(in_preset, text)) and m.group(4) == "Config" and m.group(1) == m.group(3):
         group, name = m.group(1), m.group(2)
-        files = [d / group / f"{name}.yaml" for d in _config_dirs(argv)]
-        path = next((f for f in files if f.is_file()), f"{group}/{name}.yaml")
+        path = next(iter(_preset_files(group, name, argv)), f"{group}/{name}.yaml")
         return (f"{group}={name} ({path}) puts its keys under {group!r}, which the config has no key for: "
                 "begin the file with '# @package _global_' to set the config's keys (precision, tile.block, "
                 "...)")
@@ -77,8 +76,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         full = re.search(r"full_key: (\S+)", text)
         full = full.group(1) if full else option
         if not full.startswith("family."):       # another section's key (timing.foo) or a top-level one
-            files = [d / group / f"{name}.yaml" for d in _config_dirs(argv)]
-            path = next((f for f in files if f.is_file()), f"{group}/{name}.yaml")
+            path = next(iter(_preset_files(group, name, argv)), f"{group}/{name}.yaml")
             parent = full.rpartition(".")[0]
             node = OmegaConf.select(OmegaConf.structured(_config()), parent) if parent else None
             kind = OmegaConf.get_type(node) if node is not None else _config()
@@ -159,10 +157,15 @@ def _file_problem(exc, argv: tuple) -> str:
     from .variants import file_problem
     for a in argv:
         key, eq, name = a.lstrip("+~").partition("=")
-        for d in _config_dirs(argv) if eq and not a.startswith("-") else ():
-            if (f := d / key / f"{name}.yaml").is_file() and (problem := file_problem(f)):
+        for f in _preset_files(key, name, argv) if eq and not a.startswith("-") else ():
+            if problem := file_problem(f):
                 return problem
     return f"A config file cannot be loaded: {' '.join(str(exc).split())}"
+
+
+def _preset_files(group: str, name: str, argv: tuple) -> list:
+    """The files of preset ``group=name`` in conf/ and the --config-dir folders of ``argv``, in that order."""
+    return [f for d in _config_dirs(argv) if (f := d / group / f"{name}.yaml").is_file()]
 
 
 def _removed(key: str) -> str:
@@ -239,14 +242,12 @@ def _family_of(kind) -> str | None:
 
 
 def _default(key: str):
-    from ..config import Config
-    return getattr(OmegaConf.select(OmegaConf.structured(Config), key), "name", None) \
-        or OmegaConf.select(OmegaConf.structured(Config), key)
+    default = OmegaConf.select(OmegaConf.structured(_config()), key)
+    return getattr(default, "name", None) or default
 
 
 def _example(key: str) -> str:
-    from ..config import Config
-    default = OmegaConf.select(OmegaConf.structured(Config), key)
+    default = OmegaConf.select(OmegaConf.structured(_config()), key)
     default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
     return f"{key}=[{','.join(map(str, default))}]" if default else f"{key}=[[4096,4096,1024]]"
 
@@ -424,8 +425,8 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
         except Exception:  # noqa: BLE001 - composed already, so Hydra read it
             continue
         key, v = override.key_or_group.lstrip("+~"), override.value()
-        chosen = OmegaConf.select(cfg, "hydra.runtime.choices.family", default=None) or DEFAULT
-        if key == "family.name" and v != chosen:
+        if key == "family.name" and v != (OmegaConf.select(cfg, "hydra.runtime.choices.family", default=None)
+                                          or DEFAULT):
             valid = names()
             choose = (f"choose it with family={v}, which brings its options (python run.py family={v} --help)"
                       if v in valid else f"choose one with family=NAME; valid: {', '.join(valid)}")

@@ -527,6 +527,7 @@ def unavailable(exc: BaseException, db: Path, wait: float) -> str | None:
 
 
 _WAIT_MS: dict = {}       # SQLite database path -> how long its writes wait for another's lock (ms)
+MAX_WAIT_S = (2**31 - 1) // 1000    # the longest wait SQLite's busy timeout takes (an int of milliseconds)
 
 
 def _busy_timeout(conn, cursor, statement, params, context, executemany):
@@ -543,7 +544,7 @@ def _set_wait(db: Path, seconds: float) -> None:
     from sqlalchemy.engine import Engine
     if not event.contains(Engine, "before_cursor_execute", _busy_timeout):
         event.listen(Engine, "before_cursor_execute", _busy_timeout, retval=True)
-    _WAIT_MS[str(db)] = max(1, int(min(seconds, (2**31 - 1) / 1000) * 1000))     # SQLite's: an int
+    _WAIT_MS[str(db)] = max(1, int(min(seconds, MAX_WAIT_S) * 1000))
 
 
 class _Guarded:
