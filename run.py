@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from experiments.config import register
 from experiments.runner.variants import KEY as VARIANTS_KEY
-from experiments.runner.variants import VariantError, listed, names, swept_params
+from experiments.runner.variants import VariantError, file_problem, listed, names, swept_params
 from experiments.runner.variants import register as register_variants
 from experiments.gpu.worker import JOBS_PER_GPU, gpu_count
 
@@ -177,7 +177,8 @@ def check_group_values(argv: list) -> str | None:
     """The message for a config group (a folder of presets: family, tile, ...) given anything but one
     preset's name, also as a value of a sweep: a list (``tile=[1]``, ``family=[]``: Hydra takes a list as
     several presets at once), null or a number (``tile=null``, ``family=5``), an empty name, a path
-    (``family=../tile/64x64``: another group's preset); and for an override without a key (``=5``).
+    (``family=../tile/64x64``: another group's preset); for a chosen preset whose file does not load as a
+    mapping (experiments.runner.variants.file_problem); and for an override without a key (``=5``).
     Hydra ends some of these in a traceback and runs others with a config of no family. None otherwise
     (a name that is no preset: Hydra's message lists them; a deletion ``~tile``)."""
     dirs = _config_dirs(argv) or (CONF,)
@@ -195,6 +196,9 @@ def check_group_values(argv: list) -> str | None:
             continue
         if any(not isinstance(v, str) or not v or "/" in v for v in values):
             return f"{a!r}: {key} takes one preset's name; valid: {', '.join(valid)}"
+        for v in values:            # its file: a scalar or a list at the top is no preset
+            if v in valid and (problem := file_problem(valid[v])):
+                return problem
     return None
 
 

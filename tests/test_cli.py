@@ -526,6 +526,34 @@ def test_a_preset_file_that_does_not_load_is_named_with_why(tmp_path, run_checks
         assert (rc, out.splitlines()) == (2, [f"{path} {problem}"]), flags
 
 
+@pytest.mark.parametrize("group, data, problem", [
+    # the run crashed in check_preset_sweep (AttributeError: 'list' object has no attribute 'get')
+    ("experiment", "- 1\n- 2\n", "holds one value (list), not a mapping of keys to values; fix the file"),
+    # a family's scalar ran the default family, exit 0, and --help crashed on ${family.name}
+    ("family", "hello\n", "holds one value (str), not a mapping of keys to values; fix the file"),
+    # 'Merge error: list is not a subclass of TileConf', without the file
+    ("tile", "- 1\n- 2\n", "holds one value (list), not a mapping of keys to values; fix the file"),
+])
+def test_a_chosen_preset_that_is_no_mapping_is_named(tmp_path, run_checks, group, data, problem):
+    (tmp_path / "cd" / group).mkdir(parents=True)
+    (path := tmp_path / "cd" / group / "x.yaml").write_text(data)
+    for flags in ((), ("--help",), ("--cfg", "job")):
+        rc, out = run_checks(tmp_path, f"{group}=x", "--config-dir", str(tmp_path / "cd"), *flags)
+        assert (rc, out.splitlines()) == (2, [f"{path} {problem}"]), flags
+
+
+def test_a_family_preset_without_a_family_name_is_refused(tmp_path, run_checks):
+    """An empty family preset ran the default family (exit 0) and --help crashed on ${family.name}."""
+    (tmp_path / "cd" / "family").mkdir(parents=True)
+    (tmp_path / "cd" / "family" / "x.yaml").write_text("")
+    for flags in ((), ("--help",), ("--cfg", "job")):
+        rc, out = run_checks(tmp_path, "family=x", "--config-dir", str(tmp_path / "cd"), *flags)
+        assert (rc, out.splitlines()) == (2, [
+            "family=x names no family (no family.name): a family preset starts from a family's schema, as those "
+            "of conf/family/ do (defaults: [/schema/family/NAME@_here_, _self_]); families: mma_sync, wmma, "
+            "dp4a, cublas, peak, wgmma"]), flags
+
+
 def test_an_experiment_file_that_does_not_load_stops_every_command(tmp_path, run_checks):
     """Every command reads the experiment presets' variant lists: a broken one was a traceback in each,
     also when another preset was chosen."""
@@ -658,6 +686,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "lock; at most SQLite's busy timeout, a 32-bit count of milliseconds)"),
     (['tracking.wait=2147483'],
      None),
+    (['tracking.wait=2147483.5'],   # was shown as 2.14748e+06, like the limit
+     "tracking.wait=2147483.5 is out of range; valid: 0 ... 2147483 seconds (0: no waiting for the store's "
+     "lock; at most SQLite's busy timeout, a 32-bit count of milliseconds)"),
     (['family.name=null'],          # "e.g. the default family.name=None"
      "family.name takes no null ('family.name=null'); give a value, as python run.py --help lists them"),
     (['tracking.stale_after_s=-1'],

@@ -440,6 +440,10 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
         if isinstance(node, BooleanNode) and not isinstance(v, bool) and v is not None:
             return f"{key}={override.get_value_element_as_str()} is not valid ({text!r}); valid: true, false"
     family = OmegaConf.select(cfg, "family.name", default=None)
+    if family is None and (chosen := OmegaConf.select(cfg, "hydra.runtime.choices.family", default=None)):
+        return (f"family={chosen} names no family (no family.name): a family preset starts from a family's "
+                "schema, as those of conf/family/ do (defaults: [/schema/family/NAME@_here_, _self_]); "
+                f"families: {', '.join(names())}")
     if family in names():
         for axis, declared in get(family).axes.items():
             v = OmegaConf.select(cfg, f"family.{axis}", default=None, throw_on_resolution_failure=False)
@@ -455,8 +459,9 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
             return problem
     wait = OmegaConf.select(cfg, "tracking.wait", throw_on_resolution_failure=False)
     if isinstance(wait, (int, float)) and not 0 <= wait <= MAX_WAIT_S:
-        return (f"tracking.wait={wait:g} is out of range; valid: 0 ... {MAX_WAIT_S} seconds (0: no waiting "
-                "for the store's lock; at most SQLite's busy timeout, a 32-bit count of milliseconds)")
+        return (f"tracking.wait={wait:.10g} is out of range; valid: 0 ... {MAX_WAIT_S} seconds (0: no "
+                "waiting for the store's lock; at most SQLite's busy timeout, a 32-bit count of "
+                "milliseconds)")
     stale = OmegaConf.select(cfg, "tracking.stale_after_s", throw_on_resolution_failure=False)
     if isinstance(stale, (int, float)) and not 0 < stale < math.inf:
         return (f"tracking.stale_after_s={stale:g} is out of range; valid: more than 0 seconds, finite (a "
