@@ -223,3 +223,18 @@ def test_report_of_a_saved_table_prints_the_predictor_answer(store, ncu_runs, tm
     assert f"NVIDIA H200: {direct.verdict}" in out and f"**Answer.** {direct.verdict}" in rep.text
     assert "Not logged" not in out and "Logged to" not in out              # a table has no parent run to log to
     assert "| int8_bk64_m16n8k32 | 27.3 | 137 | 573 | 654 | 696 |" in (tmp_path / "predictors.md").read_text()
+
+
+def test_html_report_inlines_each_figure_of_its_folder_and_links_the_rest(tmp_path):
+    """Every ``![caption](name.png)`` whose file is in the folder becomes that file's bytes as base64
+    (a name with a character HTML escapes included, a figure linked twice twice); a missing one stays a
+    link; tables are HTML tables."""
+    import base64
+    figures = {"a.png": b"\x89PNG first", "x&y.png": b"\x89PNG second"}
+    for name, data in figures.items():
+        (tmp_path / name).write_bytes(data)
+    page = report.html_report("| a | b |\n|---|---|\n| 1 | 2 |\n\n![one](a.png) ![two](x&y.png)\n\n![gone](m.png)"
+                              "\n\n![again](a.png)\n", tmp_path, "t<")
+    inlined = [f'src="data:image/png;base64,{base64.b64encode(d).decode()}"' for d in figures.values()]
+    assert page.count(inlined[0]) == 2 and page.count(inlined[1]) == 1
+    assert '<img src="m.png" alt="gone" />' in page and "<td>1</td>" in page and "<title>t&lt;</title>" in page

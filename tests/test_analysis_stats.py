@@ -131,6 +131,18 @@ def test_holm_adjustment_exact_and_nan_left_out():
     assert math.isnan(adj[2])
 
 
+@pytest.mark.parametrize("m", [1, 2, 7, 40])
+def test_holm_adjustment_equals_statsmodels(m):
+    """The adjusted p-values equal statsmodels' multipletests(method="holm"), ties and values that
+    reach 1 included."""
+    from statsmodels.stats.multitest import multipletests
+    rng = np.random.default_rng(m)
+    p = np.concatenate([rng.uniform(0, 0.2, m), [0.05, 0.05, 0.9]])
+    rng.shuffle(p)
+    assert stats.adjust_pvalues(p) == pytest.approx(multipletests(p, method="holm")[1], abs=1e-15)
+    assert stats.adjust_pvalues([]).shape == (0,)
+
+
 def _clustered(seed=1, kernels=8, sizes=5):
     """Runs of ``kernels`` kernels at ``sizes`` sizes: a kernel effect shared by all its runs."""
     rng = np.random.default_rng(seed)

@@ -373,7 +373,7 @@ def test_l2_hint_kernels_keep_aligned_descriptors(need_ptxas, tmp_path, arch):
         specs.append(KernelSpec(prec, ktile, mma_k, bm, bn, wm, wn, stages, "cg", arch,
                                 l2_hint_a=ha, l2_hint_b=hb))
     path = tmp_path / "hints.ptx"
-    path.write_text(_module(specs))
+    path.write_text(_module([render(s) for s in specs]))
     _ptxas(find_ptxas(), arch, path)
     sass = disassemble(str(path) + ".cubin")
     if not sass:
@@ -387,9 +387,9 @@ def test_l2_hint_kernels_keep_aligned_descriptors(need_ptxas, tmp_path, arch):
 ARCHS_TESTED = ("sm_80", "sm_89", "sm_90", "sm_120")
 
 
-def _module(specs):
-    """One PTX module of many kernels that share .version/.target: the header once, then each entry."""
-    texts = [render(s) for s in specs]
+def _module(texts):
+    """One PTX module of many kernels (their PTX texts) that share .version/.target: the header once,
+    then each entry."""
     head = texts[0][texts[0].index(".version"):texts[0].index(".visible .entry")]
     return head + "\n".join(x[x.index(".visible .entry"):] for x in texts)
 
@@ -417,8 +417,9 @@ def covered(request, tmp_path_factory):
     cache = (Path(cache_plugin.mkdir("ptxas_space")) if cache_plugin is not None
              else tmp_path_factory.mktemp("ptxas_space"))
     reports, todo = {}, defaultdict(list)
+    ptx = {s: render(s) for s in specs}
     for s in specs:
-        key = hashlib.sha256(f"{version}\n{s.arch}\n{render(s)}".encode()).hexdigest()
+        key = hashlib.sha256(f"{version}\n{s.arch}\n{ptx[s]}".encode()).hexdigest()
         hit = cache / f"{key}.json"
         if hit.is_file():
             reports[(s.entry, s.arch)] = json.loads(hit.read_text())
@@ -431,7 +432,7 @@ def covered(request, tmp_path_factory):
         futures = []
         for n, (arch, part) in enumerate(jobs):
             path = tmp / f"{arch}_{n}.ptx"
-            path.write_text(_module([s for s, _ in part]))
+            path.write_text(_module([ptx[s] for s, _ in part]))
             futures.append((part, pool.submit(_ptxas, ptxas, arch, path)))
         for part, fut in futures:
             text = fut.result()
