@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from . import FOLDER, NAMES
@@ -25,17 +26,23 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
     try:
         import jupytext
         import nbformat
+        from jupyter_client import KernelManager
         from nbclient import NotebookClient
     except ImportError as exc:
         raise SystemExit(f"executing the notebooks needs nbclient and ipykernel ({exc}): "
                          "pip install -e '.[notebooks]'") from None
     nb = jupytext.read(FOLDER / f"{name}.py")
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(out)}})
-    try:
-        client.execute(env=env)
-    finally:
-        nbformat.write(nb, out / f"{name}.ipynb")      # also a failed run: its traceback is in the cell
+    # the kernel talks over local sockets in a private folder (over TCP, ipykernel warns that nothing is
+    # encrypted)
+    with tempfile.TemporaryDirectory(prefix="kernel_") as sockets:
+        km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+        client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(out)}})
+        try:
+            client.execute(env=env)
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel()
+            nbformat.write(nb, out / f"{name}.ipynb")      # also a failed run: its traceback is in the cell
     return out / f"{name}.ipynb"
 
 
