@@ -667,6 +667,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (['~timing'],                   # gave the default as a Python dict
      "'~timing' leaves timing without a value, which a run needs; leave it out for the default (python "
      "run.py --cfg job shows it)"),
+    (['~tracking'],
+     "'~tracking' leaves tracking without a value, which a run needs; leave it out for the default (python "
+     "run.py --cfg job shows it)"),
     (['~tile.block'],               # "TileConf (DictConfig) does not support deletion"
      "'~tile.block' leaves tile.block without a value, which a run needs; give it one instead, e.g. "
      "tile.block=[256,128] (python run.py --help lists the values)"),
@@ -830,6 +833,14 @@ def test_option_values_are_checked_before_any_work(argv, message):
     its declared values; a setting out of range): one line naming the key, the value and the valid
     values. These used to end in Hydra's traceback or after the sweep was tracked."""
     assert _refusal(argv) == message
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_removed_tracking_is_refused_where_the_run_starts(tmp_path, multirun):
+    """``~tracking`` reached the sweep's start, which reads the store first: "Invalid configuration:
+    tracking: Missing key tracking", and with -m "Could not start the sweep: ConfigAttributeError"."""
+    rc, out = run_cli(tmp_path, *(["-m"] if multirun else []), "~tracking", "precision=int8")
+    assert (rc, out.strip().splitlines()[-1]) == (2, _refusal(["~tracking"])), out
 
 
 def test_a_sweep_of_no_jobs_says_so_and_tracks_nothing(tmp_path):

@@ -34,7 +34,7 @@ from .kernel import resolved
 from ..spec import value
 from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
 from ..store.view import description_link, publish, sweep_link
-from .validate import SEARCH_SWEEPER, Invalid, check
+from .validate import SEARCH_SWEEPER, Invalid, check, removed
 from .variants import VariantError
 from .variants import register as register_variants
 
@@ -285,6 +285,8 @@ def tracking_target(config: DictConfig, multirun: bool) -> tuple[str | None, str
     says to run one sweep per experiment. Also for an interpolation that cannot be resolved."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+    if "tracking" not in config:            # ~tracking
+        raise Invalid(removed("tracking"))
     if multirun:
         _refuse_per_job_tracking(config)
     plain = OmegaConf.create(OmegaConf.to_container(OmegaConf.masked_copy(config, [k for k in config

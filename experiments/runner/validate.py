@@ -96,7 +96,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
                     "(or put the option in a variant per family)")
         return f"Unknown key {key!r}{given}; {_keys_of(kind, key)}"
     if (m := re.search(r"override ~(\S+)", text)) and "does not support deletion" in msg:
-        return _removed(m.group(1))
+        return removed(m.group(1))
     if "No match in the defaults list" in text and (m := re.search(r"Could not override '(\w+)'", text)):
         group = m.group(1)
         given = next((a for a in argv if a.partition("=")[0] == group), f"{group}=OPTION")
@@ -168,7 +168,7 @@ def _preset_files(group: str, name: str, argv: tuple) -> list:
     return [f for d in _config_dirs(argv) if (f := d / group / f"{name}.yaml").is_file()]
 
 
-def _removed(key: str) -> str:
+def removed(key: str) -> str:
     """The message for ``~key``, which leaves ``key`` without the value a run needs."""
     default = OmegaConf.select(OmegaConf.structured(_config()), key, default=None)
     if OmegaConf.is_dict(default) or default is None:
@@ -433,7 +433,7 @@ def _problem(cfg: DictConfig, overrides: list) -> str | None:
             return f"{text!r} does not choose a family (family.name names the one family= chose); {choose}"
         if override.is_delete() and OmegaConf.select(cfg, key, default=None) is None \
                 and OmegaConf.select(OmegaConf.structured(_config()), key, default=None) is not None:
-            return _removed(key)            # not a preset group without a default (~variant: none)
+            return removed(key)            # not a preset group without a default (~variant: none)
         parent, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent) if parent else cfg
         node = parent._get_node(leaf) if OmegaConf.is_dict(parent) and leaf in parent else None  # noqa: SLF001
