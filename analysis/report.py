@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.cli import out_problem, positive_int
+
 from . import claims as claims_mod
 from . import figures, tables
 from .predictors import load_replicates, predictor_study
@@ -304,7 +306,7 @@ def main(argv=None) -> Report:
     ap.add_argument("--out", default=None,
                     help="output folder (default outputs/reports/<sweep or experiment>), or a .md file "
                          "(the figures and tables then go to the folder of its name beside it)")
-    ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
+    ap.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
     args = ap.parse_args(argv)
     if args.study not in (*STUDIES, "none", "auto") and not Path(args.study).is_file():   # before the store
@@ -345,6 +347,9 @@ def main(argv=None) -> Report:
     out = Path(args.out) if args.out else PROJECT_ROOT / "outputs" / "reports" / str(name)
     single = out.suffix == ".md"            # --out results/h200/l4_claims.md: figures in l4_claims/
     folder = out.with_suffix("") if single else out
+    if problem := out_problem(folder):       # before the figures and intervals are computed
+        print(f"Could not write --out {args.out or out}: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     title = f"Report: {args.experiment}" + (f", sweep {df.attrs['sweep']}" if df.attrs["sweep"] else "")
     rep = write_report(df, folder, title, spec, reference, args.baseline, args.n_boot)
     if single:

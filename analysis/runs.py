@@ -265,17 +265,33 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     return df
 
 
+# the columns of every run, which a tidy table always has
+_TABLE_KEYS = ("run_id", "status", "experiment", "kernel", "backend")
+
+
 def read_table(paths: str | Path | typing.Sequence[str | Path]) -> pd.DataFrame:
     """A tidy table saved as CSV (the ``runs.csv`` analysis.report writes, e.g. the committed
     results/h200/*/runs.csv), read back with the types :func:`load_runs` gives: str columns as str
     (``size`` '512'), params cast to their schema types (``tile.block`` (256, 128)), numbers numeric.
     Several paths are concatenated. ``attrs`` name the files. Raises FileNotFoundError naming a
-    missing file."""
+    missing file, RunsError naming a file that is not such a table (empty, not CSV, not text, or
+    without the columns every run has)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     for p in paths:
         if not Path(p).is_file():
             raise FileNotFoundError(f"no tidy table at {p}: give a runs.csv that analysis.report wrote")
-    df = pd.concat([pd.read_csv(p, dtype=str) for p in paths], ignore_index=True)
+    frames = []
+    for p in paths:
+        try:
+            frames.append(pd.read_csv(p, dtype=str))
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+            why = "empty" if isinstance(exc, pd.errors.EmptyDataError) else str(exc).strip().splitlines()[-1]
+            raise RunsError(f"{p} is not a tidy table ({why}): give a runs.csv that analysis.report "
+                            "wrote") from None
+        if missing := [c for c in _TABLE_KEYS if c not in frames[-1].columns]:
+            raise RunsError(f"{p} is not a tidy table: it has no column {', '.join(missing)}; give a "
+                            "runs.csv that analysis.report wrote")
+    df = pd.concat(frames, ignore_index=True)
     df = df.astype(object).where(df.notna(), None)
     types = schema_types()
     for col in df.columns:

@@ -18,3 +18,31 @@ def run_main(main) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return status if isinstance(status, int) else 0
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of a count that must be at least 1 (``--n-boot``); raises
+    argparse.ArgumentTypeError naming the value otherwise, which argparse reports with exit 2."""
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a count: give 1 or more")
+    return n
+
+
+def out_problem(folder) -> str | None:
+    """Why the output folder ``folder`` (to be made if absent) cannot take files, or None: a file
+    where it or a folder above it should be, or a read-only folder (experiments.store.track.unwritable).
+    Checked before a command computes anything."""
+    from pathlib import Path
+
+    from .store.track import unwritable
+    folder = Path(folder).absolute()
+    if (file := next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)):
+        return f"{file} is a file, not a folder"
+    if (locked := unwritable(folder)) is not None:
+        return f"{locked} is read-only"
+    return None

@@ -114,8 +114,24 @@ def test_notebooks_execute_from_a_committed_table(tmp_path):
     assert (out / "nvidia_l4" / "speedup_vs_baseline.png").is_file()
 
 
-def test_notebook_runner_names_a_missing_table(tmp_path):
-    from analysis.notebooks.__main__ import main
-    with pytest.raises(SystemExit, match=r"--table nope.csv: no such file; give a runs.csv"):
-        main(["--table", "nope.csv", "--out", str(tmp_path)])
+def test_notebook_runner_names_a_missing_table(tmp_path, module_cli):
+    """As analysis.report names it, exit 2 (it was 1 here)."""
+    rc, out, err = module_cli("analysis.notebooks.__main__", "--table", "nope.csv", "--out", str(tmp_path))
+    assert (rc, out, err) == (2, "", "Cannot read the runs: no tidy table at nope.csv: give a runs.csv that "
+                                     "analysis.report wrote\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_that_is_not_there_fails_the_notebook_in_one_line(tmp_path, module_cli):
+    """The error a notebook raises for its input (here RunsError: no store) is one line with the
+    executed copy's path, exit 2 as analysis.report gives; before, the cell's whole traceback, in ANSI
+    colours, exit 1."""
+    pytest.importorskip("nbclient", reason="executing notebooks needs the 'notebooks' extra")
+    pytest.importorskip("ipykernel", reason="executing notebooks needs the 'notebooks' extra")
+    db = tmp_path / "nosuch.db"
+    rc, out, err = module_cli("analysis.notebooks.__main__", "--uri", f"sqlite:///{db}", "--only", "claims",
+                              "--out", str(tmp_path / "nb"))
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"notebook claims failed: RunsError: no store at {db} (tracking URI sqlite:///{db})"), err
+    assert err.endswith(f"(the executed copy, with the traceback: {tmp_path / 'nb' / 'claims.ipynb'})\n"), err
+    assert "\x1b[" not in err and not db.exists()

@@ -238,3 +238,35 @@ def test_html_report_inlines_each_figure_of_its_folder_and_links_the_rest(tmp_pa
     inlined = [f'src="data:image/png;base64,{base64.b64encode(d).decode()}"' for d in figures.values()]
     assert page.count(inlined[0]) == 2 and page.count(inlined[1]) == 1
     assert '<img src="m.png" alt="gone" />' in page and "<td>1</td>" in page and "<title>t&lt;</title>" in page
+
+
+def _bad_inputs(tmp):
+    """Tables that are not tidy tables, as a user may give them: (file, the reason the line gives)."""
+    (tmp / "empty.csv").write_text("")
+    (tmp / "text.csv").write_text("# Title\n\nsome prose, with a comma\nand, two, more\n")
+    (tmp / "binary.csv").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    (tmp / "other.csv").write_text("a,b\n1,2\n")
+    return [("empty.csv", "(empty)"), ("text.csv", "(Error tokenizing data. C error: Expected 2 fields in line 4, saw 3)"),
+            ("binary.csv", "('utf-8' codec can't decode byte 0x89 in position 0: invalid start byte)"),
+            ("other.csv", ": it has no column run_id, status, experiment, kernel, backend;")]
+
+
+@pytest.mark.parametrize("module", ["analysis.report", "analysis.notebooks.__main__"])
+def test_a_table_that_is_not_one_an_out_that_is_a_file_and_no_resamples_are_refused(module, tmp_path, module_cli):
+    """An empty file, prose, binary data or another CSV given as --table, an --out that is a file or
+    under one, and --n-boot 0 or -5: one line, exit 2, before any computation (these ended in pandas',
+    NumPy's or mkdir's traceback, exit 1, after ~20 s; --n-boot 0 hung analysis.notebooks)."""
+    table = str(Path(__file__).parents[1] / "results" / "h200" / "l4_claims" / "runs.csv")
+    for name, why in _bad_inputs(tmp_path):
+        rc, out, err = module_cli(module, "--table", str(tmp_path / name), "--out", str(tmp_path / "o"))
+        assert (rc, out) == (2, "") and err.startswith(f"Cannot read the runs: {tmp_path / name} is not a tidy table"), err
+        assert why in err and err.count("\n") == 1, err
+    (tmp_path / "afile").write_text("")
+    for out_dir in ("afile", "afile/sub"):
+        rc, out, err = module_cli(module, "--table", table, "--out", str(tmp_path / out_dir))
+        assert (rc, err) == (2, f"Could not write --out {tmp_path / out_dir}: {tmp_path / 'afile'} is a file, "
+                                "not a folder\n")
+    for n in ("0", "-5"):
+        rc, _, err = module_cli(module, "--table", table, "--out", str(tmp_path / "o"), "--n-boot", n)
+        assert rc == 2 and err.endswith(f"error: argument --n-boot: {n} is not a count: give 1 or more\n"), err
+    assert not (tmp_path / "o").exists()

@@ -6,7 +6,9 @@
 Each notebook (analysis/notebooks/<name>.py, a jupytext percent file) runs in a fresh Python kernel
 (nbclient + ipykernel: ``pip install -e '.[notebooks]'``) with its working folder and every output
 under --out: <name>.ipynb (executed, with its outputs) and one sub-folder per GPU with the figures and
-tables. Nothing is written beside the notebooks. Exit 1 when a cell fails (its error is printed).
+tables. Nothing is written beside the notebooks. Exit 2 for a table, store, sweep or claims file that
+cannot be read and an --out that cannot be written, 1 for a cell that fails otherwise: one line, the
+error's; its traceback is in the executed copy.
 """
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from experiments.cli import out_problem, positive_int
+
 from . import FOLDER, NAMES
+
+
+# what a notebook raises for the store, sweep, table or claims file as given (exit 2, as analysis.report)
+INPUT_ERRORS = ("RunsError", "StoreError", "StoreUnavailable", "FileNotFoundError")
 
 
 def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
@@ -60,12 +68,20 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", choices=NAMES, default=list(NAMES), help="which notebooks")
     ap.add_argument("--claims", default=None,
                     help="claims YAML for the claims notebook (default: the L4 study's)")
-    ap.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (predictors notebook)")
+    ap.add_argument("--n-boot", type=positive_int, default=None,
+                    help="bootstrap resamples (predictors notebook)")
     args = ap.parse_args(argv)
-    for table in args.table or []:
-        if not Path(table).is_file():
-            raise SystemExit(f"--table {table}: no such file; give a runs.csv that analysis.report wrote")
+    if args.table:
+        from ..runs import RunsError, read_table
+        try:
+            read_table(args.table)          # as analysis.report reads it: a table that is not one, exit 2
+        except (RunsError, FileNotFoundError) as exc:
+            print(f"Cannot read the runs: {exc}", file=sys.stderr)
+            return 2
     out = Path(args.out).resolve()
+    if problem := out_problem(out):
+        print(f"Could not write --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     repo = str(FOLDER.parents[1])                 # this checkout's analysis package, also in the kernel
     env = {**os.environ, "MPLBACKEND": "Agg",
@@ -74,7 +90,7 @@ def main(argv=None) -> int:
                 "ANALYSIS_URI": args.uri, "ANALYSIS_EXPERIMENT": args.experiment,
                 "ANALYSIS_SWEEP": args.sweep,
                 "ANALYSIS_CLAIMS": args.claims and str(Path(args.claims).resolve()),
-                "ANALYSIS_N_BOOT": args.n_boot and str(args.n_boot)}
+                "ANALYSIS_N_BOOT": None if args.n_boot is None else str(args.n_boot)}
     env.update({k: v for k, v in settings.items() if v is not None})
     try:
         from nbclient.exceptions import CellExecutionError
@@ -85,9 +101,10 @@ def main(argv=None) -> int:
         try:
             path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})
         except CellExecutionError as exc:
-            print(f"notebook {name} failed (executed copy with the traceback: {out / (name + '.ipynb')}):"
-                  f"\n{exc}", file=sys.stderr)
-            return 1
+            # the error's own line; the cell's traceback is in the executed copy
+            print(f"notebook {name} failed: {exc.ename}: {exc.evalue} (the executed copy, with the "
+                  f"traceback: {out / (name + '.ipynb')})", file=sys.stderr)
+            return 2 if exc.ename in INPUT_ERRORS else 1
         print(f"executed {name}: {path}")
     return 0
 
