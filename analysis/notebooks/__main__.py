@@ -8,7 +8,7 @@ Each notebook (analysis/notebooks/<name>.py, a jupytext percent file) runs in a 
 under --out: <name>.ipynb (executed, with its outputs) and one sub-folder per GPU with the figures and
 tables. Nothing is written beside the notebooks. Exit 2 for a table, store, sweep or claims file that
 cannot be read and an --out that cannot be written, 1 for a cell that fails otherwise: one line, the
-error's; its traceback is in the executed copy. Ctrl-C stops it (exit 130) and its kernel.
+error's; its traceback is in the executed copy.
 """
 from __future__ import annotations
 
@@ -25,17 +25,6 @@ from . import FOLDER, NAMES
 
 # what a notebook raises for the store, sweep, table or claims file as given (exit 2, as analysis.report)
 INPUT_ERRORS = ("RunsError", "StoreError", "StoreUnavailable", "FileNotFoundError")
-
-
-def _interruptible(**_) -> None:
-    """Ctrl-C stops the notebook: nbclient's own SIGINT handler only schedules the kernel's clean-up and
-    lets the cells run on; this one, installed after it, raises KeyboardInterrupt out of the loop."""
-    import asyncio
-    import signal
-
-    def stop() -> None:
-        raise KeyboardInterrupt
-    asyncio.get_event_loop().add_signal_handler(signal.SIGINT, stop)
 
 
 def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
@@ -55,8 +44,7 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
     # encrypted)
     with tempfile.TemporaryDirectory(prefix="kernel_") as sockets:
         km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-        client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(out)}},
-                                on_notebook_start=_interruptible)
+        client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(out)}})
         try:
             client.execute(env=env)
         finally:
@@ -112,10 +100,6 @@ def main(argv=None) -> int:
     for name in args.only:
         try:
             path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})
-        except KeyboardInterrupt:
-            print(f"Interrupted: notebook {name} stopped (its executed part: {out / (name + '.ipynb')}).",
-                  file=sys.stderr)
-            return 130
         except CellExecutionError as exc:
             # the error's own line; the cell's traceback is in the executed copy
             print(f"notebook {name} failed: {exc.ename}: {exc.evalue} (the executed copy, with the "
