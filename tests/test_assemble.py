@@ -451,11 +451,12 @@ def covered(request, tmp_path_factory):
 
 def test_covering_subset_assembles(covered):
     """The whole valid space of sm_80, sm_89, sm_90 and sm_120 (tile presets of conf/tile/, stages
-    1..65, tile.group_m 1 and 8) is enumerated by experiments.spec.space(); assembled is the covering
-    subset of experiments.spec_cover: every pair of values of two kernel-shaping axes (arch, precision,
-    acc, ktile, mma, b_layout, tile, loader.a, loader.b, pipeline.stages) that occurs in a valid point,
-    and for every (precision, arch) every value of every axis, cache.op / L2 hints / group_m included
-    (of the stage counts: 1 to 4, the powers of two and the largest).
+    1..65, tile.group_m 1 and 8) is enumerated by experiments.families.mma_sync.spec.space(); assembled
+    is the covering subset of experiments.families.mma_sync.cover: every pair of values of two
+    kernel-shaping axes (arch, precision, acc, ktile, mma, b_layout, tile, loader.a, loader.b,
+    smem_layout) that occurs in a valid point, each of their values with every stage class it allows
+    (1 to 4, the powers of two and the largest count), and for every (precision, arch) every value of
+    every axis, cache.op / L2 hints / group_m included, and every stage class.
     Every chosen kernel assembles, with 1 barrier, no static shared memory and <= 255 registers."""
     sp, specs, reports = covered
     assert len(reports) == len({(s.entry, s.arch) for s in specs}) == len(specs)
@@ -512,15 +513,20 @@ def test_covering_subset_reaches_the_stage_limits(covered):
 @pytest.mark.parametrize("arch", ARCHS_TESTED)
 def test_spills_stay_small(covered, arch):
     """Warp tiles of 64 x 64 (the default 256x128 and 128x256, 128x128_w2x2) keep their accumulators
-    and two fragment sets in registers for int8/fp16/bf16; other kernels may spill a little (512-thread
+    and two fragment sets in registers for int8/fp16/bf16, but where ptxas for sm_80 holds a one-stage
+    kernel to 128 registers (seen: fp16, f16 accumulation, m16n8k8, 128x128_w2x2: 20 bytes; with 2
+    stages it takes 134 registers and spills nothing); other kernels may spill a little (512-thread
     blocks are capped at 128 registers, emulated fp8/int4 MMAs need extra registers)."""
     _, specs, reports = covered
     spilled = {s: reports[(s.entry, arch)] for s in specs if s.arch == arch
                and reports[(s.entry, arch)]["spill_stores"]}
-    wide = [s.entry for s in spilled if s.warp_tile == (64, 64) and s.precision in ("int8", "fp16", "bf16")]
-    assert wide == []
-    # the most seen: 324 bytes, int4 with scalar A loads in a 512-thread block on sm_120
-    assert max((r["spill_stores"] for r in spilled.values()), default=0) <= 512
+    wide = {s.entry: r for s, r in spilled.items() if s.warp_tile == (64, 64) and s.precision in ("int8", "fp16", "bf16")
+            and not (arch == "sm_80" and s.stages == 1 and r["registers"] == 128 and r["spill_stores"] <= 64)}
+    assert wide == {}
+    # the most seen: 560 bytes, int4 with bk128, manual loaders and B stored K x N in a 256-thread block
+    # on sm_89 (gemm_int4_bk128_m16n8k64_ldmanman_ca_l2nx_pf128B_brow_s4_128x128_w2x4_g8)
+    most = max(spilled.items(), key=lambda sr: sr[1]["spill_stores"], default=(None, {"spill_stores": 0}))
+    assert most[1]["spill_stores"] <= 640, (most[0].entry, most[1])
 
 
 def test_parse_report_matches_the_whole_entry_name():

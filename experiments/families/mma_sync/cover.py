@@ -3,12 +3,15 @@
 The whole valid space (:func:`.spec.space`) has millions of points; assembling all of them
 takes hours. :func:`covering_subset` picks kernels so that
   1. every pair of values of two kernel-shaping axes (target.arch, precision, acc, ktile, mma,
-     b_layout, tile, loader.a, loader.b, pipeline.stages) that occurs together in some valid point
-     occurs together in a chosen kernel, and
+     b_layout, tile, loader.a, loader.b, smem_layout) that occurs together in some valid point occurs
+     together in a chosen kernel, and every value of each of them meets each stage class of
+     pipeline.stages it allows: 1 to 4, the powers of two and the largest count (the template depends
+     on the count only through the one-stage path, the ``cp.async.wait_group`` immediates S-1 and
+     S-2, the S unrolled prologue loads and the ring buffer's wrap offset S x stage bytes, so the
+     classes reach both ends of every one of them), and
   2. for every (precision, target.arch), every value of every axis (shaping or not: cache.op,
      cache.l2_hint_a/b, tile.group_m) that occurs with them occurs in a chosen kernel with them; of
-     pipeline.stages, 1 to 4, the powers of two and the largest count the space allows with them
-     (every count from 1 to the largest meets every value of every other axis by 1.).
+     pipeline.stages, every class.
 The choice is greedy (each step takes, among a few candidate points that cover the rarest open
 requirement, the one that covers most open requirements) and deterministic for a given space.
 """
@@ -20,7 +23,7 @@ from collections import defaultdict
 
 from .spec import KernelSpec, Space
 
-__all__ = ["covering_subset", "pa_stages", "requirements"]
+__all__ = ["covering_subset", "requirements", "stage_classes"]
 
 _CANDIDATES = 24
 
@@ -34,8 +37,9 @@ def _point_tuples(values: tuple, stage: int, stage_axis: int) -> set:
     return out
 
 
-def pa_stages(most: int) -> list[int]:
-    """The stage counts requirement 2. asks of a (precision, arch) whose largest valid count is ``most``."""
+def stage_classes(most: int) -> list[int]:
+    """The stage counts the requirements ask of a value whose largest valid count is ``most``: 1 to 4,
+    the powers of two and ``most``."""
     return sorted({s for s in (1, 2, 3, 4, 8, 16, 32, 64) if s <= most} | {most})
 
 
@@ -53,9 +57,9 @@ def requirements(sp: Space) -> set:
         max_s[key] = max(max_s[key], mx)
     for v, mx in list(max_s.items()):
         if v[0] == "pa":
-            req |= {("pa", v[1], v[2], (stage_axis, s)) for s in pa_stages(mx)}
+            req |= {("pa", v[1], v[2], (stage_axis, s)) for s in stage_classes(mx)}
         else:
-            req |= {(v, (stage_axis, s)) for s in range(1, mx + 1)}
+            req |= {(v, (stage_axis, s)) for s in stage_classes(mx)}
     return req
 
 
