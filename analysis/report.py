@@ -1,4 +1,4 @@
-"""Write the analysis report of a sweep, an experiment or a study: ``report.md`` with its figures and
+r"""Write the analysis report of a sweep, an experiment or a study: ``report.md`` with its figures and
 tables beside it, and ``report.html``, the same report self-contained (figures inlined), which the MLflow
 UI shows with its figures; logged to the sweep's parent run (artifact folder ``report/``), whose
 description then ends with the verdicts, the claims tally and a link to the HTML report.
@@ -356,7 +356,8 @@ def main(argv=None) -> Report:
         (folder / "report.md").unlink()
         out.write_text(re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({folder.name}/{m.group(1)})", rep.text))
         rep.files = [f for f in rep.files if f.name != "report.md"] + [out]
-    print(f"Report written: {out if single else out / 'report.md'}")
+    print(f"Report written: {out if single else out / 'report.md'} (self-contained, figures inlined: "
+          f"{folder / HTML})")
     # the sweep asked for (its runs may come from several parents: those it reused); else the runs' one
     parents = [df.attrs["sweep"]] if df.attrs["sweep"] else df["parent_run_id"].dropna().unique()
     if args.no_log or args.table:

@@ -118,12 +118,16 @@ def test_report_to_a_markdown_file_keeps_its_figures_beside_it(store, tmp_path):
     assert (tmp_path / "l4_claims" / "runs.csv").is_file() and not (tmp_path / "l4_claims" / "report.md").exists()
 
 
-def test_report_from_a_committed_tidy_table_needs_no_store(tmp_path):
+def test_report_from_a_committed_tidy_table_needs_no_store(tmp_path, capsys):
     """--table: the committed runs.csv of run 2 (30 real INT8 runs on the H200), the study's packaged
-    tables as the reference; nothing logged (there is no store)."""
+    tables as the reference; nothing logged (there is no store). The last line names both files."""
     table = Path(report.__file__).resolve().parents[1] / "results" / "h200" / "l4_run2_int8" / "runs.csv"
     out = tmp_path / "int8.md"
     report.main(["--table", str(table), "--study", "l4", "--out", str(out), "--n-boot", "20"])
+    html = tmp_path / "int8" / "report.html"
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"Report written: {out} (self-contained, figures inlined: {html})"
+    assert html.read_text().count("data:image/png;base64,") == 4
     text = out.read_text()
     assert text.splitlines()[2].startswith(f"Tidy table `{table}`, experiment(s) tensor-core-ablations, sweep all")
     assert "| int8_ptx_mma_k32 | 47.1 | 108 | 131 | 142 | 143 |" in text
@@ -270,3 +274,14 @@ def test_a_table_that_is_not_one_an_out_that_is_a_file_and_no_resamples_are_refu
         rc, _, err = module_cli(module, "--table", table, "--out", str(tmp_path / "o"), "--n-boot", n)
         assert rc == 2 and err.endswith(f"error: argument --n-boot: {n} is not a count: give 1 or more\n"), err
     assert not (tmp_path / "o").exists()
+
+
+def test_help_shows_each_example_line_as_written(capsys):
+    """--help prints the module's examples line for line (a continued command keeps its line break)."""
+    with pytest.raises(SystemExit) as exc:
+        report.main(["--help"])
+    assert exc.value.code == 0
+    shown = capsys.readouterr().out.splitlines()
+    examples = [line for line in report.__doc__.splitlines() if line.startswith("    ")]
+    assert len(examples) == 5 and examples[3].endswith("--no-log \\") and examples[4].startswith("        --out")
+    assert all(line in shown for line in examples), [line for line in examples if line not in shown]
