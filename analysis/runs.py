@@ -205,17 +205,20 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     Returns the table of :func:`tidy_from_runs`, de-duplicated to one row per (kernel, size, GPU)
     (a FINISHED run before others, then the newest); ``df.attrs`` holds uri, experiments, sweep and
     duplicates_dropped. FAILED and KILLED runs stay as rows (see :func:`ok_runs`).
-    Raises RunsError when the store, experiment or sweep does not exist, naming what does.
+    Raises RunsError when the store, experiment or sweep does not exist, naming what does, and at once
+    when no tracking server answers at an http(s) URI.
     """
     import mlflow
 
     from experiments.store.record import reused_in
-    from experiments.store.track import StoreError, check_schema, resolve_uri, sweep_runs
+    from experiments.store.track import StoreError, check_schema, check_server, resolve_uri, sweep_runs
     uri = resolve_uri(uri, create=False)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         raise RunsError(f"no store at {uri[len('sqlite:///'):]} (tracking URI {uri}): run a sweep first "
                         "(python run.py ...) or pass the URI it printed with --uri")
     try:
+        if uri.startswith(("http://", "https://")):
+            check_server(uri, option="--uri")     # MLflow's client would retry for minutes
         check_schema(uri, write=False)            # MLflow would migrate another version's store
     except StoreError as exc:
         raise RunsError(str(exc)) from None

@@ -137,3 +137,30 @@ def test_a_store_that_is_not_there_fails_the_notebook_in_one_line(tmp_path):
     assert err.startswith(f"notebook claims failed: RunsError: no store at {db} (tracking URI sqlite:///{db})"), err
     assert err.endswith(f"(the executed copy, with the traceback: {tmp_path / 'nb' / 'claims.ipynb'})\n"), err
     assert "\x1b[" not in err and not db.exists()
+
+
+def test_runs_with_nothing_measured_are_refused_as_analysis_report_refuses_them(tmp_path, monkeypatch):
+    """A table whose runs all failed, or a sweep of static runs only: the notebooks' load() raises
+    RunsError (exit 2 through python -m analysis.notebooks) naming what the runs hold; the notebooks
+    ran on to '0 runs' and exit 0."""
+    from analysis.notebooks import load
+    from analysis.runs import RunsError
+    table = pd.read_csv(REPO / "results" / "h200" / "l4_claims" / "runs.csv")
+    table["status"] = "FAILED"
+    table.to_csv(tmp_path / "failed.csv", index=False)
+    monkeypatch.setenv("ANALYSIS_TABLE", str(tmp_path / "failed.csv"))
+    with pytest.raises(RunsError, match=rf"^nothing to analyse: {tmp_path / 'failed.csv'} holds no measured run$"):
+        load()
+    monkeypatch.delenv("ANALYSIS_TABLE")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    st = fixture_store._Store(uri, "static-only")
+    parent = st.run("sweep precision=int8 (static)", {}, {"kind": "sweep"}, {})
+    st.run("gemm_int8 static", {"precision": "int8"}, {"backend": "static", "outcome": "static",
+                                                       "kernel": "gemm_int8"}, {}, parent=parent)
+    monkeypatch.setenv("ANALYSIS_URI", uri)
+    monkeypatch.setenv("ANALYSIS_EXPERIMENT", "static-only")
+    with pytest.raises(RunsError) as exc:
+        load(default_sweep="latest")
+    assert str(exc.value).startswith(f"nothing to analyse: sweep {parent} of experiment 'static-only' in {uri} "
+                                     "holds no run measured on a GPU (1 static): static runs are rendered")
+    assert str(exc.value).endswith(". Run the sweep on a GPU, then the notebooks")

@@ -285,3 +285,17 @@ def test_help_shows_each_example_line_as_written(capsys):
     examples = [line for line in report.__doc__.splitlines() if line.startswith("    ")]
     assert len(examples) == 5 and examples[3].endswith("--no-log \\") and examples[4].startswith("        --out")
     assert all(line in shown for line in examples), [line for line in examples if line not in shown]
+
+
+def test_a_tracking_server_that_does_not_answer_is_one_line(tmp_path, module_cli):
+    """--uri of a port where no MLflow server listens: one line naming the URI and the option, exit 2
+    (MLflow's client retried for 4 minutes, then printed a 100-line traceback)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"      # bound, not listening: connection refused
+        rc, out, err = module_cli("analysis.report", "--uri", uri, "--sweep", "latest", "--out", str(tmp_path / "o"))
+    assert (rc, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"Cannot read the runs: no MLflow tracking server answers at {uri} (") and \
+        err.endswith("or give another --uri\n"), err
+    assert not (tmp_path / "o").exists()

@@ -39,10 +39,17 @@ def gpu_folder(out: Path, gpu: str) -> Path:
 def load(default_sweep: str | None = None) -> pd.DataFrame:
     """The runs the environment names: the tidy tables of ``ANALYSIS_TABLE``, else the store's
     (``ANALYSIS_URI``, ``ANALYSIS_EXPERIMENT``, ``ANALYSIS_SWEEP``: a parent run id, "latest", or ""
-    for every run). Raises FileNotFoundError for a missing table, RunsError for a missing store."""
-    from analysis.runs import DEFAULT_EXPERIMENT, load_runs, read_table
+    for every run). Raises FileNotFoundError for a missing table, RunsError for a missing store and,
+    as ``python -m analysis.report`` refuses them, for runs of which none was measured on a GPU."""
+    from analysis.runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, unmeasured_note
     if table := os.environ.get("ANALYSIS_TABLE"):
-        return read_table(table.split(os.pathsep))
+        runs = read_table(table.split(os.pathsep))
+        if ok_runs(runs).empty:
+            raise RunsError(f"nothing to analyse: {', '.join(table.split(os.pathsep))} holds no measured run")
+        return runs
     sweep = os.environ.get("ANALYSIS_SWEEP", default_sweep or "")
     experiment = os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT)
-    return load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)
+    runs = load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)
+    if note := unmeasured_note(runs):
+        raise RunsError(f"nothing to analyse: {note}. Run the sweep on a GPU, then the notebooks")
+    return runs

@@ -666,9 +666,10 @@ def claim_marker(experiment_id: str, key: str, n: int) -> str:
     return f"{CLAIMS}/{experiment_id}/{key}/{n}"
 
 
-def _check_server(uri: str, timeout: float = 10.0) -> None:
-    """Raise StoreError at once when no MLflow tracking server answers at ``uri`` (MLflow's own
-    client would retry for minutes)."""
+def check_server(uri: str, timeout: float = 10.0, option: str = "tracking.uri") -> None:
+    """Raise StoreError at once when no MLflow tracking server answers at ``uri`` (GET ``/health``
+    within ``timeout`` seconds; MLflow's own client would retry for minutes). ``option``: the command's
+    option that gives the URI, named in the error."""
     import urllib.error
     import urllib.request
     try:
@@ -676,7 +677,7 @@ def _check_server(uri: str, timeout: float = 10.0) -> None:
     except (urllib.error.URLError, OSError) as exc:
         raise StoreError(f"no MLflow tracking server answers at {uri} ({exc}); start one "
                          f"(mlflow server --host HOST --port PORT --backend-store-uri ...) or give "
-                         "another tracking.uri") from None
+                         f"another {option}") from None
 
 
 def _client(mlflow, uri: str, experiment: str):
@@ -758,7 +759,7 @@ class Tracker:
             _set_wait(db, wait)
         guard = (lambda c: _Guarded(c, db, wait, create)) if db is not None else (lambda c: c)  # noqa: E731
         if uri.startswith(("http://", "https://")):
-            _check_server(uri)
+            check_server(uri)
             # MLflow prints a link of its own for each run it ends on a server; the sweep prints its links
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.uri, self.experiment, self.open = uri, experiment, set()
