@@ -101,6 +101,51 @@ def test_a_claim_whose_claimant_on_this_host_ended_before_its_run_is_taken_over_
     tr.end(rid)
 
 
+def _ends_when_looked_up(monkeypatch, pid: str, last_act):
+    """track.process_ended as it answers when the process ``pid`` of this host does ``last_act`` (ends
+    its run, say) and exits between a claimant's read of the store and its look at that process."""
+    real = track.process_ended
+
+    def ended(host, p):
+        if p == pid:
+            last_act()
+            return True
+        return real(host, p)
+    monkeypatch.setattr(track, "process_ended", ended)
+
+
+def test_a_run_finished_by_its_process_just_before_it_exited_is_not_measured_again(tmp_path, monkeypatch):
+    """The claimant read the run RUNNING, then its process FINISHED it and exited: the run is done,
+    not an orphan to close as KILLED (over its FINISHED status) and measure again. Seen through a
+    tracking server under load: two runs of one measurement."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "settled", stale_after=600)
+    rid = tr.start("other", {}, {"run_key": "k", "claim": "0"})
+    tr.open.discard(rid)
+    tr.client.set_tag(rid, "owner_pid", "999999991")          # another process of this host
+    _ends_when_looked_up(monkeypatch, "999999991", lambda: tr.client.set_terminated(rid, "FINISHED"))
+    assert tr.claim("k", "x", {}, {}, lambda: None) == ("done", rid)
+    assert tr.client.get_run(rid).info.status == "FINISHED"
+    assert len(tr.client.search_runs([tr.experiment_id], "tags.run_key = 'k'")) == 1
+
+
+def test_a_run_made_by_a_claimant_just_before_it_exited_is_seen(tmp_path, monkeypatch):
+    """The claimant found marker 0 without a run, then its maker started and FINISHED the run and
+    exited: claim 0 is not spent (its run is done), so no claim 1 and no second run."""
+    tr = Tracker(f"sqlite:///{tmp_path}/m.db", "settled", stale_after=600)
+    mid = tr.client.create_experiment(claim_marker(tr.experiment_id, "k", 0),
+                                      tags={"owner_host": socket.gethostname(), "owner_pid": "999999992"})
+    tr.client.delete_experiment(mid)
+    made = []
+
+    def run_and_exit():
+        made.append(tr.start("other", {}, {"run_key": "k", "claim": "0"}))
+        tr.end(made[-1])
+    _ends_when_looked_up(monkeypatch, "999999992", run_and_exit)
+    assert tr.claim("k", "x", {}, {}, lambda: None) == ("done", made[0])
+    assert tr.client.get_experiment_by_name(claim_marker(tr.experiment_id, "k", 1)) is None
+    assert len(tr.client.search_runs([tr.experiment_id], "tags.run_key = 'k'")) == 1
+
+
 def test_simultaneous_claims_on_sqlite_without_its_file_lock_start_one_run(tmp_path):
     """Processes on several hosts sharing a SQLite file (a network file system) do not share its
     file lock: the claim marker alone decides."""

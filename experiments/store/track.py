@@ -972,6 +972,7 @@ class Tracker:
         for r in self._runs(f"tags.run_key = '{key}'"):
             if self._parent_deleted(r):     # deleted with its sweep: not a measurement to reuse
                 continue
+            r = self._settled(r)
             if r.info.status == "RUNNING" and (why := stale(r, self.stale_after)):
                 self._close_orphan(r.info.run_id, why)
             elif r.info.status in ("FINISHED", "RUNNING"):
@@ -982,6 +983,14 @@ class Tracker:
                     return "done", r.info.run_id
                 return "busy", r.info.run_id
         return None
+
+    def _settled(self, run):
+        """``run`` (an mlflow Run) as its process left it, where :func:`stale` finds that process gone:
+        read again after that finding, so that a run the process ended between the first read and its
+        end (FINISHED, say) is not taken for an orphan and measured again."""
+        if run.info.status == "RUNNING" and stale(run, self.stale_after):
+            return self.client.get_run(run.info.run_id)
+        return run
 
     def _marker(self, key: str, n: int):
         """The marker experiment of claim ``n`` of ``key`` (an mlflow Experiment), or None."""
@@ -1004,13 +1013,15 @@ class Tracker:
         n = max((int(k) for k in markers if k.isdigit()), default=-1) + 1
         if n:
             last = markers[str(n - 1)]
-            claimed = self._runs(f"tags.run_key = '{key}' and tags.claim = '{n - 1}'")
+            # whether its claimant ended, before its runs are read: a run it made before it ended is seen
+            ended = process_ended(last.tags.get("owner_host", "?"), last.tags.get("owner_pid", ""))
+            claimed = [self._settled(r)
+                       for r in self._runs(f"tags.run_key = '{key}' and tags.claim = '{n - 1}'")]
             if any(r.info.status == "FINISHED"
                    or r.info.status == "RUNNING" and not stale(r, self.stale_after)
                    for r in claimed if not self._parent_deleted(r)):
                 return n - 1, ""
-            if not claimed and time.time() - last.creation_time / 1000 <= self.stale_after \
-                    and not process_ended(last.tags.get("owner_host", "?"), last.tags.get("owner_pid", "")):
+            if not claimed and time.time() - last.creation_time / 1000 <= self.stale_after and not ended:
                 return n - 1, _holder(last)          # its claimant is starting the run now
         me = f"{HOST}:{PID}:{threading.get_ident()}:{time.time_ns()}"
         try:
