@@ -289,10 +289,12 @@ def describe_parent(client, parent: str, rep: Report) -> str:
 
 
 def main(argv=None) -> Report:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    head, rest = __doc__.split("\n\n", 1)     # what it does; the examples and the rest after the options
+    ap = argparse.ArgumentParser(prog="python -m analysis.report", description=head,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=rest)
     ap.add_argument("--uri", default=None, help="tracking URI (default: as run.py resolves it)")
-    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
+    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                    help=f"experiment of the store (default {DEFAULT_EXPERIMENT})")
     ap.add_argument("--table", nargs="+", default=None,
                     help="tidy table(s) (runs.csv of an earlier report) instead of the store")
     ap.add_argument("--sweep", default=None,
@@ -309,6 +311,13 @@ def main(argv=None) -> Report:
     ap.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
     args = ap.parse_args(argv)
+    if args.table and (given := [f"--{k}" for k in ("sweep", "filter") if getattr(args, k) is not None]
+                       + (["--experiment"] if args.experiment != DEFAULT_EXPERIMENT else [])):
+        ap.error(f"--table reads a tidy table, not a store: {', '.join(given)} would be ignored; leave "
+                 f"{'it' if len(given) == 1 else 'them'} out, or give --uri instead of --table")
+    if args.reference_dir != str(DEFAULT_DIR) and not Path(args.reference_dir).is_dir():
+        ap.error(f"--reference-dir {args.reference_dir}: no such folder; the L4 study's CSVs are in "
+                 f"{DEFAULT_DIR}")
     if args.study not in (*STUDIES, "none", "auto") and not Path(args.study).is_file():   # before the store
         ap.error(f"--study {args.study}: no such study or claims file; valid: {', '.join(STUDIES)}, none, "
                  "auto, or the path of a claims YAML file (e.g. analysis/claims/l4.yaml)")
@@ -333,7 +342,16 @@ def main(argv=None) -> Report:
         study = "l4" if df["study_kernel"].notna().any() else "none"
     spec = reference = None
     if study != "none":
-        spec = claims_mod.load_claims(STUDIES.get(study, study))
+        try:
+            spec = claims_mod.load_claims(STUDIES.get(study, study))
+        except claims_mod.ClaimsError as exc:
+            print(f"Cannot read the claims file {STUDIES.get(study, study)}: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    if args.baseline and not any(df[c].eq(args.baseline).any() for c in ("kernel", "study_kernel", "family")):
+        names = sorted(set(ok_runs(df)["family"].dropna()) | set(ok_runs(df)["study_kernel"].dropna()))
+        print(f"--baseline {args.baseline}: no measured run of that kernel, study kernel or family; "
+              f"valid: a kernel of these runs, or one of {', '.join(names)}", file=sys.stderr)
+        raise SystemExit(2)
     if spec is not None and "reference" in spec:
         try:
             if args.table:

@@ -241,21 +241,33 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
         sweep = parents[0].info.run_id
     if sweep:
         try:
-            client.get_run(sweep)
+            tags = client.get_run(sweep).data.tags
         except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
             raise RunsError(f"sweep={sweep!r} is not a run id in {uri}; use a parent run id from "
                             f"mlflow ui --backend-store-uri {shlex.quote(uri)} or sweep='latest'") from exc
+        if tags.get("kind") != "sweep":
+            parent = tags.get("mlflow.parentRunId")
+            raise RunsError(f"sweep={sweep!r} is the run of one kernel, not a sweep's parent run"
+                            + (f"; its sweep is {parent}" if parent else "") + " (or use sweep='latest')")
     runs, token = [], None
     id_to_name = {v: k for k, v in all_exps.items()}
-    if sweep:                   # the runs it measured and those it reused from earlier sweeps
-        runs = sweep_runs(client, ids, sweep, filter_string or "")
-    else:
-        while True:
-            page = client.search_runs(ids, " and ".join(filters), max_results=5000, page_token=token)
-            runs.extend(page)
-            token = page.token
-            if not token:
-                break
+    from mlflow.exceptions import MlflowException
+    try:
+        if sweep:               # the runs it measured and those it reused from earlier sweeps
+            runs = sweep_runs(client, ids, sweep, filter_string or "")
+        else:
+            while True:
+                page = client.search_runs(ids, " and ".join(filters), max_results=5000, page_token=token)
+                runs.extend(page)
+                token = page.token
+                if not token:
+                    break
+    except MlflowException as exc:
+        if not filter_string or exc.error_code != "INVALID_PARAMETER_VALUE":
+            raise
+        why = str(exc.message).strip().splitlines()[0]
+        raise RunsError(f"the filter {filter_string!r} is not an MLflow search filter ({why}); e.g. "
+                        "\"params.precision = 'int8' and metrics.tflops > 100\"") from None
     runs = [r for r in runs if r.data.tags.get("kind") not in ("sweep", "report", "reference-study")]
     frames = [tidy_from_runs([r for r in runs if r.info.experiment_id == i], id_to_name[i]) for i in ids]
     frames = [f for f in frames if len(f)]

@@ -299,3 +299,40 @@ def test_a_tracking_server_that_does_not_answer_is_one_line(tmp_path, module_cli
     assert err.startswith(f"Cannot read the runs: no MLflow tracking server answers at {uri} (") and \
         err.endswith("or give another --uri\n"), err
     assert not (tmp_path / "o").exists()
+
+
+def test_report_options_that_name_nothing_are_refused_in_one_line(store, tmp_path, module_cli):
+    """A filter MLflow cannot parse, a YAML that is no claims file, a --reference-dir that is not
+    there, a --baseline no run has, a kernel's run given as --sweep, and store options beside --table:
+    one line, exit 2, nothing written (they ended in tracebacks, exit 1, or exit 0 with the option
+    ignored and a note deep in report.md)."""
+    table = str(Path(__file__).parents[1] / "results" / "h200" / "l4_claims" / "runs.csv")
+    (tmp_path / "text.yaml").write_text("just: text\n")
+    kernel_run = load_runs(store["uri"], sweep=store["one"])["run_id"].iloc[0]
+    out = ["--out", str(tmp_path / "o"), "--no-log"]
+    cases = [
+        (["--uri", store["uri"], "--filter", "params.precision == int8 AND"],
+         "Cannot read the runs: the filter 'params.precision == int8 AND' is not an MLflow search filter ("),
+        (["--table", table, "--study", str(tmp_path / "text.yaml")],
+         f"Cannot read the claims file {tmp_path / 'text.yaml'}: a claims file needs a top-level list `claims:`"),
+        (["--table", table, "--reference-dir", str(tmp_path / "nowhere")],
+         f"error: --reference-dir {tmp_path / 'nowhere'}: no such folder; the L4 study's CSVs are in "),
+        (["--table", table, "--baseline", "nosuchkernel"],
+         "--baseline nosuchkernel: no measured run of that kernel, study kernel or family; valid: a kernel of "
+         "these runs, or one of dp4a, fp16_ptx_3stage, fp16_ptx_fp16acc, "),
+        (["--uri", store["uri"], "--sweep", kernel_run],
+         f"Cannot read the runs: sweep={kernel_run!r} is the run of one kernel, not a sweep's parent run; "
+         f"its sweep is {store['one']} (or use sweep='latest')"),
+        (["--table", table, "--sweep", "latest", "--filter", "x"],
+         "error: --table reads a tidy table, not a store: --sweep, --filter would be ignored; leave them out"),
+    ]
+    for args, line in cases:
+        rc, stdout, err = module_cli("analysis.report", *args, *out)
+        assert (rc, stdout) == (2, ""), (args, stdout, err)
+        assert line in err.splitlines()[-1], (args, err)
+        assert len(err.splitlines()) == 1 or line.startswith("error:") and err.startswith(   # argparse's: usage
+            "usage: python -m analysis.report [-h]"), (args, err)
+    rc, _, err = module_cli("analysis.notebooks.__main__", "--table", table, "--experiment", "x", "--out",
+                            str(tmp_path / "o"))
+    assert rc == 2 and "error: --table reads a tidy table, not a store: --experiment would be ignored" in err
+    assert not (tmp_path / "o").exists()

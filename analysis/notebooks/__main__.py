@@ -24,7 +24,7 @@ from . import FOLDER, NAMES
 
 
 # what a notebook raises for the store, sweep, table or claims file as given (exit 2, as analysis.report)
-INPUT_ERRORS = ("RunsError", "StoreError", "StoreUnavailable", "FileNotFoundError")
+INPUT_ERRORS = ("RunsError", "StoreError", "StoreUnavailable", "FileNotFoundError", "ClaimsError")
 
 
 def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
@@ -55,8 +55,9 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    head, rest = __doc__.split("\n\n", 1)     # what it does; the examples and the rest after the options
+    ap = argparse.ArgumentParser(prog="python -m analysis.notebooks", description=head,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=rest)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--table", nargs="+", help="tidy table(s) (runs.csv of a report), e.g. the committed "
                      "results/h200/l4_claims/runs.csv")
@@ -71,6 +72,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-boot", type=positive_int, default=None,
                     help="bootstrap resamples (predictors notebook)")
     args = ap.parse_args(argv)
+    if args.table and (given := [f"--{k}" for k in ("sweep", "experiment") if getattr(args, k) is not None]):
+        ap.error(f"--table reads a tidy table, not a store: {', '.join(given)} would be ignored; leave "
+                 f"{'it' if len(given) == 1 else 'them'} out, or give --uri instead of --table")
     if args.table:
         from ..runs import RunsError, read_table
         try:
