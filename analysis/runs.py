@@ -267,7 +267,7 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
             raise
         why = str(exc.message).strip().splitlines()[0]
         raise RunsError(f"the filter {filter_string!r} is not an MLflow search filter ({why}); e.g. "
-                        "\"params.precision = 'int8' and metrics.tflops > 100\"") from None
+                        "\"params.precision = 'int8' and metrics.throughput > 100\"") from None
     runs = [r for r in runs if r.data.tags.get("kind") not in ("sweep", "report", "reference-study")]
     frames = [tidy_from_runs([r for r in runs if r.info.experiment_id == i], id_to_name[i]) for i in ids]
     frames = [f for f in frames if len(f)]
