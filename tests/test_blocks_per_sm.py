@@ -43,7 +43,7 @@ def test_a_cap_above_what_the_kernel_reaches_is_refused_with_the_maximum():
 def test_a_negative_cap_stops_the_sweep_before_anything_is_tracked(tmp_path, run_checks):
     rc, out = run_checks(tmp_path, "-m", "precision=int8,fp16", "launch.blocks_per_sm=-1", "backend=static",
                          *store_args(tmp_path))
-    assert (rc, out.strip()) == (2, "launch.blocks_per_sm=-1 is not valid; it must be a finite number >= 0"), out
+    assert (rc, out.strip()) == (2, "launch.blocks_per_sm=-1 is not valid; it must be a whole number >= 0"), out
     assert all_runs(tmp_path) == ([], [])
 
 

@@ -742,7 +742,7 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],
      None),
     (['-m', 'precision=int8,fp16', 'timing.warmup=-1'],
-     'timing.warmup=-1 is not valid; it must be a finite number >= 0'),
+     'timing.warmup=-1 is not valid; it must be a whole number >= 0'),
     (['verify.rtol=1e-3,nan'],
      "Ambiguous value for argument 'verify.rtol=1e-3,nan'; 1. To use it as a list, use "
      "key=[value1,value2]; 2. To use it as string, quote the value: key=\\'value1,value2\\'; 3. To "
@@ -759,11 +759,11 @@ def test_integer_family_options_keep_params_and_kernel_names():
      "verify.rtol takes no null ('verify.rtol=null'); give a value, e.g. the default "
      'verify.rtol=0.001'),
     (['-m', 'precision=int8,int4', 'timing.batches=int(0)'],
-     'timing.batches=0 is not valid; it must be a finite number >= 1'),
+     'timing.batches=0 is not valid; it must be a whole number >= 1'),
     (['-m', 'timing.batches=range(0,2)'],
-     'timing.batches=0 is not valid; it must be a finite number >= 1'),
+     'timing.batches=0 is not valid; it must be a whole number >= 1'),
     (['-m', 'timing.batches=choice(3,0)'],
-     'timing.batches=0 is not valid; it must be a finite number >= 1'),
+     'timing.batches=0 is not valid; it must be a whole number >= 1'),
     (['timing.min_batch_ms=" -1"'],
      'timing.min_batch_ms=-1.0 is not valid; it must be a finite number > 0'),
     (['timing.batches=${timing.warmup}'],

@@ -96,7 +96,8 @@ VALID_MMA_SYNC = "valid: fp16, bf16, int8, int4, fp8_e4m3, fp8_e5m2 (copy is a p
     (["target.arch=sm_9x"], "target.arch=sm_9x is not valid for family=mma_sync; valid: auto, sm_80, sm_86, "
                             "sm_89, sm_90, sm_90a, sm_100, sm_120"),
     (["verify.rtol=-1"], "verify.rtol=-1.0 is not valid; it must be a finite number > 0"),
-    (["timing.warmup=-1"], "timing.warmup=-1 is not valid; it must be a finite number >= 0"),
+    (["timing.warmup=-1"], "timing.warmup=-1 is not valid; it must be a whole number >= 0"),
+    (["timing.repeats=0"], "timing.repeats=0 is not valid; it must be a whole number >= 1"),     # a count
     (["problem.sizes=[abc]"], "problem.sizes[0]=abc is not an integer ('problem.sizes=[abc]')"),
 ])
 def test_value_no_kernel_takes_is_an_error_before_any_work(tmp_path, run_checks, args, message, multirun):

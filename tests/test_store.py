@@ -302,7 +302,7 @@ def test_shapes_and_settings_are_checked():
             shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist)))
     assert shapes_of(OmegaConf.merge(base, OmegaConf.from_dotlist(["problem.shapes=[[512,1024,256]]"]))) == \
         [(512, 1024, 256)]
-    for dotlist, text in ((["timing.batches=0"], "timing.batches=0 is not valid; it must be a finite number >= 1"),
+    for dotlist, text in ((["timing.batches=0"], "timing.batches=0 is not valid; it must be a whole number >= 1"),
                           (["verify.rtol=-1"], "verify.rtol=-1.0 is not valid; it must be a finite number > 0"),
                           (["timing.min_batch_ms=0"], "timing.min_batch_ms=0.0 is not valid; it must be a finite"),
                           # NaN and inf: a NaN tolerance passed any result as verified

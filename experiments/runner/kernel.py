@@ -219,7 +219,8 @@ def setting_problem(key: str, v) -> str | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low \
                 or (v == low and not inclusive):
             shown, op = "null" if v is None else v, ">=" if inclusive else ">"
-            return f"{key}={shown} is not valid; it must be a finite number {op} {low}"
+            kind = "a whole number" if isinstance(v, int) and not isinstance(v, bool) else "a finite number"
+            return f"{key}={shown} is not valid; it must be {kind} {op} {low}"
     return None
 
 
