@@ -65,7 +65,7 @@ def test_run_key_holds_new_settings_only_away_from_their_defaults():
 
 
 def test_new_settings_are_checked():
-    assert setting_problem("timing.repeats", 0) == "timing.repeats=0 is not valid; it must be a finite number >= 1"
+    assert setting_problem("timing.repeats", 0) == "timing.repeats=0 is not valid; it must be a whole number >= 1"
     assert setting_problem("timing.burst_batch_ms", 0) is not None
     assert setting_problem("timing.idle_wait_s", -1.0) is not None and setting_problem("timing.repeats", 3) is None
     with pytest.raises(ValueError, match="timing.regime=steady, timing.repeats=1: the regime is one of "
