@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.cli import out_problem, positive_int
+from experiments.cli import out_problem, positive_int, refuse_store_options_with_table
 
 from . import claims as claims_mod
 from . import figures, tables
 from .predictors import load_replicates, predictor_study
 from .predictors import tables as predictor_tables
 from .reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
-from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, size_order, unmeasured_note
+from .runs import DEFAULT_EXPERIMENT, RunsError, load_runs, nothing_measured, ok_runs, read_table, size_order
 
 __all__ = ["STUDIES", "Report", "write_report", "html_report", "describe_parent", "HTML", "main"]
 
@@ -311,10 +311,10 @@ def main(argv=None) -> Report:
     ap.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples per interval")
     ap.add_argument("--no-log", action="store_true", help="do not log the report to the sweep's parent run")
     args = ap.parse_args(argv)
-    if args.table and (given := [f"--{k}" for k in ("sweep", "filter") if getattr(args, k) is not None]
-                       + (["--experiment"] if args.experiment != DEFAULT_EXPERIMENT else [])):
-        ap.error(f"--table reads a tidy table, not a store: {', '.join(given)} would be ignored; leave "
-                 f"{'it' if len(given) == 1 else 'them'} out, or give --uri instead of --table")
+    if args.table:
+        given = [f"--{k}" for k in ("sweep", "filter") if getattr(args, k) is not None]
+        given += ["--experiment"] if args.experiment != DEFAULT_EXPERIMENT else []
+        refuse_store_options_with_table(ap, given)
     if args.reference_dir != str(DEFAULT_DIR) and not Path(args.reference_dir).is_dir():
         ap.error(f"--reference-dir {args.reference_dir}: no such folder; the L4 study's CSVs are in "
                  f"{DEFAULT_DIR}")
@@ -330,12 +330,10 @@ def main(argv=None) -> Report:
     except (RunsError, StoreError, FileNotFoundError) as exc:    # the store or table as given: exit 2
         print(f"Cannot read the runs: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if args.table and ok_runs(df).empty:
-        print(f"Nothing to report: {', '.join(args.table)} holds no measured run.", file=sys.stderr)
-        raise SystemExit(2)
-    if note := not args.table and unmeasured_note(df):
+    if why := nothing_measured(df, args.table):
         where = f" (filter {args.filter})" if args.filter else ""
-        print(f"Nothing to report{where}: {note}. Run the sweep on a GPU, then report.", file=sys.stderr)
+        then = "" if args.table else " Run the sweep on a GPU, then report."
+        print(f"Nothing to report{where}: {why}.{then}", file=sys.stderr)
         raise SystemExit(2)
     study = args.study
     if study == "auto":

@@ -350,6 +350,14 @@ def unmeasured_note(runs: pd.DataFrame) -> str | None:
     return note
 
 
+def nothing_measured(runs: pd.DataFrame, tables: typing.Sequence[str] | None = None) -> str | None:
+    """Why ``runs`` hold nothing to analyse, or None: for the tidy table(s) ``tables`` (read_table), that
+    no row measured something (:func:`ok_runs`); for a table of :func:`load_runs`, :func:`unmeasured_note`."""
+    if tables:
+        return f"{', '.join(map(str, tables))} holds no measured run" if ok_runs(runs).empty else None
+    return unmeasured_note(runs)
+
+
 def ok_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that measured something: FINISHED, not failed verification, with a median time."""
     return df[(df["status"] == "FINISHED") & (df["verified"].fillna(True).astype(bool))

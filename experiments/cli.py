@@ -46,3 +46,11 @@ def out_problem(folder) -> str | None:
     if (locked := unwritable(folder)) is not None:
         return f"{locked} is read-only"
     return None
+
+
+def refuse_store_options_with_table(ap, given: list) -> None:
+    """With ``--table`` (a tidy table instead of a store): refuse the store's options ``given`` (their
+    flags as typed, e.g. ["--sweep"]) through ``ap.error`` (exit 2), which would otherwise be ignored."""
+    if given:
+        ap.error(f"--table reads a tidy table, not a store: {', '.join(given)} would be ignored; leave "
+                 f"{'it' if len(given) == 1 else 'them'} out, or give --uri instead of --table")

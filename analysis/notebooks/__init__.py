@@ -41,15 +41,15 @@ def load(default_sweep: str | None = None) -> pd.DataFrame:
     (``ANALYSIS_URI``, ``ANALYSIS_EXPERIMENT``, ``ANALYSIS_SWEEP``: a parent run id, "latest", or ""
     for every run). Raises FileNotFoundError for a missing table, RunsError for a missing store and,
     as ``python -m analysis.report`` refuses them, for runs of which none was measured on a GPU."""
-    from analysis.runs import DEFAULT_EXPERIMENT, RunsError, load_runs, ok_runs, read_table, unmeasured_note
-    if table := os.environ.get("ANALYSIS_TABLE"):
-        runs = read_table(table.split(os.pathsep))
-        if ok_runs(runs).empty:
-            raise RunsError(f"nothing to analyse: {', '.join(table.split(os.pathsep))} holds no measured run")
-        return runs
-    sweep = os.environ.get("ANALYSIS_SWEEP", default_sweep or "")
-    experiment = os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT)
-    runs = load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)
-    if note := unmeasured_note(runs):
-        raise RunsError(f"nothing to analyse: {note}. Run the sweep on a GPU, then the notebooks")
+    from analysis.runs import DEFAULT_EXPERIMENT, RunsError, load_runs, nothing_measured, read_table
+    tables = os.environ["ANALYSIS_TABLE"].split(os.pathsep) if os.environ.get("ANALYSIS_TABLE") else None
+    if tables:
+        runs = read_table(tables)
+    else:
+        sweep = os.environ.get("ANALYSIS_SWEEP", default_sweep or "")
+        experiment = os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT)
+        runs = load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)
+    if why := nothing_measured(runs, tables):
+        then = "" if tables else ". Run the sweep on a GPU, then the notebooks"
+        raise RunsError(f"nothing to analyse: {why}{then}")
     return runs

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.cli import out_problem, positive_int
+from experiments.cli import out_problem, positive_int, refuse_store_options_with_table
 
 from . import FOLDER, NAMES
 
@@ -72,10 +72,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-boot", type=positive_int, default=None,
                     help="bootstrap resamples (predictors notebook)")
     args = ap.parse_args(argv)
-    if args.table and (given := [f"--{k}" for k in ("sweep", "experiment") if getattr(args, k) is not None]):
-        ap.error(f"--table reads a tidy table, not a store: {', '.join(given)} would be ignored; leave "
-                 f"{'it' if len(given) == 1 else 'them'} out, or give --uri instead of --table")
     if args.table:
+        refuse_store_options_with_table(ap, [f"--{k}" for k in ("sweep", "experiment")
+                                             if getattr(args, k) is not None])
         from ..runs import RunsError, read_table
         try:
             read_table(args.table)          # as analysis.report reads it: a table that is not one, exit 2
