@@ -13,6 +13,7 @@ import contextlib
 import copy
 import hashlib
 import os
+import pickle
 import re
 import shlex
 import signal
@@ -176,10 +177,11 @@ def compose_once() -> None:
             except OSError:
                 return read(self, config_path)       # Hydra's own error for a file that is not there
             if key not in files:
-                files[key] = read(self, config_path)
-            done = files[key]
-            return ConfigResult(config=copy.deepcopy(done.config), path=done.path, provider=done.provider,
-                                header=dict(done.header))
+                done = read(self, config_path)
+                files[key] = (pickle.dumps(done.config), done.path, done.provider, done.header)
+            config, path, provider, header = files[key]
+            return ConfigResult(config=pickle.loads(config), path=path, provider=provider,
+                                header=dict(header))
         load_config.reads_once = True
         return load_config
 
@@ -194,12 +196,12 @@ def compose_once() -> None:
         done = self.__dict__.setdefault("_composed", {})
         if key not in done:
             cfg = compose(self, config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
-            done[key] = copy.deepcopy(cfg)
+            done[key] = pickle.dumps(cfg)
             return cfg
         if validate_sweep_overrides:
             parsed = OverridesParser.create(config_loader=self).parse_overrides(list(overrides))
             self.validate_sweep_overrides_legal(overrides=parsed, run_mode=run_mode, from_shell=from_shell)
-        return copy.deepcopy(done[key])
+        return pickle.loads(done[key])
 
     load_configuration.composes_once = True
     ConfigLoaderImpl.load_configuration = load_configuration
