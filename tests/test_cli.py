@@ -739,6 +739,11 @@ def test_integer_family_options_keep_params_and_kernel_names():
      'fp8_e5m2, copy (family=peak)'),
     (['-m', 'cache.op=ca,cx'],
      "cache.op=cx is not valid ('cache.op=cx'); valid: ca, cg"),
+    (['precision=INT8'],
+     "precision=INT8 is not valid ('precision=INT8'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+     'fp8_e5m2, copy (family=peak); did you mean precision=int8?'),
+    (['-m', 'b_layout=col,ROW'],
+     "b_layout=ROW is not valid ('b_layout=ROW'); valid: col, row; did you mean b_layout=row?"),
     (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],
      None),
     (['-m', 'precision=int8,fp16', 'timing.warmup=-1'],

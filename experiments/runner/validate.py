@@ -109,7 +109,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     typed = typed[2] if given and typed[0].lstrip("+~") == key else None
     if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg):
         return (f"{key}={m.group(1)} is not valid{given}; valid: {_listed(key, m.group(2))}"
-                f"{_axis_hint(key, m.group(1))}")
+                f"{_axis_hint(key, m.group(1))}{_case_hint(key, m.group(1), m.group(2))}")
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Integer", msg):
         if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
@@ -190,6 +190,12 @@ def _axis_hint(key: str, value: str) -> str:
         return ""
     return (f"; axis (every value the family declares) is a search's, in its space: "
             f"'hydra.sweeper.params={{{key}: axis}}' with hydra/sweeper=search")
+
+
+def _case_hint(key: str, value: str, valid: str) -> str:
+    """For a value that differs from a valid one only in case (``precision=INT8``): that one."""
+    same = [v for v in valid.split(", ") if v.lower() == value.lower()]
+    return f"; did you mean {key}={same[0]}?" if same else ""
 
 
 def _config_dirs(argv: tuple) -> list:
