@@ -113,7 +113,8 @@ def _make_schema(name: str) -> type:
             fields.append((axis, int, field(default=int(default))))
             continue
         enum = Enum(f"{name}_{axis}", {str(v): v for v in values}, module=__name__)
-        globals()[enum.__name__] = enum          # importable by name: configs pickle (joblib, submitit)
+        # importable by name: configs pickle (joblib, submitit, the composition cache of runner.sweep)
+        globals()[enum.__name__] = enum
         fields.append((axis, enum, field(default=enum[str(default)])))
     schema = make_dataclass("".join(w.capitalize() for w in name.split("_")) + "Conf", fields)
     schema.__module__ = __name__

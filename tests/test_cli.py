@@ -742,6 +742,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (['precision=INT8'],
      "precision=INT8 is not valid ('precision=INT8'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
      'fp8_e5m2, copy (family=peak); did you mean precision=int8?'),
+    (['family=peak', 'precision=COPY'],
+     "precision=COPY is not valid ('precision=COPY'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+     'fp8_e5m2, copy (family=peak); did you mean precision=copy (family=peak)?'),
     (['-m', 'b_layout=col,ROW'],
      "b_layout=ROW is not valid ('b_layout=ROW'); valid: col, row; did you mean b_layout=row?"),
     (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],
@@ -836,7 +839,8 @@ def test_option_values_are_checked_before_any_work(argv, message):
     value outside an Enum, a preset that does not exist, a scalar for a list), then the sweep's start
     checks them (true/false given otherwise, which OmegaConf reads as a bool; a family option outside
     its declared values; a setting out of range): one line naming the key, the value and the valid
-    values. These used to end in Hydra's traceback or after the sweep was tracked."""
+    values, and the valid one when only the case differs (precision=INT8). These used to end in Hydra's
+    traceback or after the sweep was tracked."""
     assert _refusal(argv) == message
 
 

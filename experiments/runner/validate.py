@@ -193,9 +193,10 @@ def _axis_hint(key: str, value: str) -> str:
 
 
 def _case_hint(key: str, value: str, valid: str) -> str:
-    """For a value that differs from a valid one only in case (``precision=INT8``): that one."""
+    """For a value that differs from a valid one only in case (``precision=INT8``): that one, as
+    :func:`_listed` shows it (``precision=copy (family=peak)``)."""
     same = [v for v in valid.split(", ") if v.lower() == value.lower()]
-    return f"; did you mean {key}={same[0]}?" if same else ""
+    return f"; did you mean {key}={_listed(key, same[0])}?" if same else ""
 
 
 def _config_dirs(argv: tuple) -> list:

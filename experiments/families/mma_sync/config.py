@@ -1,8 +1,9 @@
 """The default family's config schema: its root keys (ktile, mma, acc, b_layout, smem_layout, tile.*,
 loader.*, pipeline.*, cache.*), their Enums made from the domains in :mod:`.domains` and
 their sections. :func:`root_fields` is what ``experiments.config.Config`` takes from this family
-(:meth:`MmaSyncFamily.root_fields`); the classes keep this module as their pickled path (joblib, submitit)
-and are re-exported by ``experiments.config``.
+(:meth:`MmaSyncFamily.root_fields`); the classes keep this module as their pickled path (joblib, submitit,
+the composition cache of :func:`experiments.runner.sweep.compose_once`) and are re-exported by
+``experiments.config``.
 """
 from __future__ import annotations
 
