@@ -744,7 +744,13 @@ def test_integer_family_options_keep_params_and_kernel_names():
      'fp8_e5m2, copy (family=peak); did you mean precision=int8?'),
     (['family=peak', 'precision=COPY'],
      "precision=COPY is not valid ('precision=COPY'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
-     'fp8_e5m2, copy (family=peak); did you mean precision=copy (family=peak)?'),
+     'fp8_e5m2, copy (family=peak); did you mean precision=copy?'),
+    (['precision=COPY'],
+     "precision=COPY is not valid ('precision=COPY'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+     'fp8_e5m2, copy (family=peak); did you mean family=peak precision=copy?'),
+    (['family=wgmma', 'precision=INT4'],
+     "precision=INT4 is not valid ('precision=INT4'); valid: fp16, bf16, int8, int4, fp8_e4m3, "
+     'fp8_e5m2, copy (family=peak); precision=int4 is for family=mma_sync,wmma,peak, not family=wgmma'),
     (['-m', 'b_layout=col,ROW'],
      "b_layout=ROW is not valid ('b_layout=ROW'); valid: col, row; did you mean b_layout=row?"),
     (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],

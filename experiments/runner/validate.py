@@ -109,7 +109,7 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
     typed = typed[2] if given and typed[0].lstrip("+~") == key else None
     if m := re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", msg):
         return (f"{key}={m.group(1)} is not valid{given}; valid: {_listed(key, m.group(2))}"
-                f"{_axis_hint(key, m.group(1))}{_case_hint(key, m.group(1), m.group(2))}")
+                f"{_axis_hint(key, m.group(1))}{_case_hint(key, m.group(1), m.group(2), argv)}")
     if m := re.match(r"Value '(.*?)' (of type '\w+' )?could not be converted to Integer", msg):
         if m.group(1) == "{}":          # family.bn.x=1: a key below an integer
             return f"{key} is an integer, with no keys below it{given}{_declared(cause, key)}"
@@ -192,11 +192,23 @@ def _axis_hint(key: str, value: str) -> str:
             f"'hydra.sweeper.params={{{key}: axis}}' with hydra/sweeper=search")
 
 
-def _case_hint(key: str, value: str, valid: str) -> str:
-    """For a value that differs from a valid one only in case (``precision=INT8``): that one, as
-    :func:`_listed` shows it (``precision=copy (family=peak)``)."""
+def _case_hint(key: str, value: str, valid: str, argv: tuple) -> str:
+    """For a value that differs from a valid one only in case (``precision=INT8``): that one; for a
+    precision the family of the command line (``family=``, else the default) does not take, the
+    families that do (``precision=COPY``: ``family=peak precision=copy``)."""
     same = [v for v in valid.split(", ") if v.lower() == value.lower()]
-    return f"; did you mean {key}={_listed(key, same[0])}?" if same else ""
+    if not same:
+        return ""
+    if key == "precision":
+        from ..families import DEFAULT, get, names
+        chosen = next((a.partition("=")[2] for a in reversed(argv)
+                       if a.lstrip("+").partition("=")[0] == "family"), DEFAULT)
+        takes = [n for n in names() if same[0] in map(str, get(n).axes["precision"])]
+        if chosen in names() and chosen not in takes:
+            if len(takes) == 1:
+                return f"; did you mean family={takes[0]} precision={same[0]}?"
+            return f"; {key}={same[0]} is for family={','.join(takes)}, not family={chosen}"
+    return f"; did you mean {key}={same[0]}?"
 
 
 def _config_dirs(argv: tuple) -> list:
