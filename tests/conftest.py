@@ -94,7 +94,7 @@ def pytest_unconfigure(config):
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: without a GPU, one worker more than the CPU cores the tests may use: some files
     mostly wait (for Slurm's scheduler, a tracking server, Chromium), and the extra worker fills those
-    waits (on 2 cores: 443-494 s of pytest with 3 workers, 496-520 s with 2). With a GPU none (tests one
+    waits (on 2 cores: 443-506 s of pytest with 3 workers, 496-520 s with 2). With a GPU none (tests one
     after another), so that two tests never time kernels on the same GPU at once."""
     import os
     if nvml_gpu() is not None:
