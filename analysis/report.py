@@ -346,7 +346,8 @@ def main(argv=None) -> Report:
             print(f"Cannot read the claims file {STUDIES.get(study, study)}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
     if args.baseline and not any(df[c].eq(args.baseline).any() for c in ("kernel", "study_kernel", "family")):
-        names = sorted(set(ok_runs(df)["family"].dropna()) | set(ok_runs(df)["study_kernel"].dropna()))
+        ok = ok_runs(df)
+        names = sorted(set(ok["family"].dropna()) | set(ok["study_kernel"].dropna()))
         print(f"--baseline {args.baseline}: no measured run of that kernel, study kernel or family; "
               f"valid: a kernel of these runs, or one of {', '.join(names)}", file=sys.stderr)
         raise SystemExit(2)

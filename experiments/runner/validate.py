@@ -142,13 +142,16 @@ def _listed(key: str, valid: str) -> str:
     if key != "precision":
         return valid
     from ..dtypes import DType
-    from ..families import get, names
 
     def shown(v: str) -> str:
-        if v in DType.__members__:
-            return v
-        return f"{v} (family={','.join(n for n in names() if v in map(str, get(n).axes['precision']))})"
+        return v if v in DType.__members__ else f"{v} (family={','.join(_families_taking(v))})"
     return ", ".join(shown(v) for v in valid.split(", "))
+
+
+def _families_taking(precision: str) -> list:
+    """The families whose ``precision`` axis has ``precision``, in registry order."""
+    from ..families import get, names
+    return [n for n in names() if precision in map(str, get(n).axes["precision"])]
 
 
 def _file_problem(exc, argv: tuple) -> str:
@@ -200,10 +203,10 @@ def _case_hint(key: str, value: str, valid: str, argv: tuple) -> str:
     if not same:
         return ""
     if key == "precision":
-        from ..families import DEFAULT, get, names
+        from ..families import DEFAULT, names
         chosen = next((a.partition("=")[2] for a in reversed(argv)
                        if a.lstrip("+").partition("=")[0] == "family"), DEFAULT)
-        takes = [n for n in names() if same[0] in map(str, get(n).axes["precision"])]
+        takes = _families_taking(same[0])
         if chosen in names() and chosen not in takes:
             if len(takes) == 1:
                 return f"; did you mean family={takes[0]} precision={same[0]}?"
