@@ -180,15 +180,49 @@ def build(folder: Path, reference_dir: Path | None = PAPER_L4) -> dict:
 
 
 def shared_store(tmp_path_factory) -> dict:
-    """The store, built once per pytest run under its base temp folder (the analysis test modules share it)."""
+    """The store in this process's base temp folder (the analysis test modules share it), as :func:`build`
+    returns it. It is built once per test run, in the folder the run's processes share (conftest:
+    TC_TOOL_CACHE), by the first process that needs it while the others wait, and each process gets a
+    copy of its own (tests write reports and tags into it) with the artifact locations moved to the
+    copy; without that folder, built here."""
     import json
+    import os
+
+    from filelock import FileLock
     folder = tmp_path_factory.getbasetemp() / "analysis_store"
     marker = folder / "ids.json"
-    if not marker.exists():
+    if marker.exists():
+        return json.loads(marker.read_text())
+    shared = os.environ.get("TC_TOOL_CACHE")
+    if not shared:
         with _no_fsync():
             ids = build(folder)
         marker.write_text(json.dumps(ids))
-    return json.loads(marker.read_text())
+        return ids
+    made = Path(shared) / "analysis_store"
+    with FileLock(str(made) + ".lock"):
+        if not (made / "ids.json").exists():
+            with _no_fsync():
+                (made / "ids.json").write_text(json.dumps(build(made)))
+    ids = json.loads((made / "ids.json").read_text())
+    _copy(made, folder)
+    ids["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
+    marker.write_text(json.dumps(ids))
+    return ids
+
+
+def _copy(made: Path, folder: Path) -> None:
+    """A copy of the store :func:`build` made in ``made`` in ``folder``: the database through SQLite's
+    backup, the artifacts as files, and every artifact location under ``made`` moved to ``folder``."""
+    import shutil
+    shutil.copytree(made, folder, ignore=shutil.ignore_patterns("mlflow.db*", "ids.json"))
+    old, new = (made / "artifacts").as_uri(), (folder / "artifacts").as_uri()
+    with contextlib.closing(sqlite3.connect(made / "mlflow.db")) as src, \
+            contextlib.closing(sqlite3.connect(folder / "mlflow.db")) as dst:
+        src.backup(dst)
+        with dst:
+            dst.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (old, new))
+            dst.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (old, new))
 
 
 if __name__ == "__main__":
