@@ -753,6 +753,18 @@ def test_integer_family_options_keep_params_and_kernel_names():
      'fp8_e5m2, copy (family=peak); precision=int4 is for family=mma_sync,wmma,peak, not family=wgmma'),
     (['-m', 'b_layout=col,ROW'],
      "b_layout=ROW is not valid ('b_layout=ROW'); valid: col, row; did you mean b_layout=row?"),
+    (['family=MMA_SYNC'],
+     "family=MMA_SYNC is not a preset ('family=MMA_SYNC'); valid: cublas, dp4a, mma_sync, peak, wgmma, wmma "
+     "(conf/family/); did you mean family=mma_sync?"),
+    (['-m', 'tile=256x128,256X128'],
+     "tile=256X128 is not a preset ('tile=256X128'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
+     "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/); did you mean tile=256x128?"),
+    (['problem=Small'],
+     "problem=Small is not a preset ('problem=Small'); valid: default, small (conf/problem/); did you mean "
+     "problem=small?"),
+    (['target.arch=SM_90'],
+     "target.arch=SM_90 is not valid for family=mma_sync; valid: auto, sm_80, sm_86, sm_89, sm_90, sm_90a, "
+     "sm_100, sm_120; did you mean target.arch=sm_90?"),
     (['-m', 'precision=fp16,fp8_e5m2', 'cache.l2_hint_b=evict_last', 'b_layout=row'],
      None),
     (['-m', 'precision=int8,fp16', 'timing.warmup=-1'],

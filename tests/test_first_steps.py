@@ -584,7 +584,11 @@ def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["pipeline.stages=100"], "Invalid configuration: pipeline.stages=100 is not valid; valid values: 1 ... 65"),
+    (["pipeline.stages=100"], "Invalid configuration: pipeline.stages=100 is not valid; valid values: 1 ... 65 "
+                              "that fit shared memory (65 stages wait with cp.async.wait_group 63, the most "
+                              "pending groups its counter holds)"),
+    (["mma=M16N8K16"], "Invalid configuration: mma=M16N8K16 is not valid with precision=fp16; valid values: auto, "
+                       "m16n8k8, m16n8k16; did you mean mma=m16n8k16?"),
     (["tile.block=[100,128]"], "Invalid configuration: tile.block=[100, 128] with tile.warps=[4, 2] gives a warp "
                                "tile of 25x64; it must be a multiple of 16x8"),
     (["precision=int8", "mma=m16n8k64"], "Invalid configuration: mma=m16n8k64 is not valid with precision=int8; "

@@ -224,8 +224,9 @@ def test_bad_ptx_version_string():
 def test_direct_construction_validates_stages_and_cache():
     with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 66, "cg", "sm_90")
-    assert str(err.value) == ("pipeline.stages=66 is not valid; valid values: 1 ... 65 (a cp.async.wait_group "
-                              "waits for at most 63 pending groups) that fit shared memory")
+    assert str(err.value) == ("pipeline.stages=66 is not valid; valid values: 1 ... 65 that fit shared memory "
+                              "(65 stages wait with cp.async.wait_group 63, the most pending groups its counter "
+                              "holds)")
     with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cs", "sm_90")
     assert_names(str(err.value), "cache.op", "cs", ["ca", "cg"])

@@ -22,7 +22,7 @@ from ..families.runner import (NvccError, family_name, family_shapes, family_spe
                               sass_subject)
 from ..hardware import ARCHS
 from ..metrics import rounded
-from ..spec import SpecError, _parse_version
+from ..spec import SpecError, _parse_version, did_you_mean
 from ..build.toolchain import toolchain_tags
 from ..gpu.verify import Data
 
@@ -97,13 +97,13 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
         owners = [f for f in family_names() if str(v) in _precisions(f)]
         other = f" ({v} is a precision of family={' or '.join(owners)})" if owners else ""
         return (f"precision={v} is not valid for family={','.join(families)}; valid: {', '.join(valid)}"
-                f"{other}")
+                f"{other}{did_you_mean(key, v, valid)}")
     if key == "target.arch":
         valid = [a for a in ARCHS if any(a in _archs(f) for f in families)]
         if str(v) == "auto" or str(v) in valid:
             return None
         return (f"target.arch={v} is not valid for family={','.join(families)}; valid: auto, "
-                f"{', '.join(valid)}")
+                f"{', '.join(valid)}{did_you_mean(key, v, ['auto', *valid])}")
     if key == "target.ptx_version":
         try:
             _parse_version(str(v))

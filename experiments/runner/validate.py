@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..families import DEFAULT
+from ..spec import did_you_mean
 from ..store.track import MAX_WAIT_S
 
 __all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem", "config_problem"]
@@ -58,7 +59,8 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         where = ", ".join([f"conf/{group}/"] * (_CONF / group).is_dir() + folders)
         if group == "variant":
             where += " and the variants conf/experiment/ presets list"
-        return f"{group}={name} is not a preset{given}; valid: {', '.join(options)} ({where})"
+        return (f"{group}={name} is not a preset{given}; valid: {', '.join(options)} ({where})"
+                f"{did_you_mean(group, name, options)}")
     if isinstance(exc, OverrideParseException):
         return (f"{text.splitlines()[0]}: Hydra cannot read this override; quote a value with spaces or "
                 "special characters (key='value'), see https://hydra.cc/docs/advanced/override_grammar/basic/")
@@ -200,9 +202,7 @@ def _case_hint(key: str, value: str, valid: str, argv: tuple) -> str:
     precision the family of the command line (``family=``, else the default) does not take, the
     families that do (``precision=COPY``: ``family=peak precision=copy``)."""
     same = [v for v in valid.split(", ") if v.lower() == value.lower()]
-    if not same:
-        return ""
-    if key == "precision":
+    if key == "precision" and same:
         from ..families import DEFAULT, names
         chosen = next((a.partition("=")[2] for a in reversed(argv)
                        if a.lstrip("+").partition("=")[0] == "family"), DEFAULT)
@@ -211,7 +211,7 @@ def _case_hint(key: str, value: str, valid: str, argv: tuple) -> str:
             if len(takes) == 1:
                 return f"; did you mean family={takes[0]} precision={same[0]}?"
             return f"; {key}={same[0]} is for family={','.join(takes)}, not family={chosen}"
-    return f"; did you mean {key}={same[0]}?"
+    return did_you_mean(key, value, valid.split(", "))
 
 
 def _config_dirs(argv: tuple) -> list:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...dtypes import DType
+from ...spec import did_you_mean
 from ...spec_tables import ACCUMULATORS, ARCHS, PRECISIONS
 from .domains import (B_LAYOUTS, CACHE_OPS, KTILES, L2_HINTS, L2_PREFETCHES, LOADERS, MAX_STAGES,
                       SMEM_LAYOUTS, tile_presets)
@@ -162,10 +163,12 @@ def preset_tiles() -> dict:
 
 
 def choose(key: str, value, valid, given: str = "") -> str | None:
+    """None for a ``value`` of ``valid``, else the message: key, value, ``given`` (what it is not valid
+    with), the valid values and, for a value that differs from one only in case, that one."""
     if value in valid:
         return None
     return (f"{key}={value} is not valid{' with ' + given if given else ''}; valid values: "
-            + ", ".join(str(v) for v in valid))
+            + ", ".join(str(v) for v in valid) + did_you_mean(key, value, valid))
 
 
 def valid_ktiles(prec: DType) -> list[int]:

@@ -126,8 +126,9 @@ def _validate(s: KernelSpec) -> None:
         if err := choose(key, getattr(s, attr), dom):
             raise SpecError(err)
     if not 1 <= s.stages <= MAX_STAGES:
-        raise SpecError(f"pipeline.stages={s.stages} is not valid; valid values: 1 ... {MAX_STAGES} (a "
-                        "cp.async.wait_group waits for at most 63 pending groups) that fit shared memory")
+        raise SpecError(f"pipeline.stages={s.stages} is not valid; valid values: 1 ... {MAX_STAGES} that fit "
+                        f"shared memory ({MAX_STAGES} stages wait with cp.async.wait_group {MAX_STAGES - 2}, "
+                        "the most pending groups its counter holds)")
     if not GROUP_M_RANGE[0] <= s.group_m <= GROUP_M_RANGE[1]:
         raise SpecError(f"tile.group_m={s.group_m} must be between 1 (row-major) and {GROUP_M_RANGE[1]}")
     for rule in RULES:
