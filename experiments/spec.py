@@ -11,8 +11,8 @@ from enum import Enum
 
 from .hardware import ARCHS, DEFAULT_SMS, SM_COUNTS
 
-__all__ = ["SpecError", "did_you_mean", "resolve_arch", "value", "misfit_message", "check_no_tails", "NO_TAILS_ADVICE",
-           "AutoTile", "sm_count", "waves_cost", "AUTO_GLOBAL_COST", "AUTO_SHARED_COST"]
+__all__ = ["SpecError", "did_you_mean", "resolve_arch", "value", "misfit_message", "check_no_tails",
+           "NO_TAILS_ADVICE", "AutoTile", "sm_count", "waves_cost", "AUTO_GLOBAL_COST", "AUTO_SHARED_COST"]
 
 
 class SpecError(ValueError):

@@ -141,11 +141,19 @@ def test_deleted_experiment_is_explained(tmp_path):
     assert f"mlflow experiments restore --experiment-id {exp.experiment_id}" in out
 
 
-def test_file_store_uri_gets_one_clear_line(tmp_path):
-    rc, out = run_cli(tmp_path, "-m", "precision=int8", "tracking.uri=file:./mlruns")
-    assert rc == 1 and "Traceback" not in out, out
-    assert "MLflow 3 keeps runs in a database store" in out and f"sqlite:///{tmp_path}/mlruns.db" in out
-    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "file:").exists()
+@pytest.mark.parametrize("uri, said", [
+    ("file:./mlruns", "MLflow 3 keeps runs in a database store"),
+    ("bogus://x", "the tracking URI bogus://x has a scheme MLflow cannot track to: give sqlite:///PATH"),
+])
+def test_a_tracking_uri_that_names_no_store_gets_one_line_and_exit_2(tmp_path, uri, said):
+    """A URI whose form names no store this tool can use is a bad value: one line and exit 2, as for any
+    other (it was 1, as for a store that fails while it runs), and nothing made."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8", f"tracking.uri={uri}")
+    assert rc == 2 and "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert out.startswith(f"Store error: {'the tracking URI ' + uri if 'file' in uri else said}"), out
+    assert said in out and list(tmp_path.iterdir()) == []
+    if uri.startswith("file:"):
+        assert f"sqlite:///{tmp_path}/mlruns.db" in out
 
 
 @pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "experiments.profile",

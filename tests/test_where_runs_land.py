@@ -209,7 +209,7 @@ def test_run_and_readers_refuse_a_question_mark_in_the_path(tmp_path, module_cli
     uri = f"sqlite:///{tmp_path}/s/q?x=1/mlflow.db"
     rc, out = run_cli(tmp_path, "precision=int8", "ktile=64", f"tracking.uri='{uri}'",
                       f"hydra.run.dir={tmp_path}/out")
-    assert rc == 1 and "Traceback" not in out, out
+    assert rc == 2 and "Traceback" not in out, out
     assert f"Store error: the tracking URI {uri}: a SQLite store's path cannot hold '?' (SQLAlchemy ends the " \
            f"path at '?': the store would be {tmp_path}/s/q); use a path without '?' and '%', e.g. " \
            f"sqlite:///{tmp_path}/s/q_x=1/mlflow.db" in out

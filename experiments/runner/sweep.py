@@ -33,7 +33,7 @@ from ..reports.report import static_command
 from .job import warm_process
 from .kernel import resolved
 from ..spec import value
-from ..store.track import SWEEP_ENV, StoreError, get_tracker, resolve_uri, unwritable
+from ..store.track import SWEEP_ENV, StoreError, UriError, get_tracker, resolve_uri, unwritable
 from ..store.view import description_link, publish, sweep_link
 from .validate import SEARCH_SWEEPER, Invalid, check, removed
 from .variants import VariantError
@@ -610,6 +610,8 @@ class SweepCallback(Callback):
             uri = resolve_uri(given_uri)
             tracker = get_tracker(uri, experiment, float(config.tracking.wait),
                                   stale_after=float(config.tracking.stale_after_s))
+        except UriError as exc:         # the URI as written: refused as a bad value is (exit 2)
+            raise Invalid(f"Store error: {exc}") from None
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
         self.uri, self.experiment = uri, experiment

@@ -47,10 +47,10 @@ from urllib.parse import unquote
 
 from .record import MEMBER, NEW, REUSED
 
-__all__ = ["PROJECT_ROOT", "StoreError", "StoreUnavailable", "resolve_uri", "store_lock", "check_schema",
-           "current_sweep", "Tracker", "flatten", "run_key", "get_tracker", "trackers", "abort_open_runs",
-           "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of", "unwritable", "claim_marker", "OWNER",
-           "STALE_AFTER_S"]
+__all__ = ["PROJECT_ROOT", "StoreError", "UriError", "StoreUnavailable", "resolve_uri", "store_lock",
+           "check_schema", "current_sweep", "Tracker", "flatten", "run_key", "get_tracker", "trackers",
+           "abort_open_runs", "SWEEP_ENV", "MEMBER", "sweep_runs", "sweeps_of", "unwritable", "claim_marker",
+           "OWNER", "STALE_AFTER_S"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HOST, PID = socket.gethostname(), os.getpid()
@@ -84,6 +84,11 @@ class StoreError(RuntimeError):
     """The tracking store cannot be used as asked; the message says why and what to do."""
 
 
+class UriError(StoreError):
+    """The tracking URI as written names no store this tool can use (its form, not the store behind
+    it): a usage error, which run.py refuses with exit status 2 before any work."""
+
+
 class StoreUnavailable(BaseException):
     """A SQLite store stopped taking writes: another process held its write lock past the wait, or
     its disk is full. Like KeyboardInterrupt it ends the command wherever it is raised (no job can go
@@ -97,17 +102,18 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     A relative ``sqlite:///path`` is made absolute against ``base`` (default: the current directory)
     and, with ``create``, its folder is made. The path is the text after ``sqlite:///`` with its
     percent-escapes decoded as SQLAlchemy decodes them (``%20`` is a space), ``~`` the home folder and
-    ``..`` resolved; StoreError for a '?' or '%' in it (:func:`_odd_path` says why). ``http(s)://``
-    and ``databricks`` URIs are kept.
-    Raises StoreError for a file store (``file:...`` or a plain folder): MLflow 3 keeps runs in a
-    database; the message gives the SQLite URI to use instead. Also for ``sqlite:`` spelled otherwise
-    than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), for another scheme (``ftp://``, ``s3://``),
-    for an empty ``uri`` (None is the default) and for a path that cannot hold a store.
+    ``..`` resolved. ``http(s)://`` and ``databricks`` URIs are kept.
+    Raises UriError (a StoreError: the URI as written names no usable store) for a '?' or '%' in the
+    path (:func:`_odd_path` says why), for a file store (``file:...`` or a plain folder: MLflow 3 keeps
+    runs in a database; the message gives the SQLite URI to use instead), for ``sqlite:`` spelled
+    otherwise than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), for another scheme (``ftp://``,
+    ``s3://``) and for an empty ``uri`` (None is the default); StoreError for a path that cannot hold
+    a store (a file in its way, a read-only folder).
     """
     if uri is not None and not uri.strip():
-        raise StoreError("the tracking URI is empty: give one (sqlite:///PATH, http://HOST:PORT), or leave "
-                         "it out for the default store (tracking.uri=null; $MLFLOW_TRACKING_URI, else "
-                         "outputs/mlflow.db)")
+        raise UriError("the tracking URI is empty: give one (sqlite:///PATH, http://HOST:PORT), or leave "
+                       "it out for the default store (tracking.uri=null; $MLFLOW_TRACKING_URI, else "
+                       "outputs/mlflow.db)")
     uri = (uri or os.environ.get("MLFLOW_TRACKING_URI") or "").strip()
     base = Path(base or os.getcwd())
     if not uri:
@@ -116,34 +122,34 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
         rest = uri[len("sqlite:"):]
         given = rest[3:] if rest.startswith("///") else rest[2:] if rest.startswith("//") else rest
         example = base / (given or "mlflow.db")         # sqlite:/abs/x.db keeps its absolute path
-        raise StoreError(f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and the database "
-                         f"file's path, e.g. sqlite:///{example} (four slashes for an absolute path)")
+        raise UriError(f"the tracking URI {uri} is no SQLite URI: write sqlite:/// and the database "
+                       f"file's path, e.g. sqlite:///{example} (four slashes for an absolute path)")
     elif uri.startswith("sqlite:///") and unquote(uri[len("sqlite:///"):]).split("?")[0] in ("", ":memory:"):
-        raise StoreError(f"the tracking URI {uri} is an in-memory SQLite store, which ends with the process "
-                         "that opened it and cannot be shared with the sweep's jobs: give a file, e.g. "
-                         f"sqlite:///{base / 'mlflow.db'}")
+        raise UriError(f"the tracking URI {uri} is an in-memory SQLite store, which ends with the process "
+                       "that opened it and cannot be shared with the sweep's jobs: give a file, e.g. "
+                       f"sqlite:///{base / 'mlflow.db'}")
     elif uri.startswith("sqlite:///"):
         # the path as SQLAlchemy reads it (percent-escapes decoded), '~' the home folder
         written = unquote(uri[len("sqlite:///"):])
         path = Path(written).expanduser()
         path = path if path.is_absolute() and ".." not in path.parts else (base / path).resolve()
         if bad := next((c for c in "?%" if c in written), None):
-            raise StoreError(_odd_path(uri, bad, path))
+            raise UriError(_odd_path(uri, bad, path))
     elif uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql", "mssql")):
         return uri
     elif re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", uri) and not uri.startswith("file:"):
-        raise StoreError(f"the tracking URI {uri} has a scheme MLflow cannot track to: give sqlite:///PATH "
-                         "(a file), http://HOST:PORT (a tracking server) or a database server's URI "
-                         "(postgresql://, mysql://)")
+        raise UriError(f"the tracking URI {uri} has a scheme MLflow cannot track to: give sqlite:///PATH "
+                       "(a file), http://HOST:PORT (a tracking server) or a database server's URI "
+                       "(postgresql://, mysql://)")
     else:
         folder = Path(uri[len("file:"):] if uri.startswith("file:") else uri).expanduser()
         folder = folder if folder.is_absolute() else (base / folder).resolve()
         if (folder / "mlflow.db").is_file():                          # a folder that holds the store
             folder = folder / "mlflow.db"
         if folder.suffix in (".db", ".sqlite", ".sqlite3"):        # the path of a SQLite file
-            raise StoreError(f"the tracking URI {uri} is a path, which MLflow reads as a file store; as a "
-                             f"SQLite store it is sqlite:///{folder}")
-        raise StoreError(
+            raise UriError(f"the tracking URI {uri} is a path, which MLflow reads as a file store; as a "
+                           f"SQLite store it is sqlite:///{folder}")
+        raise UriError(
             f"the tracking URI {uri} is a file store; MLflow 3 keeps runs in a database store. Use a SQLite "
             f"file instead, e.g. sqlite:///{folder.with_name(folder.name + '.db')}, or a tracking server "
             "(http://host:port).")
