@@ -220,9 +220,19 @@ def test_headline_again_tracks_nothing_new(headline):
     tmp, _, (_, first_children), (rc, out), (parents, children) = headline
     assert rc == 0, out
     assert out.count("already tracked") == 4
-    assert "Nothing new was tracked" in out
     assert sorted(r.info.run_id for r in children) == sorted(r.info.run_id for r in first_children)
     assert len(parents) == 1          # no second, empty parent
+    # where the results are, as the first run said it: the re-run of a finished sweep printed only the line
+    # that nothing was tracked
+    parent, uri = parents[0].info.run_id, f"sqlite:///{tmp}/mlflow.db"
+    tail = out[out.index("Nothing new was tracked"):].splitlines()
+    assert tail[:4] == ["Nothing new was tracked: every run of this sweep is already in the store.",
+                        f"Parent run {parent}: 4 static.",
+                        f"Browse the results:  mlflow ui --backend-store-uri {uri}",
+                        f"  this sweep: http://127.0.0.1:5000/#/experiments/{parents[0].info.experiment_id}/runs"
+                        f"?viewStateShareKey={parent}&workflowType=machine_learning"], out
+    assert tail[5] == (f"  as a table: python -m experiments.report --static --uri {uri} --experiment {EXPERIMENT} "
+                       f"--sweep {parent}"), out
 
 
 @pytest.mark.parametrize("override, texts", [

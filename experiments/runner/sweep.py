@@ -671,8 +671,6 @@ class SweepCallback(Callback):
         slurm = sys.modules.get("experiments.runner.slurm")
         lost = slurm.lost_jobs() if slurm else []
         closed, failures, total, emulated, outcomes = self._end_parent(failed_job or bool(lost))
-        if not closed:
-            print("Nothing new was tracked: every run of this sweep is already in the store.", flush=True)
         if emulated:
             print(f"Note: {len(emulated)} kernel(s) of this sweep run an emulated MMA on their target "
                   f"(tag mma_native=false), e.g. {emulated[0]}. Conclusions about them are about the "
@@ -705,9 +703,11 @@ class SweepCallback(Callback):
 
     def _end_parent(self, failed_job: bool) -> tuple:
         """End the sweep's parent run in its store and experiment (see :meth:`_close`), print its
-        summary and links; returns (parents ended: 0 or 1, the runs this command had FAILED, how many
+        summary and links (also when nothing was added: a re-run of a finished sweep shows where its
+        results are); returns (parents ended: 0 or 1, the runs this command had FAILED, how many
         runs it made, the emulated kernels it ran, the outcome counts over each measurement's latest
         run)."""
+        nothing = "Nothing new was tracked: every run of this sweep is already in the store."
         uri, experiment = self.uri, self.experiment
         tracker = get_tracker(uri, experiment)
         tracker.keep_live(None)          # a deleted experiment first: its runs are found again
@@ -724,6 +724,7 @@ class SweepCallback(Callback):
         if parent is not None and not runs:          # made at the start, nothing joined it
             tracker.end(parent, "KILLED", "no run joined this sweep")
             tracker.client.delete_run(parent)
+            print(nothing, flush=True)
             return 0, [], 0, [], outcomes
         reused = reused_count(runs, parent)
         summary = ", ".join(f"{n} {s}" for s, n in sorted(outcomes.items())) + (
@@ -732,6 +733,10 @@ class SweepCallback(Callback):
         if parent is None or not new and tracker.client.get_run(parent).data.tags.get("runs") == summary:
             if parent in tracker.open:                # reopened at the start; nothing was added
                 tracker.end(parent)
+            print(nothing, flush=True)
+            if parent is not None:
+                print(f"Parent run {parent}: {summary}.", flush=True)
+                self._links(tracker.experiment_id, parent)
             return 0, [], 0, [], outcomes
         emulated = sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
                             f"{r.data.tags.get('mma_native_reason', '')}"
@@ -761,6 +766,14 @@ class SweepCallback(Callback):
         if busy_line:
             print(busy_line, flush=True)
         publish(tracker.client, exp, parent, runs)
+        self._links(exp, parent)
+        return 1, mine, len(new), emulated, outcomes
+
+    def _links(self, exp: str, parent: str) -> None:
+        """Print where the sweep's results are: the UI command (or the tracking server), the links to
+        the sweep's view and to every run of experiment id ``exp``, and without a GPU the table command
+        of its static runs."""
+        uri = self.uri
         if uri.startswith(("http://", "https://")):     # a tracking server is its own UI
             ui = uri.rstrip("/") + "/"
             print(f"Browse the results on the tracking server {uri}:", flush=True)
@@ -770,8 +783,7 @@ class SweepCallback(Callback):
         print(f"  this sweep: {sweep_link(exp, parent, ui)}\n  all runs:   {ui}#/experiments/{exp}/runs",
               flush=True)
         if not self.measured:                    # no GPU: the resources of its static runs
-            print(f"  as a table: {static_command(uri, experiment, parent)}", flush=True)
-        return 1, mine, len(new), emulated, outcomes
+            print(f"  as a table: {static_command(uri, self.experiment, parent)}", flush=True)
 
     def _benchmark(self) -> str | None:
         """The performance check of this sweep (``benchmark``); returns why it failed, or None."""
