@@ -17,6 +17,7 @@ import multiprocessing as mp
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +25,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _racer(uri: str, experiment: str, keys: list, barrier, results, no_lock: bool) -> None:
+def ends_with(pid: int, every_s: float = 0.5) -> threading.Thread:
+    """Watch process ``pid`` from a daemon thread and end this process (status 1) once it is gone: a
+    racer whose race was killed (Ctrl-C, a test run stopped) ends instead of waiting at the barrier
+    with its store's heartbeat running."""
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:     # alive, another user's
+                pass
+            time.sleep(every_s)
+    thread = threading.Thread(target=watch, daemon=True, name="race-watch")
+    thread.start()
+    return thread
+
+
+def _racer(uri: str, experiment: str, keys: list, barrier, results, no_lock: bool, racing: int) -> None:
+    ends_with(racing)
     from experiments.store import track
     if no_lock:
         track.store_lock = lambda uri: contextlib.nullcontext()
@@ -51,7 +71,7 @@ def race(uri: str, processes: int, trials: int, no_lock: bool = False) -> list[t
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     ctx.set_forkserver_preload(["experiments.store.track", "mlflow.store.tracking.sqlalchemy_store"])
     barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_racer, args=(uri, experiment, keys, barrier, results, no_lock))
+    procs = [ctx.Process(target=_racer, args=(uri, experiment, keys, barrier, results, no_lock, os.getpid()))
              for _ in range(processes)]
     for p in procs:
         p.start()
