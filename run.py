@@ -202,6 +202,27 @@ def check_group_values(argv: list) -> str | None:
     return None
 
 
+def _override_problem(arg: str, error: str) -> str | None:
+    """The message for an override of the command line that Hydra's grammar cannot read (``error``, its
+    parser's message), where that message names the cause only in the grammar's terms: no ``=``
+    (``precision``: "missing EQUAL"), an empty value in a sweep (``precision=int8,``, ``ktile=,32``:
+    "mismatched input", "extraneous input ','"), or characters the grammar takes only quoted
+    (:func:`_unquoted_problem`); None for another argument or cause (Hydra's message follows)."""
+    import re
+    key, eq, value = arg.partition("=")
+    if not eq:
+        if f"override '{arg}'" in error and "missing EQUAL" in error:
+            return (f"{arg!r} has no value: write {arg.lstrip('+~')}=VALUE (python run.py --help lists the "
+                    "keys and their values)")
+        return None
+    parts = value.split(",")
+    if not re.search(r"""[\[\](){}'"]""", value) and len(parts) > 1 and "" in parts and _parsed(arg) is None:
+        given = [p for p in parts if p]
+        fix = f"{key}={','.join(given)}" if given else f"{key}=VALUE"
+        return f"{arg!r}: a value of the sweep is empty (a comma too many); give {fix}"
+    return _unquoted_problem(arg)
+
+
 def _unquoted_problem(arg: str) -> str | None:
     """The message for an override whose value holds characters Hydra's override grammar takes only
     quoted (any non-ASCII letter: ``tracking.experiment=tëst``; ``~``, ``#`` and the like:
@@ -362,7 +383,7 @@ def _reported(func):
     try:
         return func()
     except (HydraException, OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as exc:
-        unquoted = (next((p for a in sys.argv[1:] if "=" in a and (p := _unquoted_problem(a))), None)
+        unquoted = (next((p for a in sys.argv[1:] if (p := _override_problem(a, str(exc)))), None)
                     if isinstance(exc, OverrideParseException) else None)
         raise Invalid(unquoted or one_line(exc, tuple(sys.argv[1:]))) from None
     except OSError as exc:      # Hydra's for a preset file whose YAML is not a mapping

@@ -424,6 +424,24 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
                                "(rendered and assembled only): nothing to compare.\n"), err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["-m", "precision=int8,"], "'precision=int8,': a value of the sweep is empty (a comma too many); give "
+                                "precision=int8"),
+    (["-m", "precision=int8", "ktile=,32,,64"], "'ktile=,32,,64': a value of the sweep is empty (a comma too "
+                                                "many); give ktile=32,64"),
+    (["-m", "precision=,"], "'precision=,': a value of the sweep is empty (a comma too many); give "
+                            "precision=VALUE"),
+    (["precision"], "'precision' has no value: write precision=VALUE (python run.py --help lists the keys and "
+                    "their values)"),
+])
+def test_an_override_the_grammar_cannot_read_says_what_is_wrong_in_its_words(tmp_path, run_checks, args, said):
+    """A trailing comma gave ANTLR's "mismatched input '<EOF>' expecting {':', BRACKET_OPEN, ...}", a key
+    without '=' the advice to quote its value."""
+    rc, out = run_checks(tmp_path, *args, "backend=static", f"hydra.run.dir={tmp_path}/out")
+    assert (rc, out.strip()) == (2, said)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("arg, quoted", [
     ("tracking.uri=sqlite:///~/x.db", 'tracking.uri="sqlite:///~/x.db"'),
     ("tracking.uri=sqlite:////tmp/a#b/m.db", 'tracking.uri="sqlite:////tmp/a#b/m.db"'),
