@@ -607,6 +607,12 @@ def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, 
                               "pending groups its counter holds)"),
     (["mma=M16N8K16"], "Invalid configuration: mma=M16N8K16 is not valid with precision=fp16; valid values: auto, "
                        "m16n8k8, m16n8k16; did you mean mma=m16n8k16?"),
+    # both lists were named, the one that was right too
+    (["tile.block=[128]"], "Invalid configuration: tile.block=[128] must be two integers (BM, BN), e.g. "
+                           "tile.block=[128,128]\n"),
+    (["tile.warps=[4]", "tile.block=[1,2,3]"], "Invalid configuration: tile.block=[1, 2, 3] must be two integers "
+                                               "(BM, BN), e.g. tile.block=[128,128]; tile.warps=[4] must be two "
+                                               "integers (warps along M and N), e.g. tile.warps=[2,4]\n"),
     (["tile.block=[100,128]"], "Invalid configuration: tile.block=[100, 128] with tile.warps=[4, 2] gives a warp "
                                "tile of 25x64; it must be a multiple of 16x8"),
     (["precision=int8", "mma=m16n8k64"], "Invalid configuration: mma=m16n8k64 is not valid with precision=int8; "
@@ -624,7 +630,7 @@ def test_a_single_run_no_kernel_can_take_is_refused_before_anything_is_tracked(t
     start had opened the store and printed "Tracking 1 job(s)", with exit 1. Now it is refused with the
     sweep's other checks: exit 2, one line, no run in the store."""
     rc, out = run_checks(tmp_path, *args, "backend=static", *store_args(tmp_path, False))
-    assert rc == 2 and out.strip().startswith(message) and "Tracking" not in out, out
+    assert rc == 2 and out.lstrip().startswith(message) and "Tracking" not in out, out
     assert all_runs(tmp_path) == ([], [])
 
 

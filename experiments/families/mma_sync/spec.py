@@ -262,9 +262,11 @@ def spec_from_config(cfg, gpu_cc: int | None = None) -> KernelSpec:
             raise SpecError(choose("mma", mma, ["auto"] + list(shapes), f"precision={p.name}"))
         mma_k = shapes[mma]
     block, warps = list(cfg.tile.block), list(cfg.tile.warps)
-    if len(block) != 2 or len(warps) != 2:
-        raise SpecError(f"tile.block={block} and tile.warps={warps} must each be two integers, "
-                        "e.g. tile.block=[128,128] tile.warps=[2,4]")
+    lists = {"tile.block": (block, "BM, BN", "[128,128]"),
+             "tile.warps": (warps, "warps along M and N", "[2,4]")}
+    if bad := [key for key, (v, _, _) in lists.items() if len(v) != 2]:
+        raise SpecError("; ".join(f"{key}={lists[key][0]} must be two integers ({lists[key][1]}), e.g. "
+                                  f"{key}={lists[key][2]}" for key in bad))
     return KernelSpec(
         precision=p.name, ktile=ktile, mma_k=mma_k, bm=int(block[0]), bn=int(block[1]),
         warps_m=int(warps[0]), warps_n=int(warps[1]), stages=int(cfg.pipeline.stages),
