@@ -224,11 +224,15 @@ def standardized_ols(y, xs: dict, covariates: np.ndarray | None = None, level: f
 
 def adjust_pvalues(p) -> np.ndarray:
     """Holm's family-wise adjusted p-values of ``p`` (1-d, float), same shape: the i-th smallest of m
-    p-values becomes max over j <= i of min(1, (m - j + 1) p_(j)). NaN entries stay NaN and are not
-    counted in the family."""
+    p-values becomes max over j <= i of min(1, (m - j + 1) p_(j)) (Holm 1979; statsmodels'
+    ``multipletests(method="holm")``). NaN entries (a test that could not be computed) stay NaN and are
+    not counted in the family. Raises ValueError for a value outside [0, 1] (±inf included): no
+    p-value, and left out silently it would shrink the family."""
     p = np.asarray(p, float)
+    if (bad := p[~np.isnan(p) & ((p < 0) | (p > 1))]).size:
+        raise ValueError(f"p-values must lie in [0, 1] or be NaN (a test not computed); got {bad.tolist()}")
     out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
+    ok = np.flatnonzero(~np.isnan(p))
     order = ok[np.argsort(p[ok], kind="stable")]
     out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(len(order), 0, -1)))
     return out

@@ -143,6 +143,14 @@ def test_holm_adjustment_equals_statsmodels(m):
     assert stats.adjust_pvalues([]).shape == (0,)
 
 
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), 1.5, -0.01])
+def test_holm_refuses_what_is_no_p_value(bad):
+    """±inf was dropped like NaN, which shrank the family (0.02 and 0.03 of three became 0.04 and 0.04,
+    not 0.06 and 0.06)."""
+    with pytest.raises(ValueError, match=r"p-values must lie in \[0, 1\] or be NaN"):
+        stats.adjust_pvalues([0.02, bad, 0.03])
+
+
 def _clustered(seed=1, kernels=8, sizes=5):
     """Runs of ``kernels`` kernels at ``sizes`` sizes: a kernel effect shared by all its runs."""
     rng = np.random.default_rng(seed)
