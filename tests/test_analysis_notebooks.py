@@ -164,3 +164,35 @@ def test_runs_with_nothing_measured_are_refused_as_analysis_report_refuses_them(
     assert str(exc.value).startswith(f"nothing to analyse: sweep {parent} of experiment 'static-only' in {uri} "
                                      "holds no run measured on a GPU (1 static): static runs are rendered")
     assert str(exc.value).endswith(". Run the sweep on a GPU, then the notebooks")
+
+
+def test_ctrl_c_ends_the_notebooks_with_one_line_and_no_kernel_left(tmp_path):
+    """Ctrl-C (SIGINT) while a notebook ran was ignored (the notebooks ran on, exit 0) or ended in
+    nbclient's AssertionError traceback, depending on when it came: it now ends the command with exit
+    130, one line naming the notebook that did not finish, and its kernel gone."""
+    import signal
+    import time
+    pytest.importorskip("nbclient", reason="executing notebooks needs the 'notebooks' extra")
+    pytest.importorskip("ipykernel", reason="executing notebooks needs the 'notebooks' extra")
+    proc = subprocess.Popen([sys.executable, "-m", "analysis.notebooks", "--table",
+                             str(REPO / "results" / "h200" / "l4_run2_int8" / "runs.csv"), "--out",
+                             str(tmp_path / "nb")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+    def kernels():
+        try:
+            return [int(c) for t in os.listdir(f"/proc/{proc.pid}/task")
+                    for c in (Path(f"/proc/{proc.pid}/task/{t}/children").read_text().split())]
+        except OSError:
+            return []
+    t0 = time.monotonic()
+    while not (started := kernels()) and proc.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.05)
+    time.sleep(1)                       # the kernel starting or its first cells running
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (130, ""), err
+    assert err == (f"Interrupted: notebook claims did not finish (its executed copy so far: "
+                   f"{tmp_path / 'nb' / 'claims.ipynb'}); none was executed\n"), err
+    assert started and not any(Path(f"/proc/{pid}").exists() for pid in started)
+

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from experiments.cli import out_problem, positive_int, refuse_store_options_with_table
@@ -45,12 +46,31 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
     with tempfile.TemporaryDirectory(prefix="kernel_") as sockets:
         km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
         client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(out)}})
+        failed: list = []
+
+        def run() -> None:
+            try:
+                client.execute(env=env)
+            except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+                failed.append(exc)
+        # nbclient runs in a thread of its own, where it leaves SIGINT alone: Ctrl-C reaches this thread as
+        # KeyboardInterrupt (in the main thread nbclient's own handler shut the kernel down under the
+        # running cell, which ended in an AssertionError or went on as if nothing had happened)
+        worker = threading.Thread(target=run, name=f"notebook {name}", daemon=True)
+        worker.start()
         try:
-            client.execute(env=env)
+            while worker.is_alive():
+                worker.join(0.1)
+        except KeyboardInterrupt:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+            raise
         finally:
             if km.has_kernel:
                 km.shutdown_kernel()
             nbformat.write(nb, out / f"{name}.ipynb")      # also a failed run: its traceback is in the cell
+    if failed:
+        raise failed[0]
     return out / f"{name}.ipynb"
 
 
@@ -103,6 +123,12 @@ def main(argv=None) -> int:
     for name in args.only:
         try:
             path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})
+        except KeyboardInterrupt:
+            done = args.only[:args.only.index(name)]
+            print(f"Interrupted: notebook {name} did not finish (its executed copy so far: "
+                  f"{out / (name + '.ipynb')}); " + (f"executed before it: {', '.join(done)}" if done
+                                                       else "none was executed"), file=sys.stderr)
+            return 130
         except CellExecutionError as exc:
             # the error's own line; the cell's traceback is in the executed copy
             print(f"notebook {name} failed: {exc.ename}: {exc.evalue} (the executed copy, with the "
