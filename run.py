@@ -202,6 +202,16 @@ def check_group_values(argv: list) -> str | None:
     return None
 
 
+# Hydra's options that take the next argument as their value
+_VALUED = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name", "-c", "--cfg", "-p",
+           "--package")
+
+
+def _overrides(argv: list) -> list:
+    """The overrides of the command line ``argv``: its arguments but Hydra's options and their values."""
+    return [a for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or argv[i - 1] not in _VALUED)]
+
+
 def _override_problem(arg: str, error: str) -> str | None:
     """The message for an override of the command line that Hydra's grammar cannot read (``error``, its
     parser's message), where that message names the cause only in the grammar's terms: no ``=``
@@ -212,13 +222,16 @@ def _override_problem(arg: str, error: str) -> str | None:
     key, eq, value = arg.partition("=")
     if not eq:
         if f"override '{arg}'" in error and "missing EQUAL" in error:
-            return (f"{arg!r} has no value: write {arg.lstrip('+~')}=VALUE (python run.py --help lists the "
-                    "keys and their values)")
+            return (f"{arg!r} has no value: write {arg}=VALUE (python run.py --help lists the keys and their "
+                    "values)")
         return None
     parts = value.split(",")
-    if not re.search(r"""[\[\](){}'"]""", value) and len(parts) > 1 and "" in parts and _parsed(arg) is None:
+    plain = not re.search(r"""[\[\](){}'"\\]""", value)        # no list, call, quotes or escapes
+    if plain and len(parts) > 1 and "" in parts and _parsed(arg) is None:
         given = [p for p in parts if p]
         fix = f"{key}={','.join(given)}" if given else f"{key}=VALUE"
+        if given and _parsed(fix) is None:         # the values need more than the comma removed (quotes)
+            return f"{arg!r}: a value of the sweep is empty (a comma too many): remove it"
         return f"{arg!r}: a value of the sweep is empty (a comma too many); give {fix}"
     return _unquoted_problem(arg)
 
@@ -383,7 +396,7 @@ def _reported(func):
     try:
         return func()
     except (HydraException, OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as exc:
-        unquoted = (next((p for a in sys.argv[1:] if (p := _override_problem(a, str(exc)))), None)
+        unquoted = (next((p for a in _overrides(sys.argv[1:]) if (p := _override_problem(a, str(exc)))), None)
                     if isinstance(exc, OverrideParseException) else None)
         raise Invalid(unquoted or one_line(exc, tuple(sys.argv[1:]))) from None
     except OSError as exc:      # Hydra's for a preset file whose YAML is not a mapping

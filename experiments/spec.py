@@ -86,7 +86,8 @@ def resolve_arch(arch: str, gpu_cc: int | None) -> str:
     if arch == "auto":
         arch = f"sm_{gpu_cc}" if gpu_cc else "sm_90"
     if arch not in ARCHS:
-        raise SpecError(f"target.arch={arch!r} is not supported; valid: auto, {', '.join(ARCHS)}")
+        raise SpecError(f"target.arch={arch!r} is not supported; valid: auto, {', '.join(ARCHS)}"
+                        + did_you_mean("target.arch", arch, ARCHS))
     return arch
 
 

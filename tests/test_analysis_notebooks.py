@@ -122,19 +122,22 @@ def test_notebook_runner_names_a_missing_table(tmp_path, module_cli):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_store_that_is_not_there_fails_the_notebook_in_one_line(tmp_path):
-    """The error a notebook raises for its input (here RunsError: no store) is one line with the
-    executed copy's path, exit 2 as analysis.report gives; before, the cell's whole traceback, in ANSI
-    colours, exit 1."""
+@pytest.mark.parametrize("uri", ["sqlite:///{tmp}/nosuch.db", "bogus://x"])
+def test_a_store_that_is_not_there_fails_the_notebook_in_one_line(tmp_path, uri):
+    """The error a notebook raises for its input (here RunsError: no store; UriError: a URI that names
+    no store, which exited 1) is one line with the executed copy's path, exit 2 as analysis.report gives;
+    before, the cell's whole traceback, in ANSI colours, exit 1."""
     pytest.importorskip("nbclient", reason="executing notebooks needs the 'notebooks' extra")
     pytest.importorskip("ipykernel", reason="executing notebooks needs the 'notebooks' extra")
-    db = tmp_path / "nosuch.db"
-    proc = subprocess.run([sys.executable, "-m", "analysis.notebooks", "--uri", f"sqlite:///{db}", "--only",
+    db, uri = tmp_path / "nosuch.db", uri.format(tmp=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "analysis.notebooks", "--uri", uri, "--only",
                            "claims", "--out", str(tmp_path / "nb")], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     rc, out, err = proc.returncode, proc.stdout, proc.stderr
     assert (rc, out) == (2, "") and err.count("\n") == 1, err
-    assert err.startswith(f"notebook claims failed: RunsError: no store at {db} (tracking URI sqlite:///{db})"), err
+    said = (f"RunsError: no store at {db} (tracking URI {uri})" if uri.startswith("sqlite") else
+            f"UriError: the tracking URI {uri} has a scheme MLflow cannot track to")
+    assert err.startswith(f"notebook claims failed: {said}"), err
     assert err.endswith(f"(the executed copy, with the traceback: {tmp_path / 'nb' / 'claims.ipynb'})\n"), err
     assert "\x1b[" not in err and not db.exists()
 
@@ -166,10 +169,14 @@ def test_runs_with_nothing_measured_are_refused_as_analysis_report_refuses_them(
     assert str(exc.value).endswith(". Run the sweep on a GPU, then the notebooks")
 
 
-def test_ctrl_c_ends_the_notebooks_with_one_line_and_no_kernel_left(tmp_path):
+@pytest.mark.parametrize("signum, after_s, rc, how", [("SIGINT", 0.0, 130, "Interrupted"),
+                                                    ("SIGTERM", 1.0, 143, "Terminated")])
+def test_ctrl_c_ends_the_notebooks_with_one_line_and_no_kernel_left(tmp_path, signum, after_s, rc, how):
     """Ctrl-C (SIGINT) while a notebook ran was ignored (the notebooks ran on, exit 0) or ended in
-    nbclient's AssertionError traceback, depending on when it came: it now ends the command with exit
-    130, one line naming the notebook that did not finish, and its kernel gone."""
+    nbclient's AssertionError traceback (or, as the kernel started, asyncio's InvalidStateError),
+    depending on when it came; SIGTERM ended the command at once without the executed copy. Each now
+    ends it with exit 130 (143), one line naming the notebook that did not finish, and its kernel gone:
+    SIGINT as the kernel starts, SIGTERM once it runs."""
     import signal
     import time
     pytest.importorskip("nbclient", reason="executing notebooks needs the 'notebooks' extra")
@@ -187,12 +194,13 @@ def test_ctrl_c_ends_the_notebooks_with_one_line_and_no_kernel_left(tmp_path):
             return []
     t0 = time.monotonic()
     while not (started := kernels()) and proc.poll() is None and time.monotonic() - t0 < 120:
-        time.sleep(0.05)
-    time.sleep(1)                       # the kernel starting or its first cells running
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    time.sleep(after_s)
+    proc.send_signal(getattr(signal, signum))
     out, err = proc.communicate(timeout=60)
-    assert (proc.returncode, out) == (130, ""), err
-    assert err == (f"Interrupted: notebook claims did not finish (its executed copy so far: "
-                   f"{tmp_path / 'nb' / 'claims.ipynb'}); none was executed\n"), err
+    assert (proc.returncode, out, err.count("\n")) == (rc, "", 1), err
+    copy = tmp_path / "nb" / "claims.ipynb"
+    assert err == (f"{how}: notebook claims did not finish ("
+                   f"{f'its executed copy so far: {copy}' if copy.exists() else 'no executed copy'}); "
+                   "none was executed\n"), err
     assert started and not any(Path(f"/proc/{pid}").exists() for pid in started)
-

@@ -769,6 +769,9 @@ def test_integer_family_options_keep_params_and_kernel_names():
     (['-m', 'tile=256x128,256X128'],
      "tile=256X128 is not a preset ('tile=256X128'); valid: 128x128, 128x128_w2x2, 128x256, 128x256_w4x4, "
      "256x128, 256x128_w4x4, 64x64, auto, l4_32x64 (conf/tile/); did you mean tile=256x128?"),
+    (['+ncu=FULL'],
+     "ncu=FULL is not a preset ('+ncu=FULL'); valid: default, full, metrics (conf/ncu/); did you mean "
+     "+ncu=full?"),
     (['problem=Small'],
      "problem=Small is not a preset ('problem=Small'); valid: default, small (conf/problem/); did you mean "
      "problem=small?"),

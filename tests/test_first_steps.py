@@ -433,10 +433,21 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
                             "precision=VALUE"),
     (["precision"], "'precision' has no value: write precision=VALUE (python run.py --help lists the keys and "
                     "their values)"),
+    (["+ncu"], "'+ncu' has no value: write +ncu=VALUE (python run.py --help lists the keys and their values)"),
+    # what is left once the comma is gone needs quotes: no fix that Hydra would refuse in turn
+    (["-m", "tracking.experiment=tëst,"], "'tracking.experiment=tëst,': a value of the sweep is empty (a comma "
+                                         "too many): remove it"),
+    # an option's value is no override: the error is the override's ('precision'), not the folder's commas
+    (["--config-dir={tmp}/a,,b", "precision"], "'precision' has no value: write precision=VALUE (python run.py "
+                                              "--help lists the keys and their values)"),
 ])
 def test_an_override_the_grammar_cannot_read_says_what_is_wrong_in_its_words(tmp_path, run_checks, args, said):
     """A trailing comma gave ANTLR's "mismatched input '<EOF>' expecting {':', BRACKET_OPEN, ...}", a key
     without '=' the advice to quote its value."""
+    args = [a.format(tmp=tmp_path) for a in args]
+    for a in args:
+        if a.startswith("--config-dir="):
+            (tmp_path / "a,,b").mkdir()
     rc, out = run_checks(tmp_path, *args, "backend=static", f"hydra.run.dir={tmp_path}/out")
     assert (rc, out.strip()) == (2, said)
     assert not (tmp_path / "out").exists()
@@ -603,8 +614,8 @@ def test_bad_value_of_a_sweep_is_refused_before_its_parent_run_exists(tmp_path, 
 
 @pytest.mark.parametrize("args, message", [
     (["pipeline.stages=100"], "Invalid configuration: pipeline.stages=100 is not valid; valid values: 1 ... 65 "
-                              "that fit shared memory (65 stages wait with cp.async.wait_group 63, the most "
-                              "pending groups its counter holds)"),
+                              "that fit shared memory (the main loop of S stages waits with cp.async.wait_group "
+                              "S - 2, and its counter holds at most 63 pending groups)"),
     (["mma=M16N8K16"], "Invalid configuration: mma=M16N8K16 is not valid with precision=fp16; valid values: auto, "
                        "m16n8k8, m16n8k16; did you mean mma=m16n8k16?"),
     # both lists were named, the one that was right too

@@ -225,8 +225,8 @@ def test_direct_construction_validates_stages_and_cache():
     with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 66, "cg", "sm_90")
     assert str(err.value) == ("pipeline.stages=66 is not valid; valid values: 1 ... 65 that fit shared memory "
-                              "(65 stages wait with cp.async.wait_group 63, the most pending groups its counter "
-                              "holds)")
+                              "(the main loop of S stages waits with cp.async.wait_group S - 2, and its counter "
+                              "holds at most 63 pending groups)")
     with pytest.raises(SpecError) as err:
         KernelSpec("int8", 64, 32, 128, 128, 2, 4, 2, "cs", "sm_90")
     assert_names(str(err.value), "cache.op", "cs", ["ca", "cg"])
@@ -268,6 +268,9 @@ def test_resolve_arch():
     assert resolve_arch("sm_80", 90) == "sm_80"
     with pytest.raises(SpecError, match="target.arch='sm_103' is not supported"):
         resolve_arch("auto", 103)
+    with pytest.raises(SpecError) as err:
+        resolve_arch("SM_90A", None)
+    assert str(err.value).endswith("; did you mean target.arch=sm_90a?")
 
 
 @pytest.mark.parametrize("arch, limit, stages", [

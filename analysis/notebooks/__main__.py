@@ -8,15 +8,19 @@ Each notebook (analysis/notebooks/<name>.py, a jupytext percent file) runs in a 
 under --out: <name>.ipynb (executed, with its outputs) and one sub-folder per GPU with the figures and
 tables. Nothing is written beside the notebooks. Exit 2 for a table, store, sweep or claims file that
 cannot be read and an --out that cannot be written, 1 for a cell that fails otherwise: one line, the
-error's; its traceback is in the executed copy.
+error's; its traceback is in the executed copy. Ctrl-C (SIGTERM) ends the running notebook's kernel and
+the command, exit 130 (143), with one line naming that notebook.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from experiments.cli import out_problem, positive_int, refuse_store_options_with_table
@@ -25,7 +29,7 @@ from . import FOLDER, NAMES
 
 
 # what a notebook raises for the store, sweep, table or claims file as given (exit 2, as analysis.report)
-INPUT_ERRORS = ("RunsError", "StoreError", "StoreUnavailable", "FileNotFoundError", "ClaimsError")
+INPUT_ERRORS = ("RunsError", "StoreError", "UriError", "StoreUnavailable", "FileNotFoundError", "ClaimsError")
 
 
 def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
@@ -62,16 +66,45 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
             while worker.is_alive():
                 worker.join(0.1)
         except KeyboardInterrupt:
-            if km.has_kernel:
-                km.shutdown_kernel(now=True)
+            # the kernel is killed by its process id, not through km, which the worker thread is using (also
+            # while it starts the kernel); the worker then ends on its dead kernel, and the copy so far is
+            # written once it has
+            deadline = time.monotonic() + 30
+            while worker.is_alive() and time.monotonic() < deadline:
+                _kill_kernel(km)
+                worker.join(0.1)
+            if not worker.is_alive():
+                with contextlib.suppress(Exception):     # what is left of a killed kernel's client
+                    km.shutdown_kernel(now=True)
+                with contextlib.suppress(Exception):
+                    nbformat.write(nb, out / f"{name}.ipynb")
             raise
-        finally:
-            if km.has_kernel:
-                km.shutdown_kernel()
-            nbformat.write(nb, out / f"{name}.ipynb")      # also a failed run: its traceback is in the cell
+        if km.has_kernel:
+            km.shutdown_kernel()
+        nbformat.write(nb, out / f"{name}.ipynb")      # also a failed run: its traceback is in the cell
     if failed:
         raise failed[0]
     return out / f"{name}.ipynb"
+
+
+def _kill_kernel(km) -> None:
+    """SIGKILL the kernel of ``km`` (its process group: the kernel leads a session of its own) if it has
+    been started, without calling ``km`` (jupyter_client's manager is not shared between threads)."""
+    prov = getattr(km, "provisioner", None)
+    pgid, pid = getattr(prov, "pgid", None), getattr(prov, "pid", None)
+    with contextlib.suppress(OSError):
+        if pgid:
+            os.killpg(pgid, signal.SIGKILL)
+        elif pid:
+            os.kill(pid, signal.SIGKILL)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, ended as Ctrl-C is (exit 143)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
 
 
 def main(argv=None) -> int:
@@ -120,15 +153,19 @@ def main(argv=None) -> int:
     except ImportError as exc:
         raise SystemExit(f"executing the notebooks needs nbclient and ipykernel ({exc}): "
                          "pip install -e '.[notebooks]'") from None
-    for name in args.only:
+    signal.signal(signal.SIGTERM, _terminate)
+    names = list(dict.fromkeys(args.only))
+    for i, name in enumerate(names):
         try:
             path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})
-        except KeyboardInterrupt:
-            done = args.only[:args.only.index(name)]
-            print(f"Interrupted: notebook {name} did not finish (its executed copy so far: "
-                  f"{out / (name + '.ipynb')}); " + (f"executed before it: {', '.join(done)}" if done
-                                                       else "none was executed"), file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as exc:
+            copy = out / (name + ".ipynb")
+            how = "Terminated" if isinstance(exc, Terminated) else "Interrupted"
+            print(f"{how}: notebook {name} did not finish ("
+                  f"{f'its executed copy so far: {copy}' if copy.exists() else 'no executed copy'}); "
+                  + (f"executed before it: {', '.join(names[:i])}" if i else "none was executed"),
+                  file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
         except CellExecutionError as exc:
             # the error's own line; the cell's traceback is in the executed copy
             print(f"notebook {name} failed: {exc.ename}: {exc.evalue} (the executed copy, with the "

@@ -97,7 +97,7 @@ def value_problem(key: str, v, families: list | None = None) -> str | None:
         owners = [f for f in family_names() if str(v) in _precisions(f)]
         other = f" ({v} is a precision of family={' or '.join(owners)})" if owners else ""
         return (f"precision={v} is not valid for family={','.join(families)}; valid: {', '.join(valid)}"
-                f"{other}{did_you_mean(key, v, valid)}")
+                f"{other}")
     if key == "target.arch":
         valid = [a for a in ARCHS if any(a in _archs(f) for f in families)]
         if str(v) == "auto" or str(v) in valid:

@@ -59,8 +59,10 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         where = ", ".join([f"conf/{group}/"] * (_CONF / group).is_dir() + folders)
         if group == "variant":
             where += " and the variants conf/experiment/ presets list"
+        prefix = next((a[:len(a) - len(a.lstrip("+~"))] for a in argv
+                       if a.lstrip("+~").partition("=")[0] == group), "")      # +group=, as it was given
         return (f"{group}={name} is not a preset{given}; valid: {', '.join(options)} ({where})"
-                f"{did_you_mean(group, name, options)}")
+                f"{did_you_mean(prefix + group, name, options)}")
     if isinstance(exc, OverrideParseException):
         return (f"{text.splitlines()[0]}: Hydra cannot read this override; quote a value with spaces or "
                 "special characters (key='value'), see https://hydra.cc/docs/advanced/override_grammar/basic/")

@@ -106,9 +106,10 @@ def resolve_uri(uri: str | None, base: Path | None = None, create: bool = True) 
     Raises UriError (a StoreError: the URI as written names no usable store) for a '?' or '%' in the
     path (:func:`_odd_path` says why), for a file store (``file:...`` or a plain folder: MLflow 3 keeps
     runs in a database; the message gives the SQLite URI to use instead), for ``sqlite:`` spelled
-    otherwise than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), for another scheme (``ftp://``,
-    ``s3://``) and for an empty ``uri`` (None is the default); StoreError for a path that cannot hold
-    a store (a file in its way, a read-only folder).
+    otherwise than ``sqlite:///`` (``sqlite://``, ``SQLITE:///``), for an in-memory SQLite store
+    (``sqlite:///``, ``sqlite:///:memory:``), for another scheme (``ftp://``, ``s3://``) and for an
+    empty ``uri`` (None is the default); StoreError for a path that cannot hold a store (a file in its
+    way, a read-only folder).
     """
     if uri is not None and not uri.strip():
         raise UriError("the tracking URI is empty: give one (sqlite:///PATH, http://HOST:PORT), or leave "

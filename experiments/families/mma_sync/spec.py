@@ -127,8 +127,8 @@ def _validate(s: KernelSpec) -> None:
             raise SpecError(err)
     if not 1 <= s.stages <= MAX_STAGES:
         raise SpecError(f"pipeline.stages={s.stages} is not valid; valid values: 1 ... {MAX_STAGES} that fit "
-                        f"shared memory ({MAX_STAGES} stages wait with cp.async.wait_group {MAX_STAGES - 2}, "
-                        "the most pending groups its counter holds)")
+                        f"shared memory (the main loop of S stages waits with cp.async.wait_group S - 2, and "
+                        "its counter holds at most 63 pending groups)")
     if not GROUP_M_RANGE[0] <= s.group_m <= GROUP_M_RANGE[1]:
         raise SpecError(f"tile.group_m={s.group_m} must be between 1 (row-major) and {GROUP_M_RANGE[1]}")
     for rule in RULES:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -201,22 +202,25 @@ def shared_store(tmp_path_factory) -> dict:
         return ids
     made = Path(shared) / "analysis_store"
     with FileLock(str(made) + ".lock"):
-        if not (made / "ids.json").exists():
+        if not (made / "ids.json").exists():      # built beside, then moved: never half a store in made
+            part = made.with_name(made.name + ".part")
+            shutil.rmtree(part, ignore_errors=True)
             with _no_fsync():
-                (made / "ids.json").write_text(json.dumps(build(made)))
+                (part / "ids.json").write_text(json.dumps(build(part)))
+            part.rename(made)
     ids = json.loads((made / "ids.json").read_text())
-    _copy(made, folder)
+    _copy(made, Path(ids["uri"][len("sqlite:///"):]).parent, folder)
     ids["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
     marker.write_text(json.dumps(ids))
     return ids
 
 
-def _copy(made: Path, folder: Path) -> None:
-    """A copy of the store :func:`build` made in ``made`` in ``folder``: the database through SQLite's
-    backup, the artifacts as files, and every artifact location under ``made`` moved to ``folder``."""
-    import shutil
+def _copy(made: Path, built_in: Path, folder: Path) -> None:
+    """A copy in ``folder`` of the store :func:`build` made in the folder ``built_in``, now ``made``: the
+    database through SQLite's backup, the artifacts as files, and every artifact location under
+    ``built_in`` moved to ``folder``."""
     shutil.copytree(made, folder, ignore=shutil.ignore_patterns("mlflow.db*", "ids.json"))
-    old, new = (made / "artifacts").as_uri(), (folder / "artifacts").as_uri()
+    old, new = (built_in / "artifacts").as_uri(), (folder / "artifacts").as_uri()
     with contextlib.closing(sqlite3.connect(made / "mlflow.db")) as src, \
             contextlib.closing(sqlite3.connect(folder / "mlflow.db")) as dst:
         src.backup(dst)
