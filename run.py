@@ -222,6 +222,8 @@ def _override_problem(arg: str, error: str) -> str | None:
     key, eq, value = arg.partition("=")
     if not eq:
         if f"override '{arg}'" in error and "missing EQUAL" in error:
+            if ":" in arg:               # key:value, as YAML writes it
+                return f"{arg!r} has no '=': write {arg.replace(':', '=', 1)}"
             return (f"{arg!r} has no value: write {arg}=VALUE (python run.py --help lists the keys and their "
                     "values)")
         return None

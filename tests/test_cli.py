@@ -233,6 +233,8 @@ def test_headline_again_tracks_nothing_new(headline):
                         f"?viewStateShareKey={parent}&workflowType=machine_learning"], out
     assert tail[5] == (f"  as a table: python -m experiments.report --static --uri {uri} --experiment {EXPERIMENT} "
                        f"--sweep {parent}"), out
+    # and that its int4 kernels run ptxas' emulation, as the first run said (the re-run left it out)
+    assert tail[6].startswith("Note: 2 kernel(s) of this sweep run an emulated MMA on their target"), out
 
 
 @pytest.mark.parametrize("override, texts", [

@@ -434,6 +434,7 @@ def test_the_reports_of_a_sweep_of_static_runs_count_that_sweep_and_mark_what_it
     (["precision"], "'precision' has no value: write precision=VALUE (python run.py --help lists the keys and "
                     "their values)"),
     (["+ncu"], "'+ncu' has no value: write +ncu=VALUE (python run.py --help lists the keys and their values)"),
+    (["precision:int8"], "'precision:int8' has no '=': write precision=int8"),
     # what is left once the comma is gone needs quotes: no fix that Hydra would refuse in turn
     (["-m", "tracking.experiment=tëst,"], "'tracking.experiment=tëst,': a value of the sweep is empty (a comma "
                                          "too many): remove it"),

@@ -156,6 +156,16 @@ def test_a_tracking_uri_that_names_no_store_gets_one_line_and_exit_2(tmp_path, u
         assert f"sqlite:///{tmp_path}/mlruns.db" in out
 
 
+def test_a_tracking_uri_from_the_environment_is_named_as_such(tmp_path):
+    """MLFLOW_TRACKING_URI=bogus://y was refused as if tracking.uri had been given."""
+    rc, out = run_cli(tmp_path, "-m", "precision=int8",
+                      prelude="import os; os.environ['MLFLOW_TRACKING_URI'] = 'bogus://y'")
+    assert (rc, out.strip()) == (2, "Store error (from $MLFLOW_TRACKING_URI): the tracking URI bogus://y has a "
+                                    "scheme MLflow cannot track to: give sqlite:///PATH (a file), http://HOST:PORT "
+                                    "(a tracking server) or a database server's URI (postgresql://, mysql://)"), out
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("module", ["experiments.report", "experiments.performance", "experiments.profile",
                                     "analysis.report"])
 def test_readers_refuse_a_missing_store_alike(tmp_path, module_cli, module):

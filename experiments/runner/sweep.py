@@ -302,7 +302,8 @@ def tracking_target(config: DictConfig, multirun: bool) -> tuple[str | None, str
 
 
 def _refuse_per_job_tracking(config: DictConfig) -> None:
-    """tracking_target's check of a multirun: SystemExit when a tracking.* key varies per job."""
+    """tracking_target's check of a multirun: validate.Invalid (exit 2, as any value the sweep cannot
+    take) when a tracking.* key varies per job."""
     from omegaconf import OmegaConf
     task, given = _overrides(config, True)
     swept = {}                          # key -> the override that sweeps it
@@ -322,8 +323,7 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
                    "tracking.wait": "the wait for the store's write lock is set once for the whole sweep",
                    "tracking.stale_after_s": "how long a RUNNING run may go without a heartbeat before it is "
                                              "redone is set once for the whole sweep"}
-            # a setting (exit 2, as any invalid value); the store or experiment: exit 1
-            raise (Invalid if key in why else SystemExit)(
+            raise Invalid(
                 f"Cannot sweep {key} ({text}): {why.get(key, once)}. Run one sweep per value instead: "
                 f"{command}, then the next value.")
     for key, raw in OmegaConf.to_container(config.tracking, resolve=False).items():
@@ -335,7 +335,7 @@ def _refuse_per_job_tracking(config: DictConfig) -> None:
                 preset = by and not by[0].startswith(ref.split(".")[0] + "=")     # a preset may set it
                 where = (f"{'hydra:' * bool(hydra)}{ref} {'may differ' if preset else 'differs'} from job "
                          "to job" + (f" ({by[0]})" if by else ""))
-                raise SystemExit(f"Cannot use tracking.{key}={raw} in this sweep: {where}, and {once}. Run "
+                raise Invalid(f"Cannot use tracking.{key}={raw} in this sweep: {where}, and {once}. Run "
                                  f"one sweep per value, or give tracking.{key} a value that is the same for "
                                  "every job.")
 
@@ -549,6 +549,13 @@ def _unwritable_output(config: DictConfig, multirun: bool) -> str | None:
     return problem
 
 
+def _emulated(runs) -> list:
+    """'KERNEL on ARCH: why' for each kernel of ``runs`` that runs an emulated MMA (tag mma_native=false)."""
+    return sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
+                   f"{r.data.tags.get('mma_native_reason', '')}"
+                   for r in runs if r.data.tags.get("mma_native") == "false"})
+
+
 class SweepCallback(Callback):
     """Resolves the store once, prints the GPU and where results go, and closes the parent run.
 
@@ -611,7 +618,9 @@ class SweepCallback(Callback):
             tracker = get_tracker(uri, experiment, float(config.tracking.wait),
                                   stale_after=float(config.tracking.stale_after_s))
         except UriError as exc:         # the URI as written: refused as a bad value is (exit 2)
-            raise Invalid(f"Store error: {exc}") from None
+            from_env = given_uri is None and os.environ.get("MLFLOW_TRACKING_URI")
+            whence = " (from $MLFLOW_TRACKING_URI)" if from_env else ""
+            raise Invalid(f"Store error{whence}: {exc}") from None
         except StoreError as exc:
             raise SystemExit(f"Store error: {exc}") from None
         self.uri, self.experiment = uri, experiment
@@ -737,10 +746,8 @@ class SweepCallback(Callback):
             if parent is not None:
                 print(f"Parent run {parent}: {summary}.", flush=True)
                 self._links(tracker.experiment_id, parent)
-            return 0, [], 0, [], outcomes
-        emulated = sorted({f"{r.data.tags.get('kernel')} on {r.data.tags.get('arch')}: "
-                            f"{r.data.tags.get('mma_native_reason', '')}"
-                            for r in new if r.data.tags.get("mma_native") == "false"})
+            return 0, [], 0, _emulated(latest), outcomes
+        emulated = _emulated(new)
         mine = [r for r in new if r.info.status == "FAILED"]
         for r in runs:      # runs tracked before the membership tag: the UI's view filters by it
             if MEMBER.format(parent) not in r.data.tags:
