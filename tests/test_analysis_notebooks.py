@@ -198,9 +198,21 @@ def test_ctrl_c_ends_the_notebooks_with_one_line_and_no_kernel_left(tmp_path, si
     time.sleep(after_s)
     proc.send_signal(getattr(signal, signum))
     out, err = proc.communicate(timeout=60)
-    assert (proc.returncode, out, err.count("\n")) == (rc, "", 1), err
+    assert (proc.returncode, out) == (rc, ""), err
     copy = tmp_path / "nb" / "claims.ipynb"
-    assert err == (f"{how}: notebook claims did not finish ("
-                   f"{f'its executed copy so far: {copy}' if copy.exists() else 'no executed copy'}); "
-                   "none was executed\n"), err
-    assert started and not any(Path(f"/proc/{pid}").exists() for pid in started)
+    # the command's one line is the last; a kernel interrupted while Python starts in it may print its own
+    # start-up error first (it shares the command's stderr)
+    assert err.splitlines()[-1] == (f"{how}: notebook claims did not finish ("
+                                    f"{f'its executed copy so far: {copy}' if copy.exists() else 'no executed copy'}"
+                                    "); none was executed"), err
+    assert "analysis/notebooks" not in err and "nbclient" not in err, err      # no traceback of its own
+
+    def running(pid):            # a process, not a zombie that the system's init has yet to reap
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    t0 = time.monotonic()
+    while started and any(map(running, started)) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert started and not any(map(running, started))

@@ -73,9 +73,8 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
             while worker.is_alive() and time.monotonic() < deadline:
                 _kill_kernel(km)
                 worker.join(0.1)
+            _kill_kernel(km, reap=True)      # also one the worker started as it ended
             if not worker.is_alive():
-                with contextlib.suppress(Exception):     # what is left of a killed kernel's client
-                    km.shutdown_kernel(now=True)
                 with contextlib.suppress(Exception):
                     nbformat.write(nb, out / f"{name}.ipynb")
             raise
@@ -87,9 +86,10 @@ def execute(name: str, out: Path, env: dict, timeout: int = 600) -> Path:
     return out / f"{name}.ipynb"
 
 
-def _kill_kernel(km) -> None:
+def _kill_kernel(km, reap: bool = False) -> None:
     """SIGKILL the kernel of ``km`` (its process group: the kernel leads a session of its own) if it has
-    been started, without calling ``km`` (jupyter_client's manager is not shared between threads)."""
+    been started, without calling ``km`` (jupyter_client's manager is not shared between threads); with
+    ``reap``, also wait for it (no zombie is left behind this process)."""
     prov = getattr(km, "provisioner", None)
     pgid, pid = getattr(prov, "pgid", None), getattr(prov, "pid", None)
     with contextlib.suppress(OSError):
@@ -97,6 +97,9 @@ def _kill_kernel(km) -> None:
             os.killpg(pgid, signal.SIGKILL)
         elif pid:
             os.kill(pid, signal.SIGKILL)
+    if reap and (process := getattr(prov, "process", None)) is not None:
+        with contextlib.suppress(Exception):
+            process.wait(10)
 
 
 class Terminated(KeyboardInterrupt):
