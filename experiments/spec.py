@@ -11,20 +11,28 @@ from enum import Enum
 
 from .hardware import ARCHS, DEFAULT_SMS, SM_COUNTS
 
-__all__ = ["SpecError", "did_you_mean", "resolve_arch", "value", "misfit_message", "check_no_tails",
-           "NO_TAILS_ADVICE", "AutoTile", "sm_count", "waves_cost", "AUTO_GLOBAL_COST", "AUTO_SHARED_COST"]
+__all__ = ["SpecError", "case_match", "did_you_mean", "resolve_arch", "value", "misfit_message",
+           "check_no_tails", "NO_TAILS_ADVICE", "AutoTile", "sm_count", "waves_cost", "AUTO_GLOBAL_COST",
+           "AUTO_SHARED_COST"]
 
 
 class SpecError(ValueError):
     """An axis value that cannot exist; the message names key, value and the valid values."""
 
 
-def did_you_mean(key: str, value, valid) -> str:
-    """``"; did you mean KEY=V?"`` where ``value`` differs from exactly one of the ``valid`` values
-    ``V`` only in case (``mma=M16N8K16``: m16n8k16; ``tile=256X128``: 256x128), else ''. Appended to
-    the messages that name the valid values, so that the fix can be pasted."""
+def case_match(value, valid) -> str | None:
+    """The one of the ``valid`` values that ``value`` differs from only in case (``M16N8K16``:
+    m16n8k16), or None (none, or several)."""
     same = [str(v) for v in valid if str(v).lower() == str(value).lower() and str(v) != str(value)]
-    return f"; did you mean {key}={same[0]}?" if len(same) == 1 else ""
+    return same[0] if len(same) == 1 else None
+
+
+def did_you_mean(key: str, value, valid) -> str:
+    """``"; did you mean KEY=V?"`` for V = :func:`case_match` (``mma=M16N8K16``: m16n8k16;
+    ``tile=256X128``: 256x128), else ''. Appended to the messages that name the valid values, so that
+    the fix can be pasted."""
+    same = case_match(value, valid)
+    return f"; did you mean {key}={same}?" if same else ""
 
 
 NO_TAILS_ADVICE = ". Choose problem sizes that are multiples of the block tile."

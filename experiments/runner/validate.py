@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..families import DEFAULT
-from ..spec import did_you_mean
+from ..spec import case_match, did_you_mean
 from ..store.track import MAX_WAIT_S
 
 __all__ = ["Invalid", "one_line", "check", "job_overrides", "spec_problem", "config_problem"]
@@ -54,13 +54,13 @@ def one_line(exc: BaseException, argv: tuple = ()) -> str:
         group, name = m.groups()
         listed = text.split("Available options", 1)[-1].split("Config search", 1)[0]
         options = re.findall(r"^\t(\S+)$", listed, re.M)
-        given = next((f" ({a!r})" for a in argv if a.lstrip("+~").partition("=")[0] == group), "")
+        arg = next((a for a in argv if a.lstrip("+~").partition("=")[0] == group), None)
+        given = f" ({arg!r})" if arg else ""
+        prefix = arg[:len(arg) - len(arg.lstrip("+~"))] if arg else ""      # +group=, as it was given
         folders = [str(d / group) for d in _config_dirs(argv)[1:] if (d / group).is_dir()]
         where = ", ".join([f"conf/{group}/"] * (_CONF / group).is_dir() + folders)
         if group == "variant":
             where += " and the variants conf/experiment/ presets list"
-        prefix = next((a[:len(a) - len(a.lstrip("+~"))] for a in argv
-                       if a.lstrip("+~").partition("=")[0] == group), "")      # +group=, as it was given
         return (f"{group}={name} is not a preset{given}; valid: {', '.join(options)} ({where})"
                 f"{did_you_mean(prefix + group, name, options)}")
     if isinstance(exc, OverrideParseException):
@@ -203,16 +203,16 @@ def _case_hint(key: str, value: str, valid: str, argv: tuple) -> str:
     """For a value that differs from a valid one only in case (``precision=INT8``): that one; for a
     precision the family of the command line (``family=``, else the default) does not take, the
     families that do (``precision=COPY``: ``family=peak precision=copy``)."""
-    same = [v for v in valid.split(", ") if v.lower() == value.lower()]
+    same = case_match(value, valid.split(", "))
     if key == "precision" and same:
         from ..families import DEFAULT, names
         chosen = next((a.partition("=")[2] for a in reversed(argv)
                        if a.lstrip("+").partition("=")[0] == "family"), DEFAULT)
-        takes = _families_taking(same[0])
+        takes = _families_taking(same)
         if chosen in names() and chosen not in takes:
             if len(takes) == 1:
-                return f"; did you mean family={takes[0]} precision={same[0]}?"
-            return f"; {key}={same[0]} is for family={','.join(takes)}, not family={chosen}"
+                return f"; did you mean family={takes[0]} precision={same}?"
+            return f"; {key}={same} is for family={','.join(takes)}, not family={chosen}"
     return did_you_mean(key, value, valid.split(", "))
 
 
