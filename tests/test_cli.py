@@ -173,12 +173,21 @@ AUTO_MMA = {("int4", "32"): "m16n8k32", ("int4", "64"): "m16n8k64",
 
 @pytest.fixture(scope="module")
 def headline(tmp_path_factory):
-    """The README's sweep, run twice into the same store; the store is read after each run."""
+    """The README's sweep, run twice into the same store; the store is read after each run. ptxas is a
+    wrapper that writes each command line it gets to ``ptxas.log``; the second run's lines follow a
+    line ``--- again``."""
+    from experiments.build.assemble import find_ptxas
     tmp = tmp_path_factory.mktemp("headline")
     args = ["-m", "precision=int4,int8", "ktile=32,64", *store_args(tmp)]
-    first = run_cli(tmp, *args)
+    wrapper = tmp / "logging_ptxas"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {tmp}/ptxas.log\nexec {find_ptxas()} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PTXAS": str(wrapper)}
+    first = run_cli(tmp, *args, env=env)
     after_first = all_runs(tmp)
-    second = run_cli(tmp, *args)
+    with open(tmp / "ptxas.log", "a") as log:
+        log.write("--- again\n")
+    second = run_cli(tmp, *args, env=env)
     after_second = all_runs(tmp)
     return tmp, first, after_first, second, after_second
 
@@ -220,6 +229,10 @@ def test_headline_again_tracks_nothing_new(headline):
     tmp, _, (_, first_children), (rc, out), (parents, children) = headline
     assert rc == 0, out
     assert out.count("already tracked") == 4
+    # the kernels it measured are not built again: ptxas is asked its version only (the run key's part)
+    first, again = (tmp / "ptxas.log").read_text().split("--- again\n")
+    assert sum("-arch=sm_90" in line for line in first.splitlines()) == 4, first
+    assert set(again.splitlines()) <= {"--version"}, again
     assert sorted(r.info.run_id for r in children) == sorted(r.info.run_id for r in first_children)
     assert len(parents) == 1          # no second, empty parent
     # where the results are, as the first run said it: the re-run of a finished sweep printed only the line

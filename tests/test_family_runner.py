@@ -326,6 +326,7 @@ class _Worker:
     def __init__(self, us):
         self.us, self.calls = us, []
         self.kernel_clock = {}          # what a kernel that records its cycles adds to the timing dict
+        self.device = None              # what the worker reported of the GPU (job._device), once asked
 
     def start(self):
         """The real worker starts its process here; the calls below answer without one."""
@@ -354,11 +355,14 @@ def _stub_gpu(tmp_path, monkeypatch, us):
     for key, val in (("key", "k1"), ("name", "sweep t"), ("jobs", "1"), ("overrides", "")):
         monkeypatch.setenv(track.SWEEP_ENV[key], val)
     monkeypatch.setattr(job, "claim_gpu", lambda *a: gpu)
-    monkeypatch.setattr(job, "_device", lambda g: {"gpu": g["gpu"], "compute_capability": 90,
-                                                   "cuda_runtime": "13.0", "cupy": "14.0"})
+    worker = _Worker(us)
+
+    def device(g):
+        worker.device = {"gpu": g["gpu"], "compute_capability": 90, "cuda_runtime": "13.0", "cupy": "14.0"}
+        return worker.device
+    monkeypatch.setattr(job, "_device", device)
     monkeypatch.setattr(job, "gpu_lock", lambda *a: contextlib.nullcontext())
     store = [f"tracking.uri={empty_store_at(tmp_path / 'mlflow.db')}", f"tracking.experiment={EXPERIMENT}"]
-    worker = _Worker(us)
     monkeypatch.setattr(job, "_WORKER", worker)
     return job, store, worker
 

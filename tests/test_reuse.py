@@ -3,10 +3,12 @@
 the performance and generations tables, the profile step's selection and the analysis' table. Two
 overlapping sweeps run here on a stated H200 with the GPU worker replaced (test_family_runner's
 stub), and through run.py without a GPU (static and skipped runs). A sweep into another experiment
-measures anew there. The ``gpu`` test runs two small overlapping sweeps on the GPU.
+measures anew there. The ``gpu`` tests run two small overlapping sweeps on the GPU, and one sweep
+twice (the second builds no kernel it measured but the first, while the GPU worker starts).
 """
 import json
 import time
+from pathlib import Path
 
 import pytest
 from test_cli import empty_store_at, run_cli
@@ -54,8 +56,14 @@ SECOND = FIRST[:2] + [["family=wgmma", "precision=fp16", "problem.sizes=[512,102
 def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, capsys, need_ptxas):
     job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
     store[1] = f"tracking.experiment={EXPERIMENT}"
+    log = tmp_path / "ptxas.log"                 # each kernel ptxas assembles: its entry, once per build
+    (tmp_path / "logging_ptxas").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {need_ptxas} "$@"\n')
+    (tmp_path / "logging_ptxas").chmod(0o755)
+    monkeypatch.setenv("PTXAS", str(tmp_path / "logging_ptxas"))
     first, out1 = _sweep(job, monkeypatch, "first", store, FIRST, capsys)
     assert f"Parent run {first}: 5 verified." in out1 and len(worker.calls) == 5
+    assert sum("-arch=sm_90" in line for line in log.read_text().splitlines()) == 2     # mma_sync, wgmma
+    log.write_text("")
     tr = Tracker(store[0].split("=", 1)[1], EXPERIMENT)
     mine = {r.info.run_id for r in tr.sweep_runs(first)}
     assert len(mine) == 5
@@ -63,6 +71,8 @@ def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, caps
     worker.us = 50.0
     second, out2 = _sweep(job, monkeypatch, "second", store, SECOND, capsys)
     assert len(worker.calls) == 6                                   # one measurement more, not 11
+    # only the kernel with a size to measure is built again: wgmma (1024); mma_sync's two are measured
+    assert [line.split()[0] for line in log.read_text().splitlines() if "-arch=" in line] == ["-arch=sm_90a"]
     assert out2.count("already measured") == 5 and out2.count(", reused by this sweep);") == 5
     runs = {r.info.run_id: r for r in tr.sweep_runs(second)}
     new = set(runs) - mine
@@ -217,6 +227,37 @@ def test_a_second_gpu_sweep_reports_the_runs_it_reused(tmp_path, capsys):
     rows = [line.split(" | ") for line in lines if line.startswith("| fp16 | ")][:2]
     assert [r[1] for r in rows] == ["512", "1024"]
     assert all(cell.endswith("TFLOP/s") for r in rows for cell in r[2:5]), rows   # mma.sync, wgmma, cuBLAS
+
+
+@pytest.mark.gpu
+def test_a_gpu_sweep_run_again_builds_no_kernel_it_measured(tmp_path, need_ptxas):
+    """On the GPU, the same two-kernel sweep twice (one job process): run again, it measures nothing
+    and ptxas assembles only the first job's kernel, while the GPU worker starts (the run keys need what
+    the worker reports of the GPU); the second job's kernel is not built. ptxas is a wrapper that writes
+    each command line it gets."""
+    import os
+    import subprocess
+    import sys
+
+    from test_cli import ROOT
+    log = tmp_path / "ptxas.log"
+    (tmp_path / "logging_ptxas").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {need_ptxas} "$@"\n')
+    (tmp_path / "logging_ptxas").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
+    env["PTXAS"] = str(tmp_path / "logging_ptxas")
+    outs, built = [], []
+    for _ in range(2):
+        log.write_text("")
+        proc = subprocess.run([sys.executable, str(ROOT / "run.py"), "-m", "precision=int8", "ktile=32,64",
+                               "problem.sizes=[512]", "timing.batches=3", "timing.min_batch_ms=2",
+                               *_cli_store(tmp_path)], cwd=tmp_path, env=env, timeout=900, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.returncode == 0, proc.stdout
+        outs.append(proc.stdout)
+        built.append([Path(line.split()[2]).name for line in log.read_text().splitlines() if "-arch=" in line])
+    assert "Parent run" in outs[0] and ": 2 verified." in outs[0], outs[0]
+    assert len(built[0]) == 2 and built[1] == built[0][:1], built
+    assert outs[1].count("already measured") == 2 and "Nothing new was tracked" in outs[1], outs[1]
 
 
 def test_runs_of_a_deleted_parent_are_measured_anew(tmp_path, monkeypatch, capsys, need_ptxas):

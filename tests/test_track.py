@@ -177,7 +177,7 @@ def test_finished_run_by_key(tracker):
     tracker.end(skipped, "KILLED", "mma=m16n8k64 is not valid")
     running = tracker.start("running", {}, {"run_key": "key-running"})
 
-    assert tracker.finished_run("key-finished") == done
+    assert tracker.finished_run("key-finished").info.run_id == done
     assert tracker.finished_run("key-failed") is None
     assert tracker.finished_run("key-killed") is None
     assert tracker.finished_run("key-running") is None
@@ -190,7 +190,16 @@ def test_finished_run_by_key(tracker):
     # a FAILED run and a FINISHED run with the same key: the FINISHED one is found
     again = tracker.start("done again", {}, {"run_key": "key-failed"})
     tracker.end(again)
-    assert tracker.finished_run("key-failed") == again
+    assert tracker.finished_run("key-failed").info.run_id == again
+    # found for a sweep, the run joins it as a claim joins it; a deleted sweep's run is not found
+    sweep = tracker.start("sweep", {}, {"kind": "sweep"})
+    assert tracker.finished_run("key-finished", lambda: sweep).info.run_id == done
+    assert tracker.client.get_run(done).data.tags[f"in_sweep.{sweep}"] == "reused"
+    assert done in tracker.reused
+    own = tracker.start("own", {}, {"run_key": "key-own"}, sweep)
+    tracker.end(own)
+    tracker.client.delete_run(sweep)
+    assert tracker.finished_run("key-own") is None
 
 
 def test_artifact_text(tracker, tmp_path):

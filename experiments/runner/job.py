@@ -98,6 +98,14 @@ class _Job:
             self.rid, self.started = rid, self.started + 1
         return state, rid
 
+    def finished_run(self, key: str):
+        """The FINISHED run of measurement ``key`` (an mlflow Run), now a member of this sweep as
+        :meth:`claim` makes it, or None: a kernel whose runs all have one is not built again."""
+        run = self.tr.finished_run(key, self.parent)
+        if run is not None:
+            self.runs.append(run.info.run_id)
+        return run
+
     def reuse(self, rid: str) -> str:
         """What the run ``rid`` that claim found is to this sweep: ', reused by this sweep' when an
         earlier sweep measured it (it joins this one, track.Tracker.join), else '' (this sweep's own)."""
@@ -268,24 +276,30 @@ def _auto_tiles(cfg, job, gpu) -> list[tuple[object, dict]]:
 
 def _run_kernel(cfg, job: _Job, gpu, auto_tags: dict | None = None) -> dict:
     """Build the kernel of ``cfg`` and run it: static, or per size on the GPU. ``auto_tags``: the
-    tile=auto tags (the choice is part of the run key, so it is measured as a run of its own)."""
-    try:
-        kern = make_kernel(cfg, job.out_dir, gpu["compute_capability"] if gpu else None, gpu is not None,
-                           job.params, lambda text: console.print(f"{job.label} {text}"))
-    except SourceRejected as exc:
-        job.params = exc.kernel.params
-        job.start(exc.kernel.name(None), {**exc.kernel.tags, **(auto_tags or {})})
-        _log_kernel_artifacts(job.tr, job.rid, exc.kernel, cfg)
-        job.end("failed", f"{exc.tool} rejected the source:\n{exc}", str(exc), "assemble")
-        console.print(f"{job.label} [red]{exc.tool} failed[/] for {exc.kernel.entry}:\n{exc}")
-        return {"failed": 1}
+    tile=auto tags (the choice is part of the run key, so it is measured as a run of its own). The kernel
+    is assembled only when a run of it is to be made: a sweep run again does not build the kernels it
+    measured."""
+    kern = make_kernel(cfg, job.out_dir, gpu["compute_capability"] if gpu else None, gpu is not None,
+                       job.params, lambda text: console.print(f"{job.label} {text}"), assemble=False)
     job.params = kern.params
     if auto_tags:
         kern.tags.update(auto_tags)
         kern.identity = (*kern.identity, "tile_auto")
-    if gpu is None:
-        return _run_static(cfg, job, kern)
-    return _run_gpu(cfg, job, kern, gpu)
+    counts: dict = {}
+    try:
+        if gpu is None:
+            return _run_static(cfg, job, kern)
+        return _run_gpu(cfg, job, kern, gpu, counts)
+    except SourceRejected as exc:
+        job.start(exc.kernel.name(None), exc.kernel.tags)
+        _log_kernel_artifacts(job.tr, job.rid, exc.kernel, cfg)
+        job.end("failed", f"{exc.tool} rejected the source:\n{exc}", str(exc), "assemble")
+        console.print(f"{job.label} [red]{exc.tool} failed[/] for {exc.kernel.entry}:\n{exc}")
+        return {**counts, "failed": counts.get("failed", 0) + 1}
+
+
+def _said_done(job: _Job, name: str, rid: str, what: str) -> None:
+    console.print(f"{job.label} {name}: {what} (run {rid}{job.reuse(rid)}); tracking.rerun=true to redo")
 
 
 def _log_kernel_artifacts(tr: track.Tracker, rid: str, kern: Kernel, cfg) -> None:
@@ -302,13 +316,16 @@ def _log_kernel_artifacts(tr: track.Tracker, rid: str, kern: Kernel, cfg) -> Non
 def _run_static(cfg, job, kern: Kernel) -> dict:
     tags = kern.tags
     key = track.run_key("static", *kern.identity, tags["cuobjdump_version"], tags["nvdisasm_version"])
+    if not cfg.tracking.rerun and (run := job.finished_run(key)) is not None:
+        _said_done(job, kern.entry, run.info.run_id, "already tracked")
+        return {"done_before": 1}
+    kern.assemble()
     name = kern.name(None)
     state, rid = (("new", job.start(name, {**tags, "run_key": key})) if cfg.tracking.rerun
                   else job.claim(key, name, tags))
     if state != "new":
-        what = "already tracked" if state == "done" else "being tracked by another process"
-        console.print(f"{job.label} {kern.entry}: {what} (run {rid}{job.reuse(rid)}); "
-                      "tracking.rerun=true to redo")
+        _said_done(job, kern.entry, rid,
+                   "already tracked" if state == "done" else "being tracked by another process")
         return {"done_before": 1}
     _log_kernel_artifacts(job.tr, rid, kern, cfg)
     asm = kern.asm
@@ -346,34 +363,47 @@ def _device(gpu: dict) -> dict:
     return _WORKER.device
 
 
-def _run_gpu(cfg, job, kern: Kernel, gpu) -> dict:
+def _run_gpu(cfg, job, kern: Kernel, gpu, counts: dict) -> dict:
+    """The runs of ``kern`` on the GPU, one per size, in ``counts`` (also when SourceRejected is raised
+    part-way): a size measured already is said and skipped, the kernel assembled for the first size to
+    measure (in a process whose worker has not reported the GPU yet, at once: the worker imports CuPy
+    meanwhile, and the run keys need its report)."""
+    if _WORKER.device is None:
+        kern.assemble()
     dev, tags = _device(gpu), kern.tags
     tags.update(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
                 compute_capability=dev["compute_capability"], driver=gpu["driver"],
                 cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
     timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items()
               if k != "timeout_s"}
-    counts = {"finished": 0, "failed": 0, "done_before": 0}
+    counts.update(finished=0, failed=0, done_before=0)
     data = value(cfg.get("data", "full"))
     # operand data other than today's is part of the measurement (and its name); full keeps the old keys
     drawn = () if data == "full" else (("data", data),)
     for shape in kern.shapes:
         m, n, k = shape or (0, 0, 0)
-        name = kern.name(shape) + "".join(f" data={d}" for _, d in drawn)
         key = track.run_key("gpu", *kern.identity, m, n, k, dev["gpu"], dev["compute_capability"],
                             gpu["driver"], key_items(timing), cfg.verify.rtol, *drawn)
         seed = cfg.verify.seed if cfg.verify.seed is not None else secrets.randbits(31)
         size = ({"problem.m": m, "problem.n": n, "problem.k": k, "size": record.size_label(shape)} if shape
                 else {})
         params = {**job.params, **size, "verify.seed_used": seed}
+        if not kern.assembled and not cfg.tracking.rerun and (run := job.finished_run(key)) is not None:
+            # the name as assembling would give it: EMULATED as the run's SASS tags say
+            emulated = record.emulated(run.data.tags)
+            shown = kern.name(shape, emulated=emulated) + "".join(f" data={d}" for _, d in drawn)
+            _said_done(job, shown, run.info.run_id, "already measured")
+            counts["done_before"] += 1
+            continue
+        kern.assemble()
+        name = kern.name(shape) + "".join(f" data={d}" for _, d in drawn)
         if cfg.tracking.rerun:
             state, rid = "new", job.start(name, {**tags, "run_key": key}, params)
         else:
             state, rid = job.claim(key, name, tags, params)
         if state != "new":
-            what = "already measured" if state == "done" else "being measured by another process"
-            console.print(f"{job.label} {name}: {what} (run {rid}{job.reuse(rid)}); "
-                          "tracking.rerun=true to redo")
+            _said_done(job, name, rid,
+                       "already measured" if state == "done" else "being measured by another process")
             counts["done_before"] += 1
             continue
         _log_kernel_artifacts(job.tr, rid, kern, cfg)

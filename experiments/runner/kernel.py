@@ -49,6 +49,19 @@ class Kernel:
     static: dict = field(default_factory=dict)   # static metrics (threads, registers, SASS counts)
     static_note: str = ""     # why there are no resources (no ptxas or nvcc, or a library call)
     needs_gpu: bool = False   # a library call: nothing to assemble, only a GPU can run it
+    pending: Callable | None = None     # what assemble() still has to do (make_kernel's assemble=False)
+
+    def assemble(self) -> None:
+        """Run what :func:`make_kernel` left for later (``assemble=False``): nvcc and ptxas, the SASS tags,
+        the static metrics, the launch cap's padding; once. Raises SourceRejected (nvcc or ptxas rejected
+        the source), SpecError (a launch cap the kernel cannot take)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending()
+
+    @property
+    def assembled(self) -> bool:
+        return self.pending is None
 
 
 class SourceRejected(RuntimeError):
@@ -268,13 +281,17 @@ def _base_tags(entry: str, sha: str, arch: str, use_gpu: bool, cfg) -> tuple[dic
     return tags, tools
 
 
-def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: dict, say) -> Kernel:
+def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: dict, say,
+                assemble: bool = True) -> Kernel:
     """The Kernel of the composed config ``cfg`` (family ``family.name``, default
     ``experiments.families.DEFAULT``) for a GPU of compute capability ``gpu_cc`` (None: none): spec as
     the family reads it from the config, source from the family's build, resources through nvcc and
     ptxas where they apply. ``params``: the run params of the config (record.params_of); ``say(text)``
-    prints a line for the job. Raises SpecError (an impossible combination or size, naming key, value
-    and valid values) or SourceRejected (ptxas or nvcc failed)."""
+    prints a line for the job. ``assemble=False`` leaves nvcc, ptxas and what follows from them to
+    :meth:`Kernel.assemble`: the identity (the run key's kernel part), names, params and the tags but
+    the SASS ones are known before, so that a run measured already is found without building its
+    kernel. Raises SpecError (an impossible combination or size, naming key, value and valid values)
+    or, when assembling, SourceRejected (ptxas or nvcc failed)."""
     fam, spec = family_spec(cfg, gpu_cc)
     if problem := data_problem(fam, cfg.get("data", Data.full)):
         raise SpecError(problem)
@@ -287,41 +304,55 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
                                "params": [list(p) for p in spec.params],
                                "build": {"kind": build.kind, "source": build.source, "entry": build.entry,
                                          "options": list(build.options)}})
-    kern = Kernel(spec.entry, spec.arch, {art: build.source} if art else {},
-                  (fam.identity(spec), sha, tools["ptxas_version"]), fam.unit(spec),
-                  functools.partial(record.run_name, fam, spec, variant=params.get("variant")), call,
+    # a launch cap is part of the run key (only a cap that is set: the keys of uncapped runs stay)
+    cap = int(cfg.get("launch", {}).get("blocks_per_sm", 0) or 0)
+    capped = (("launch.blocks_per_sm", cap),) if cap else ()
+    identity = (fam.identity(spec), sha, tools["ptxas_version"], *capped)
+    kern = Kernel(spec.entry, spec.arch, {art: build.source} if art else {}, identity, fam.unit(spec),
+                  functools.partial(_run_name, fam, spec, params.get("variant"), cap, tags), call,
                   functools.partial(fam.rate, spec), shapes,
                   record.params_of(params, fam, spec.flat()), tags)
+    kern.needs_gpu = build.kind == "none"
+    kern.pending = functools.partial(_assemble, kern, fam, spec, build, out_dir / "ptxas", say, cap)
+    if assemble:
+        kern.assemble()
+    return kern
+
+
+def _run_name(fam, spec, variant, cap: int, tags: dict, shape, emulated: bool | None = None) -> str:
+    """The run name of ``spec`` at ``shape`` (record.run_name): EMULATED where the kernel's SASS tags
+    (``tags``, once assembled) or ``emulated`` say so, and a launch cap: the same kernel at another
+    occupancy."""
+    name = record.run_name(fam, spec, shape, variant=variant,
+                           emulated=record.emulated(tags) if emulated is None else emulated)
+    return f"{name} blocks_per_sm={cap}" if cap else name
+
+
+def _assemble(kern: Kernel, fam, spec, build, workdir: Path, say, cap: int) -> None:
+    """:meth:`Kernel.assemble`'s work: resources (nvcc, ptxas), the SASS summary's tags, the static metrics
+    and a launch cap's padding."""
     try:
-        kern.asm, note = resources(fam, spec, build, out_dir / "ptxas")
+        kern.asm, note = resources(fam, spec, build, workdir)
     except (PtxasError, NvccError) as exc:
         raise SourceRejected(kern, "nvcc" if isinstance(exc, NvccError) else "ptxas", str(exc)) from None
-    kern.needs_gpu = build.kind == "none"
     if kern.asm is None:
         kern.static_note = note
         if not kern.needs_gpu:
             say(f"[yellow]{note}[/] Tracking the kernel without resources.")
     subject = sass_subject(fam, spec)
     if kern.asm is not None and subject is not None:
-        tags.update(sass_summary(kern.asm, subject)[1])
-    if record.emulated(tags):       # its numbers are ptxas' emulation: the name says so
-        kern.name = functools.partial(record.run_name, fam, spec, variant=params.get("variant"),
-                                      emulated=True)
+        kern.tags.update(sass_summary(kern.asm, subject)[1])
     kern.static = _static_metrics(fam.threads(spec), fam.dyn_smem(spec), kern.asm, subject)
-    if cap := int(cfg.get("launch", {}).get("blocks_per_sm", 0) or 0):
+    if cap:
         _cap_blocks(kern, fam, spec, cap)
-    return kern
 
 
 def _cap_blocks(kern: Kernel, fam, spec, cap: int) -> None:
-    """launch.blocks_per_sm=cap: the padding the worker adds to the launch (``smem_pad``), the run key's
-    part (only a cap that is set: the keys of uncapped runs stay), and the occupancy with the padding.
+    """launch.blocks_per_sm=cap: the padding the worker adds to the launch (``smem_pad``) and the occupancy
+    with the padding (the run key's part and the name's are :func:`make_kernel`'s).
     Raises SpecError (the family's launch cannot be padded; a cap above what the kernel reaches) or
     RuntimeError (no ptxas resources to compute it from)."""
     pad = launch_padding(fam, spec, kern.asm, cap, kern.static_note)
-    kern.identity = (*kern.identity, ("launch.blocks_per_sm", cap))
-    named = kern.name           # the run name says the cap: the same kernel at another occupancy
-    kern.name = lambda shape: f"{named(shape)} blocks_per_sm={cap}"
     kern.call[1]["smem_pad"] = pad
     occupancy, blocks, _ = theoretical_occupancy(spec.arch, fam.threads(spec), kern.asm.registers,
                                                  kern.asm.static_smem + fam.dyn_smem(spec) + pad)

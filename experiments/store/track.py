@@ -940,11 +940,6 @@ class Tracker:
         return self.client.search_runs([self.experiment_id], filter_string=filter_string,
                                        max_results=max_results)
 
-    def finished_run(self, key: str) -> str | None:
-        """Id of a FINISHED run with tag run_key == key, or None."""
-        runs = self._runs(f"tags.run_key = '{key}' and attributes.status = 'FINISHED'", 1)
-        return runs[0].info.run_id if runs else None
-
     def claim(self, key: str, name: str, params: dict, tags: dict, parent) -> tuple[str, str]:
         """Start the run of measurement ``key`` unless it is done or under way elsewhere.
 
@@ -960,7 +955,7 @@ class Tracker:
         with store_lock(self.uri):
             for _ in range(5):
                 if (found := self._measured(key, parent)) is not None:
-                    return found
+                    return found[0], found[1].info.run_id
                 n, holder = self._next_claim(key)
                 if holder != "":                  # "": marker n-1's run appeared meanwhile: look again
                     break
@@ -973,9 +968,19 @@ class Tracker:
                 return "busy", "another process"
             return "new", rid
 
-    def _measured(self, key: str, parent) -> tuple[str, str] | None:
-        """("done", id) or ("busy", id) for a FINISHED or live RUNNING run of ``key`` (it joins the
-        sweep ``parent()``), else None; a RUNNING run without a live process is closed on the way."""
+    def finished_run(self, key: str, parent=lambda: None):
+        """The FINISHED run of measurement ``key`` (an mlflow Run; not one of a deleted sweep), joined to
+        the sweep ``parent()`` (a callable; None: none) as :meth:`claim` joins it, or None (none, or one
+        under way: :meth:`claim` decides then). Lets a runner skip building a kernel whose runs are
+        measured already; only :meth:`claim` starts a run."""
+        with store_lock(self.uri):
+            found = self._measured(key, parent)
+        return found[1] if found is not None and found[0] == "done" else None
+
+    def _measured(self, key: str, parent) -> tuple[str, object] | None:
+        """("done", run) or ("busy", run) for a FINISHED or live RUNNING run of ``key`` (an mlflow Run; it
+        joins the sweep ``parent()``), else None; a RUNNING run without a live process is closed on the
+        way."""
         for r in self._runs(f"tags.run_key = '{key}'"):
             if self._parent_deleted(r):     # deleted with its sweep: not a measurement to reuse
                 continue
@@ -987,8 +992,8 @@ class Tracker:
                     self.reused.add(r.info.run_id)
                 if r.info.status == "FINISHED":
                     self.done.add(r.info.run_id)
-                    return "done", r.info.run_id
-                return "busy", r.info.run_id
+                    return "done", r
+                return "busy", r
         return None
 
     def _settled(self, run):
