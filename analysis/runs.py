@@ -205,52 +205,15 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     Returns the table of :func:`tidy_from_runs`, de-duplicated to one row per (kernel, size, GPU)
     (a FINISHED run before others, then the newest); ``df.attrs`` holds uri, experiments, sweep and
     duplicates_dropped. FAILED and KILLED runs stay as rows (see :func:`ok_runs`).
-    Raises RunsError when the store, experiment or sweep does not exist, naming what does, and at once
-    when no tracking server answers at an http(s) URI.
+    Raises what :func:`open_source` raises (the store, experiment or sweep as given), and RunsError for
+    a filter MLflow cannot read.
     """
-    import mlflow
-
     from experiments.store.record import reused_in
-    from experiments.store.track import StoreError, check_schema, check_server, resolve_uri, sweep_runs
-    uri = resolve_uri(uri, create=False)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        raise RunsError(f"no store at {uri[len('sqlite:///'):]} (tracking URI {uri}): run a sweep first "
-                        "(python run.py ...) or pass the URI it printed with --uri")
-    try:
-        if uri.startswith(("http://", "https://")):
-            check_server(uri, option="--uri")     # MLflow's client would retry for minutes
-        check_schema(uri, write=False)            # MLflow would migrate another version's store
-    except StoreError as exc:
-        raise RunsError(str(exc)) from None
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    all_exps = {e.name: e.experiment_id for e in client.search_experiments()}
-    names = (list(all_exps) if experiment is None
-             else [experiment] if isinstance(experiment, str) else list(experiment))
-    missing = [n for n in names if n not in all_exps]
-    if missing:
-        raise RunsError(f"experiment {missing[0]!r} is not in {uri}; experiments there: "
-                        + (", ".join(sorted(all_exps)) or "none"))
-    ids = [all_exps[n] for n in names]
+    from experiments.store.track import sweep_runs
+    uri, client, names, ids, sweep = open_source(uri, experiment, sweep)
     filters = [filter_string] if filter_string else []
-    if sweep == "latest":
-        parents = client.search_runs(ids, "tags.kind = 'sweep'", max_results=1,
-                                     order_by=["attributes.start_time DESC"])
-        if not parents:
-            raise RunsError(f"no sweep (parent run tagged kind=sweep) in experiment(s) "
-                            f"{', '.join(names)} of {uri}")
-        sweep = parents[0].info.run_id
-    if sweep:
-        try:
-            tags = client.get_run(sweep).data.tags
-        except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
-            raise RunsError(f"sweep={sweep!r} is not a run id in {uri}; use a parent run id from "
-                            f"mlflow ui --backend-store-uri {shlex.quote(uri)} or sweep='latest'") from exc
-        if tags.get("kind") != "sweep":
-            parent = tags.get("mlflow.parentRunId")
-            raise RunsError(f"sweep={sweep!r} is the run of one kernel, not a sweep's parent run"
-                            + (f"; its sweep is {parent}" if parent else "") + " (or use sweep='latest')")
+    id_to_name = dict(zip(ids, names, strict=True))
     runs, token = [], None
-    id_to_name = {v: k for k, v in all_exps.items()}
     from mlflow.exceptions import MlflowException
     try:
         if sweep:               # the runs it measured and those it reused from earlier sweeps
@@ -278,6 +241,55 @@ def load_runs(uri: str | None = None, experiment: str | typing.Sequence[str] | N
     df = _dedupe(df.reset_index(drop=True))
     df.attrs.update(uri=uri, experiments=names, sweep=sweep, filter=filter_string)
     return df
+
+
+def open_source(uri: str | None, experiment: str | typing.Sequence[str] | None = DEFAULT_EXPERIMENT,
+                sweep: str | None = None) -> tuple:
+    """What :func:`load_runs` reads from, checked before a run is read: (uri, MlflowClient, experiment
+    names, their ids, the sweep's parent run id or None). ``uri`` as run.py resolves it; ``sweep`` a
+    parent run id or "latest". Raises experiments.store.track.UriError for a URI that names no store,
+    RunsError for a store, experiment or sweep that is not there (naming what is), and at once when no
+    tracking server answers at an http(s) URI or the store is another MLflow version's."""
+    import mlflow
+
+    from experiments.store.track import StoreError, check_schema, check_server, resolve_uri
+    uri = resolve_uri(uri, create=False)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise RunsError(f"no store at {uri[len('sqlite:///'):]} (tracking URI {uri}): run a sweep first "
+                        "(python run.py ...) or pass the URI it printed with --uri")
+    try:
+        if uri.startswith(("http://", "https://")):
+            check_server(uri, option="--uri")     # MLflow's client would retry for minutes
+        check_schema(uri, write=False)            # MLflow would migrate another version's store
+    except StoreError as exc:
+        raise RunsError(str(exc)) from None
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    all_exps = {e.name: e.experiment_id for e in client.search_experiments()}
+    names = (list(all_exps) if experiment is None
+             else [experiment] if isinstance(experiment, str) else list(experiment))
+    missing = [n for n in names if n not in all_exps]
+    if missing:
+        raise RunsError(f"experiment {missing[0]!r} is not in {uri}; experiments there: "
+                        + (", ".join(sorted(all_exps)) or "none"))
+    ids = [all_exps[n] for n in names]
+    if sweep == "latest":
+        parents = client.search_runs(ids, "tags.kind = 'sweep'", max_results=1,
+                                     order_by=["attributes.start_time DESC"])
+        if not parents:
+            raise RunsError(f"no sweep (parent run tagged kind=sweep) in experiment(s) "
+                            f"{', '.join(names)} of {uri}")
+        sweep = parents[0].info.run_id
+    if sweep:
+        try:
+            tags = client.get_run(sweep).data.tags
+        except Exception as exc:  # noqa: BLE001 - MlflowException for an unknown id
+            raise RunsError(f"sweep={sweep!r} is not a run id in {uri}; use a parent run id from "
+                            f"mlflow ui --backend-store-uri {shlex.quote(uri)} or sweep='latest'") from exc
+        if tags.get("kind") != "sweep":
+            parent = tags.get("mlflow.parentRunId")
+            raise RunsError(f"sweep={sweep!r} is the run of one kernel, not a sweep's parent run"
+                            + (f"; its sweep is {parent}" if parent else "") + " (or use sweep='latest')")
+    return uri, client, names, ids, sweep
 
 
 # the columns of every run, which a tidy table always has

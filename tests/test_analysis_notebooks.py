@@ -122,24 +122,48 @@ def test_notebook_runner_names_a_missing_table(tmp_path, module_cli):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("uri", ["sqlite:///{tmp}/nosuch.db", "bogus://x"])
-def test_a_store_that_is_not_there_fails_the_notebook_in_one_line(tmp_path, uri):
-    """The error a notebook raises for its input (here RunsError: no store; UriError: a URI that names
-    no store, which exited 1) is one line with the executed copy's path, exit 2 as analysis.report gives;
-    before, the cell's whole traceback, in ANSI colours, exit 1."""
+@pytest.mark.parametrize("uri, said", [
+    ("sqlite:///{tmp}/nosuch.db", "no store at {tmp}/nosuch.db (tracking URI sqlite:///{tmp}/nosuch.db): run a "
+                                  "sweep first (python run.py ...) or pass the URI it printed with --uri"),
+    ("bogus://x", "the tracking URI bogus://x has a scheme MLflow cannot track to: give sqlite:///PATH (a file), "
+                  "http://HOST:PORT (a tracking server) or a database server's URI (postgresql://, mysql://)"),
+    ("empty", "experiment 'nope' is not in sqlite:///{tmp}/mlflow.db; experiments there: Default"),
+    ("sweep", "sweep='0123' is not a run id in sqlite:///{tmp}/mlflow.db; use a parent run id from mlflow ui "
+              "--backend-store-uri sqlite:///{tmp}/mlflow.db or sweep='latest'")])
+def test_a_store_that_is_not_there_is_refused_before_any_notebook_runs(tmp_path, module_cli, uri, said):
+    """A store, experiment or sweep that is not there (or a URI that names no store) is one line, exit 2,
+    as analysis.report gives it, before any kernel starts and before --out is made; it was found by the
+    first notebook's cell, a kernel started for it (seconds), and its executed copy written."""
+    from test_cli import empty_store_at
+    args = ["--uri", uri.format(tmp=tmp_path)]
+    if uri in ("empty", "sweep"):
+        args = ["--uri", empty_store_at(tmp_path / "mlflow.db")]
+        args += ["--experiment", "nope"] if uri == "empty" else ["--experiment", "Default", "--sweep", "0123"]
+    rc, out, err = module_cli("analysis.notebooks.__main__", *args, "--out", str(tmp_path / "nb"))
+    assert (rc, out, err) == (2, "", f"Cannot read the runs: {said.format(tmp=tmp_path)}\n")
+    assert not (tmp_path / "nb").exists() and not (tmp_path / "nosuch.db").exists()
+
+
+def test_an_input_error_a_notebook_finds_is_one_line_with_the_executed_copy(tmp_path):
+    """The error a notebook's cell raises for its input (RunsError: a sweep of static runs only, nothing
+    to analyse) is one line with the executed copy's path, exit 2 as analysis.report gives; before, the
+    cell's whole traceback, in ANSI colours, exit 1."""
     pytest.importorskip("nbclient", reason="executing notebooks needs the 'notebooks' extra")
     pytest.importorskip("ipykernel", reason="executing notebooks needs the 'notebooks' extra")
-    db, uri = tmp_path / "nosuch.db", uri.format(tmp=tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "analysis.notebooks", "--uri", uri, "--only",
-                           "claims", "--out", str(tmp_path / "nb")], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    st = fixture_store._Store(uri, "static-only")
+    parent = st.run("sweep precision=int8 (static)", {}, {"kind": "sweep"}, {})
+    st.run("gemm_int8 static", {"precision": "int8"}, {"backend": "static", "outcome": "static",
+                                                       "kernel": "gemm_int8"}, {}, parent=parent)
+    proc = subprocess.run([sys.executable, "-m", "analysis.notebooks", "--uri", uri, "--experiment", "static-only",
+                           "--sweep", parent, "--only", "claims", "--out", str(tmp_path / "nb")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
     rc, out, err = proc.returncode, proc.stdout, proc.stderr
     assert (rc, out) == (2, "") and err.count("\n") == 1, err
-    said = (f"RunsError: no store at {db} (tracking URI {uri})" if uri.startswith("sqlite") else
-            f"UriError: the tracking URI {uri} has a scheme MLflow cannot track to")
-    assert err.startswith(f"notebook claims failed: {said}"), err
+    assert err.startswith(f"notebook claims failed: RunsError: nothing to analyse: sweep {parent} of experiment "
+                          f"'static-only' in {uri} holds no run measured on a GPU (1 static)"), err
     assert err.endswith(f"(the executed copy, with the traceback: {tmp_path / 'nb' / 'claims.ipynb'})\n"), err
-    assert "\x1b[" not in err and not db.exists()
+    assert "\x1b[" not in err
 
 
 def test_runs_with_nothing_measured_are_refused_as_analysis_report_refuses_them(tmp_path, monkeypatch):

@@ -6,9 +6,10 @@
 Each notebook (analysis/notebooks/<name>.py, a jupytext percent file) runs in a fresh Python kernel
 (nbclient + ipykernel: ``pip install -e '.[notebooks]'``) with its working folder and every output
 under --out: <name>.ipynb (executed, with its outputs) and one sub-folder per GPU with the figures and
-tables. Nothing is written beside the notebooks. Exit 2 for a table, store, sweep or claims file that
-cannot be read and an --out that cannot be written, 1 for a cell that fails otherwise: one line, the
-error's; its traceback is in the executed copy. Ctrl-C (SIGTERM) ends the running notebook's kernel and
+tables. Nothing is written beside the notebooks. Exit 2 for a table, store, experiment, sweep or claims
+file that cannot be read and an --out that cannot be written (a table, store, experiment or sweep
+before any notebook runs), 1 for a cell that fails otherwise: one line, the error's; its traceback is
+in the executed copy. Ctrl-C (SIGTERM) ends the running notebook's kernel and
 the command, exit 130 (143), with one line naming that notebook.
 """
 from __future__ import annotations
@@ -135,6 +136,15 @@ def main(argv=None) -> int:
         try:
             read_table(args.table)          # as analysis.report reads it: a table that is not one, exit 2
         except (RunsError, FileNotFoundError) as exc:
+            print(f"Cannot read the runs: {exc}", file=sys.stderr)
+            return 2
+    else:                                   # the store, experiment and sweep, before any kernel starts
+        from experiments.store.track import StoreError
+
+        from ..runs import DEFAULT_EXPERIMENT, RunsError, open_source
+        try:
+            open_source(args.uri, args.experiment or DEFAULT_EXPERIMENT, args.sweep or None)
+        except (RunsError, StoreError) as exc:
             print(f"Cannot read the runs: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out).resolve()
