@@ -1,6 +1,6 @@
 """The store stays true under interruption and concurrency: Ctrl-C in a sweep, two sweeps at once on
-one store, a parallel launcher's jobs (the slower half of test_store.py's scenarios, in a file of their
-own so that parallel test workers share the work).
+one store (the slower half of test_store.py's scenarios, in a file of their own so that parallel test
+workers share the work; a parallel launcher's jobs: test_parallel.py).
 
 Each test runs ``run.py`` as a user would (without a GPU: the static path) and asserts on the store.
 """
@@ -64,14 +64,3 @@ def test_two_sweeps_at_once_on_a_new_then_an_existing_store(tmp_path):
     for d in sweep_dirs:
         for job in d.iterdir():
             assert "tracking" not in job.name and "\\" not in job.name
-
-
-def test_parallel_launcher_jobs_share_one_parent(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
-    rc, out = run_cli(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                      "precision=int4,int8", "ktile=32,64", *store_args(tmp_path))
-    assert rc == 0, out
-    parents, children = assert_store_is_true(tmp_path)
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert sorted(c.info.status for c in children) == ["FINISHED"] * 4
-    assert len({c.data.tags["owner_pid"] for c in children}) >= 1

@@ -244,12 +244,15 @@ def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, 
     """SIGINT while the job processes start (after the launcher's first line) or while they run (after
     the first result), to the whole process group (Ctrl-C in a terminal) or to run.py alone (kill
     -INT): the command ends with 130, no job process of it stays behind (it used to hang at exit
-    waiting for them, or leave them running), no run stays RUNNING, and the same command resumes."""
+    waiting for them, or leave them running), no run stays RUNNING. Interrupted while they run, the same
+    command resumes: its job processes finish the sweep under the one parent, the store true
+    (test_store.assert_store_is_true)."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     import signal
     import threading
 
     from test_cli import all_runs, popen_cli, store_args
+    from test_store import assert_store_is_true
     args = ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "backend=static", "experiment=l4_run2_int8",
             *store_args(tmp_path)]
     proc = popen_cli(tmp_path, *args, start_new_session=True)
@@ -277,9 +280,13 @@ def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, 
     kept = sum(c.info.status == "FINISHED" for c in children)     # finished by the job processes
     killed = sum(c.info.status == "KILLED" for c in children)
     assert f"Interrupted: {kept} run(s) finished in this command are kept; {killed} run(s) in progress" in out
+    if group:           # interrupted before a job ran: resuming it is a first run (the other case's)
+        return
     rc, out = run_cli(tmp_path, *args)
     assert rc == 0, out
-    parents, children = all_runs(tmp_path)
+    parents, children = assert_store_is_true(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     finished = [c for c in children if c.info.status == "FINISHED"]
     assert len(finished) == 6 and len({c.data.tags["run_key"] for c in finished}) == 6
 
