@@ -144,6 +144,38 @@ def test_a_store_that_is_not_there_is_refused_before_any_notebook_runs(tmp_path,
     assert not (tmp_path / "nb").exists() and not (tmp_path / "nosuch.db").exists()
 
 
+def test_what_the_notebooks_will_read_is_checked_from_the_options_else_the_environment(tmp_path, module_cli,
+                                                                                     monkeypatch):
+    """The check before any kernel reads what the notebooks' load() will read: the options, else the
+    ANALYSIS_* environment the kernels inherit (a table named there ran, and was refused as 'no store');
+    --uri reads the store, not the environment's table; the predictors notebook's latest sweep is
+    looked for too. Each notebook's run is recorded here instead of executed."""
+    import analysis.notebooks.__main__ as runner
+    from test_cli import empty_store_at
+    ran = []
+    monkeypatch.setattr(runner, "execute", lambda name, out, env, timeout=600: ran.append((name, env)) or out)
+    table = str(REPO / "results" / "h200" / "l4_claims" / "runs.csv")
+    monkeypatch.setenv("ANALYSIS_TABLE", table)
+    rc, out, err = module_cli("analysis.notebooks.__main__", "--only", "claims", "--out", str(tmp_path / "a"))
+    assert (rc, err) == (0, "") and [(n, env["ANALYSIS_TABLE"]) for n, env in ran] == [("claims", table)]
+    uri = empty_store_at(tmp_path / "mlflow.db")
+    ran.clear()
+    rc, out, err = module_cli("analysis.notebooks.__main__", "--uri", uri, "--experiment", "Default", "--only",
+                              "claims", "--out", str(tmp_path / "b"))
+    assert (rc, err) == (0, "") and [n for n, _ in ran] == ["claims"], err
+    assert ran[0][1]["ANALYSIS_URI"] == uri and "ANALYSIS_TABLE" not in ran[0][1]
+    ran.clear()
+    rc, out, err = module_cli("analysis.notebooks.__main__", "--uri", uri, "--experiment", "Default", "--out",
+                              str(tmp_path / "c"))
+    assert (rc, out, ran) == (2, "", [])
+    assert err == f"Cannot read the runs: no sweep (parent run tagged kind=sweep) in experiment(s) Default of {uri}\n"
+    monkeypatch.setenv("ANALYSIS_TABLE", str(tmp_path / "nope.csv"))
+    rc, out, err = module_cli("analysis.notebooks.__main__", "--out", str(tmp_path / "d"))
+    assert (rc, out, ran) == (2, "", [])
+    assert err == f"Cannot read the runs: no tidy table at {tmp_path / 'nope.csv'}: give a runs.csv that analysis.report wrote\n"
+    assert not any((tmp_path / d).exists() for d in "cd")
+
+
 def test_an_input_error_a_notebook_finds_is_one_line_with_the_executed_copy(tmp_path):
     """The error a notebook's cell raises for its input (RunsError: a sweep of static runs only, nothing
     to analyse) is one line with the executed copy's path, exit 2 as analysis.report gives; before, the

@@ -82,6 +82,9 @@ def test_capped_runs_log_the_cap_their_occupancy_and_a_run_key_of_their_own(tmp_
     assert capped.data.tags["kernel"] == free.data.tags["kernel"]           # the same instructions
     assert capped.data.tags["run_key"] != free.data.tags["run_key"]
     assert skipped.data.tags["outcome"] == "skipped" and skipped.info.status == "FINISHED"
+    # a skipped run holds the config's params (its run key is made of them), not the kernel's spec.*
+    assert {k for k in free.data.params if k.startswith("spec.")} >= {"spec.arch", "spec.mma"}
+    assert not [k for k in skipped.data.params if k.startswith("spec.")], skipped.data.params
     # the reason names the kernel (with tile=auto the user did not choose it)
     assert (f"launch.blocks_per_sm=9 is not valid for {free.data.tags['kernel']} on sm_90: without padding it "
             "reaches 8 resident blocks per SM") in skipped.data.tags["skip_reason"]

@@ -405,6 +405,35 @@ def test_gpu_path_with_the_worker_replaced(tmp_path, monkeypatch):
     assert record.throughput_figure([peak], tmp_path / "f.png") is False      # no size: not plotted
 
 
+def test_a_kernel_ptxas_rejects_is_one_failed_run_wherever_it_comes(tmp_path, monkeypatch, need_ptxas):
+    """On a (stated) GPU, ptxas rejecting a kernel fails one run named for the kernel (stage assemble),
+    the first kernel of the process (built while the worker starts) and a later one (built once its
+    first size is to be measured) alike: the same tags (none of the GPU's: nothing ran on it), counts
+    of the same form. ptxas is a wrapper that rejects every source while a flag file exists."""
+    import mlflow
+    job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
+    flag, wrapper = tmp_path / "reject", tmp_path / "rejecting_ptxas"
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *--version*) exec {need_ptxas} "$@";; esac\n'
+                       f'if [ -e {flag} ]; then echo "ptxas fatal: rejected" >&2; exit 1; fi\nexec {need_ptxas} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PTXAS", str(wrapper))
+    flag.write_text("")
+    first = job.run_job(_compose("precision=int8", "problem.sizes=[512]", *store))
+    flag.unlink()
+    assert job.run_job(_compose("precision=int8", "problem.sizes=[1024]", *store))["finished"] == 1
+    assert worker.device is not None                          # later kernels: built after the GPU's report
+    flag.write_text("")
+    later = job.run_job(_compose("precision=fp16", "problem.sizes=[512]", *store))
+    assert first == later == {"failed": 1}
+    client = mlflow.MlflowClient(store[0].split("=", 1)[1])
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
+                              "tags.failed_stage = 'assemble'")
+    assert sorted(r.data.tags["kernel"].split("_")[1] for r in runs) == ["fp16", "int8"]
+    for r in runs:
+        assert r.info.status == "FAILED" and "ptxas fatal: rejected" in r.data.tags["error"]
+        assert not {"gpu", "cupy", "driver", "run_key"} & set(r.data.tags), r.data.tags
+
+
 def test_wgmma_peak_through_the_runner(tmp_path, monkeypatch):
     """family=peak family.instruction=wgmma on a (stated) sm_90 GPU: built for sm_90a and assembled
     (HGMMA in the SASS where cuobjdump exists), rated from its fixed work (2^40 flops); a wgmma GEMM run

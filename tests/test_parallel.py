@@ -244,9 +244,8 @@ def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, 
     """SIGINT while the job processes start (after the launcher's first line) or while they run (after
     the first result), to the whole process group (Ctrl-C in a terminal) or to run.py alone (kill
     -INT): the command ends with 130, no job process of it stays behind (it used to hang at exit
-    waiting for them, or leave them running), no run stays RUNNING. Interrupted while they run, the same
-    command resumes: its job processes finish the sweep under the one parent, the store true
-    (test_store.assert_store_is_true)."""
+    waiting for them, or leave them running), no run stays RUNNING, and the same command resumes: its job
+    processes finish the sweep under the one parent, the store true (test_store.assert_store_is_true)."""
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     import signal
     import threading
@@ -280,8 +279,6 @@ def test_ctrl_c_in_a_parallel_sweep_leaves_no_process_and_no_open_run(tmp_path, 
     kept = sum(c.info.status == "FINISHED" for c in children)     # finished by the job processes
     killed = sum(c.info.status == "KILLED" for c in children)
     assert f"Interrupted: {kept} run(s) finished in this command are kept; {killed} run(s) in progress" in out
-    if group:           # interrupted before a job ran: resuming it is a first run (the other case's)
-        return
     rc, out = run_cli(tmp_path, *args)
     assert rc == 0, out
     parents, children = assert_store_is_true(tmp_path)

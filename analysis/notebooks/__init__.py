@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["NAMES", "FOLDER", "output_folder", "gpu_folder", "load"]
+__all__ = ["NAMES", "DEFAULT_SWEEP", "FOLDER", "output_folder", "gpu_folder", "load"]
 
 NAMES = ("claims", "predictors")
+# the sweep each notebook reads from a store without ANALYSIS_SWEEP: every run, or the latest sweep's
+DEFAULT_SWEEP = {"claims": None, "predictors": "latest"}
 FOLDER = Path(__file__).resolve().parent
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from experiments.cli import out_problem, positive_int, refuse_store_options_with_table
 
-from . import FOLDER, NAMES
+from . import DEFAULT_SWEEP, FOLDER, NAMES
 
 
 # what a notebook raises for the store, sweep, table or claims file as given (exit 2, as analysis.report)
@@ -129,24 +129,28 @@ def main(argv=None) -> int:
     ap.add_argument("--n-boot", type=positive_int, default=None,
                     help="bootstrap resamples (predictors notebook)")
     args = ap.parse_args(argv)
+    names = list(dict.fromkeys(args.only))
     if args.table:
         refuse_store_options_with_table(ap, [f"--{k}" for k in ("sweep", "experiment")
                                              if getattr(args, k) is not None])
-        from ..runs import RunsError, read_table
-        try:
-            read_table(args.table)          # as analysis.report reads it: a table that is not one, exit 2
-        except (RunsError, FileNotFoundError) as exc:
-            print(f"Cannot read the runs: {exc}", file=sys.stderr)
-            return 2
-    else:                                   # the store, experiment and sweep, before any kernel starts
-        from experiments.store.track import StoreError
+    # what the notebooks' load() will read, checked before any kernel starts: the options, else the
+    # ANALYSIS_* environment the kernels inherit (a --uri reads the store, not a table named there)
+    from experiments.store.track import StoreError
 
-        from ..runs import DEFAULT_EXPERIMENT, RunsError, open_source
-        try:
-            open_source(args.uri, args.experiment or DEFAULT_EXPERIMENT, args.sweep or None)
-        except (RunsError, StoreError) as exc:
-            print(f"Cannot read the runs: {exc}", file=sys.stderr)
-            return 2
+    from ..runs import DEFAULT_EXPERIMENT, RunsError, open_source, read_table
+    listed = os.environ.get("ANALYSIS_TABLE") if args.uri is None else None
+    try:
+        if args.table or listed:
+            read_table(args.table or listed.split(os.pathsep))     # as analysis.report reads it
+        else:
+            sweep = args.sweep if args.sweep is not None else os.environ.get("ANALYSIS_SWEEP")
+            for each in dict.fromkeys(sweep if sweep is not None else DEFAULT_SWEEP[n] for n in names):
+                open_source(args.uri if args.uri is not None else os.environ.get("ANALYSIS_URI"),
+                            args.experiment or os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT),
+                            each or None)
+    except (RunsError, StoreError, FileNotFoundError) as exc:
+        print(f"Cannot read the runs: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     if problem := out_problem(out):
         print(f"Could not write --out {args.out}: {problem}", file=sys.stderr)
@@ -161,13 +165,14 @@ def main(argv=None) -> int:
                 "ANALYSIS_CLAIMS": args.claims and str(Path(args.claims).resolve()),
                 "ANALYSIS_N_BOOT": None if args.n_boot is None else str(args.n_boot)}
     env.update({k: v for k, v in settings.items() if v is not None})
+    if args.uri is not None:
+        env.pop("ANALYSIS_TABLE", None)
     try:
         from nbclient.exceptions import CellExecutionError
     except ImportError as exc:
         raise SystemExit(f"executing the notebooks needs nbclient and ipykernel ({exc}): "
                          "pip install -e '.[notebooks]'") from None
     signal.signal(signal.SIGTERM, _terminate)
-    names = list(dict.fromkeys(args.only))
     for i, name in enumerate(names):
         try:
             path = execute(name, out, {**env, "ANALYSIS_OUT": str(out)})

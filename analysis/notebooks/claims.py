@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 from analysis import claims, figures, tables
-from analysis.notebooks import gpu_folder, load, output_folder
+from analysis.notebooks import DEFAULT_SWEEP, gpu_folder, load, output_folder
 from analysis.reference import DEFAULT_CLAIMS, DEFAULT_DIR, load_spec, read_study
 from analysis.runs import RunsError, load_runs, ok_runs
 
@@ -68,7 +68,7 @@ if reference is not None:
 # noise of its runs (`timing.repeats` >= 2); "not testable here" where a run emulates its MMA.
 
 # %%
-runs = load()
+runs = load(default_sweep=DEFAULT_SWEEP["claims"])
 measured = ok_runs(runs)
 print(f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
 for gpu in measured["gpu"].dropna().unique():

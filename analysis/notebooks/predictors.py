@@ -33,7 +33,7 @@ import builtins
 import os
 
 from analysis import figures, tables
-from analysis.notebooks import gpu_folder, load, output_folder
+from analysis.notebooks import DEFAULT_SWEEP, gpu_folder, load, output_folder
 from analysis.predictors import PREDICTORS, predictor_study
 from analysis.runs import ok_runs
 
@@ -46,7 +46,7 @@ N_BOOT = int(os.environ.get("ANALYSIS_N_BOOT", "2000"))
 # One row per (kernel, size, GPU). FAILED and skipped runs stay in the table but not in the statistics.
 
 # %%
-runs = load(default_sweep="latest")
+runs = load(default_sweep=DEFAULT_SWEEP["predictors"])
 measured = ok_runs(runs)
 print(f"{len(runs)} runs, {len(measured)} measured; GPUs: {', '.join(measured['gpu'].dropna().unique())}")
 show(runs[["kernel", "size", "status", "median_us", "throughput", *PREDICTORS]].head(12))

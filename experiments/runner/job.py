@@ -277,11 +277,11 @@ def _auto_tiles(cfg, job, gpu) -> list[tuple[object, dict]]:
 def _run_kernel(cfg, job: _Job, gpu, auto_tags: dict | None = None) -> dict:
     """Build the kernel of ``cfg`` and run it: static, or per size on the GPU. ``auto_tags``: the
     tile=auto tags (the choice is part of the run key, so it is measured as a run of its own). The kernel
-    is assembled only when a run of it is to be made: a sweep run again does not build the kernels it
-    measured."""
+    is assembled unless every run of it is FINISHED already: a sweep run again does not build the kernels
+    it measured."""
     kern = make_kernel(cfg, job.out_dir, gpu["compute_capability"] if gpu else None, gpu is not None,
                        job.params, lambda text: console.print(f"{job.label} {text}"), assemble=False)
-    job.params = kern.params
+    given, job.params = job.params, kern.params
     if auto_tags:
         kern.tags.update(auto_tags)
         kern.identity = (*kern.identity, "tile_auto")
@@ -290,12 +290,16 @@ def _run_kernel(cfg, job: _Job, gpu, auto_tags: dict | None = None) -> dict:
         if gpu is None:
             return _run_static(cfg, job, kern)
         return _run_gpu(cfg, job, kern, gpu, counts)
+    except SpecError:           # a launch cap the kernel cannot take: skipped with the config's params
+        job.params = given
+        raise
     except SourceRejected as exc:
         job.start(exc.kernel.name(None), exc.kernel.tags)
         _log_kernel_artifacts(job.tr, job.rid, exc.kernel, cfg)
         job.end("failed", f"{exc.tool} rejected the source:\n{exc}", str(exc), "assemble")
         console.print(f"{job.label} [red]{exc.tool} failed[/] for {exc.kernel.entry}:\n{exc}")
-        return {**counts, "failed": counts.get("failed", 0) + 1}
+        counts["failed"] = counts.get("failed", 0) + 1
+        return {key: n for key, n in counts.items() if n}        # what came before it, and this failure
 
 
 def _said_done(job: _Job, name: str, rid: str, what: str) -> None:
@@ -365,15 +369,16 @@ def _device(gpu: dict) -> dict:
 
 def _run_gpu(cfg, job, kern: Kernel, gpu, counts: dict) -> dict:
     """The runs of ``kern`` on the GPU, one per size, in ``counts`` (also when SourceRejected is raised
-    part-way): a size measured already is said and skipped, the kernel assembled for the first size to
-    measure (in a process whose worker has not reported the GPU yet, at once: the worker imports CuPy
-    meanwhile, and the run keys need its report)."""
+    part-way): a size FINISHED already is said and skipped, the kernel assembled for the first other
+    size (in a process whose worker has not reported the GPU yet, at once: the worker imports CuPy
+    meanwhile, and the run keys need its report). The GPU's tags go to the runs, not to ``kern.tags``
+    (a kernel ptxas rejects is recorded the same wherever it comes in the process)."""
     if _WORKER.device is None:
         kern.assemble()
-    dev, tags = _device(gpu), kern.tags
-    tags.update(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
-                compute_capability=dev["compute_capability"], driver=gpu["driver"],
-                cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
+    dev = _device(gpu)
+    on_gpu = dict(gpu=dev["gpu"], gpu_uuid=gpu.get("uuid", ""), pci_bus_id=gpu.get("pci_bus_id", ""),
+                  compute_capability=dev["compute_capability"], driver=gpu["driver"],
+                  cuda_driver=gpu["cuda_driver"], cuda_runtime=dev["cuda_runtime"], cupy=dev["cupy"])
     timing = {k: v for k, v in OmegaConf.to_container(cfg.timing, enum_to_str=True).items()
               if k != "timeout_s"}
     counts.update(finished=0, failed=0, done_before=0)
@@ -396,6 +401,7 @@ def _run_gpu(cfg, job, kern: Kernel, gpu, counts: dict) -> dict:
             counts["done_before"] += 1
             continue
         kern.assemble()
+        tags = {**kern.tags, **on_gpu}
         name = kern.name(shape) + "".join(f" data={d}" for _, d in drawn)
         if cfg.tracking.rerun:
             state, rid = "new", job.start(name, {**tags, "run_key": key}, params)

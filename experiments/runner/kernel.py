@@ -54,7 +54,8 @@ class Kernel:
     def assemble(self) -> None:
         """Run what :func:`make_kernel` left for later (``assemble=False``): nvcc and ptxas, the SASS tags,
         the static metrics, the launch cap's padding; once. Raises SourceRejected (nvcc or ptxas rejected
-        the source), SpecError (a launch cap the kernel cannot take)."""
+        the source), SpecError (a launch cap the kernel cannot take) or RuntimeError (a launch cap without
+        ptxas' resources to compute it from)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             pending()
@@ -291,7 +292,7 @@ def make_kernel(cfg, out_dir: Path, gpu_cc: int | None, use_gpu: bool, params: d
     :meth:`Kernel.assemble`: the identity (the run key's kernel part), names, params and the tags but
     the SASS ones are known before, so that a run measured already is found without building its
     kernel. Raises SpecError (an impossible combination or size, naming key, value and valid values)
-    or, when assembling, SourceRejected (ptxas or nvcc failed)."""
+    and, when assembling, what :meth:`Kernel.assemble` raises."""
     fam, spec = family_spec(cfg, gpu_cc)
     if problem := data_problem(fam, cfg.get("data", Data.full)):
         raise SpecError(problem)
