@@ -142,6 +142,16 @@ def empty_store_at(db) -> str:
     return f"sqlite:///{db}"
 
 
+def logging_ptxas(folder) -> tuple[Path, Path]:
+    """A ptxas (for ``$PTXAS``) in ``folder`` that appends each command line it gets to folder/ptxas.log,
+    then runs the test run's ptxas: (the wrapper, the log)."""
+    from experiments.build.assemble import find_ptxas
+    wrapper, log = Path(folder) / "logging_ptxas", Path(folder) / "ptxas.log"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {find_ptxas()} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, log
+
+
 def store_args(tmp, multirun=True, new_store=False):
     """Overrides that put the store (a copy of an empty one unless ``new_store``) and the Hydra
     output folder into ``tmp``."""
@@ -176,17 +186,14 @@ def headline(tmp_path_factory):
     """The README's sweep, run twice into the same store; the store is read after each run. ptxas is a
     wrapper that writes each command line it gets to ``ptxas.log``; the second run's lines follow a
     line ``--- again``."""
-    from experiments.build.assemble import find_ptxas
     tmp = tmp_path_factory.mktemp("headline")
     args = ["-m", "precision=int4,int8", "ktile=32,64", *store_args(tmp)]
-    wrapper = tmp / "logging_ptxas"
-    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {tmp}/ptxas.log\nexec {find_ptxas()} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper, log = logging_ptxas(tmp)
     env = {**os.environ, "PTXAS": str(wrapper)}
     first = run_cli(tmp, *args, env=env)
     after_first = all_runs(tmp)
-    with open(tmp / "ptxas.log", "a") as log:
-        log.write("--- again\n")
+    with open(log, "a") as f:
+        f.write("--- again\n")
     second = run_cli(tmp, *args, env=env)
     after_second = all_runs(tmp)
     return tmp, first, after_first, second, after_second

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli import empty_store_at, run_cli
+from test_cli import empty_store_at, logging_ptxas, run_cli
 from test_family_runner import _compose, _stub_gpu
 
 from analysis.runs import load_runs
@@ -56,10 +56,8 @@ SECOND = FIRST[:2] + [["family=wgmma", "precision=fp16", "problem.sizes=[512,102
 def test_a_sweep_owns_what_it_reused_in_every_reader(tmp_path, monkeypatch, capsys, need_ptxas):
     job, store, worker = _stub_gpu(tmp_path, monkeypatch, 100.0)
     store[1] = f"tracking.experiment={EXPERIMENT}"
-    log = tmp_path / "ptxas.log"                 # each kernel ptxas assembles: its entry, once per build
-    (tmp_path / "logging_ptxas").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {need_ptxas} "$@"\n')
-    (tmp_path / "logging_ptxas").chmod(0o755)
-    monkeypatch.setenv("PTXAS", str(tmp_path / "logging_ptxas"))
+    wrapper, log = logging_ptxas(tmp_path)      # each kernel ptxas assembles: its entry, once per build
+    monkeypatch.setenv("PTXAS", str(wrapper))
     first, out1 = _sweep(job, monkeypatch, "first", store, FIRST, capsys)
     assert f"Parent run {first}: 5 verified." in out1 and len(worker.calls) == 5
     assert sum("-arch=sm_90" in line for line in log.read_text().splitlines()) == 2     # mma_sync, wgmma
@@ -240,11 +238,9 @@ def test_a_gpu_sweep_run_again_builds_no_kernel_it_measured(tmp_path, need_ptxas
     import sys
 
     from test_cli import ROOT
-    log = tmp_path / "ptxas.log"
-    (tmp_path / "logging_ptxas").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {need_ptxas} "$@"\n')
-    (tmp_path / "logging_ptxas").chmod(0o755)
+    wrapper, log = logging_ptxas(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "HYDRA_FULL_ERROR")}
-    env["PTXAS"] = str(tmp_path / "logging_ptxas")
+    env["PTXAS"] = str(wrapper)
     outs, built = [], []
     for _ in range(2):
         log.write_text("")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["NAMES", "DEFAULT_SWEEP", "FOLDER", "output_folder", "gpu_folder", "load"]
+__all__ = ["NAMES", "DEFAULT_SWEEP", "FOLDER", "output_folder", "gpu_folder", "source", "load"]
 
 NAMES = ("claims", "predictors")
 # the sweep each notebook reads from a store without ANALYSIS_SWEEP: every run, or the latest sweep's
@@ -38,19 +38,23 @@ def gpu_folder(out: Path, gpu: str) -> Path:
     return path
 
 
+def source(env, default_sweep: str | None = None) -> tuple:
+    """What :func:`load` reads, from the settings ``env`` (a mapping: the environment): (the tidy tables
+    of ``ANALYSIS_TABLE`` or None, else the store's ``ANALYSIS_URI``, ``ANALYSIS_EXPERIMENT`` and
+    ``ANALYSIS_SWEEP``: a parent run id, "latest", or "" for every run; ``default_sweep`` without it)."""
+    from analysis.runs import DEFAULT_EXPERIMENT
+    tables = tuple(env["ANALYSIS_TABLE"].split(os.pathsep)) if env.get("ANALYSIS_TABLE") else None
+    return (tables, env.get("ANALYSIS_URI"), env.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT),
+            env.get("ANALYSIS_SWEEP", default_sweep or ""))
+
+
 def load(default_sweep: str | None = None) -> pd.DataFrame:
-    """The runs the environment names: the tidy tables of ``ANALYSIS_TABLE``, else the store's
-    (``ANALYSIS_URI``, ``ANALYSIS_EXPERIMENT``, ``ANALYSIS_SWEEP``: a parent run id, "latest", or ""
-    for every run). Raises FileNotFoundError for a missing table, RunsError for a missing store and,
-    as ``python -m analysis.report`` refuses them, for runs of which none was measured on a GPU."""
-    from analysis.runs import DEFAULT_EXPERIMENT, RunsError, load_runs, nothing_measured, read_table
-    tables = os.environ["ANALYSIS_TABLE"].split(os.pathsep) if os.environ.get("ANALYSIS_TABLE") else None
-    if tables:
-        runs = read_table(tables)
-    else:
-        sweep = os.environ.get("ANALYSIS_SWEEP", default_sweep or "")
-        experiment = os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT)
-        runs = load_runs(os.environ.get("ANALYSIS_URI"), experiment, sweep or None)
+    """The runs the environment names (:func:`source`): the tidy tables of ``ANALYSIS_TABLE``, else the
+    store's. Raises FileNotFoundError for a missing table, RunsError for a missing store and, as
+    ``python -m analysis.report`` refuses them, for runs of which none was measured on a GPU."""
+    from analysis.runs import RunsError, load_runs, nothing_measured, read_table
+    tables, uri, experiment, sweep = source(os.environ, default_sweep)
+    runs = read_table(tables) if tables else load_runs(uri, experiment, sweep or None)
     if why := nothing_measured(runs, tables):
         then = "" if tables else ". Run the sweep on a GPU, then the notebooks"
         raise RunsError(f"nothing to analyse: {why}{then}")

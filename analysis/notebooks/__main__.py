@@ -26,7 +26,7 @@ from pathlib import Path
 
 from experiments.cli import out_problem, positive_int, refuse_store_options_with_table
 
-from . import DEFAULT_SWEEP, FOLDER, NAMES
+from . import DEFAULT_SWEEP, FOLDER, NAMES, source
 
 
 # what a notebook raises for the store, sweep, table or claims file as given (exit 2, as analysis.report)
@@ -133,29 +133,6 @@ def main(argv=None) -> int:
     if args.table:
         refuse_store_options_with_table(ap, [f"--{k}" for k in ("sweep", "experiment")
                                              if getattr(args, k) is not None])
-    # what the notebooks' load() will read, checked before any kernel starts: the options, else the
-    # ANALYSIS_* environment the kernels inherit (a --uri reads the store, not a table named there)
-    from experiments.store.track import StoreError
-
-    from ..runs import DEFAULT_EXPERIMENT, RunsError, open_source, read_table
-    listed = os.environ.get("ANALYSIS_TABLE") if args.uri is None else None
-    try:
-        if args.table or listed:
-            read_table(args.table or listed.split(os.pathsep))     # as analysis.report reads it
-        else:
-            sweep = args.sweep if args.sweep is not None else os.environ.get("ANALYSIS_SWEEP")
-            for each in dict.fromkeys(sweep if sweep is not None else DEFAULT_SWEEP[n] for n in names):
-                open_source(args.uri if args.uri is not None else os.environ.get("ANALYSIS_URI"),
-                            args.experiment or os.environ.get("ANALYSIS_EXPERIMENT", DEFAULT_EXPERIMENT),
-                            each or None)
-    except (RunsError, StoreError, FileNotFoundError) as exc:
-        print(f"Cannot read the runs: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out).resolve()
-    if problem := out_problem(out):
-        print(f"Could not write --out {args.out}: {problem}", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
     repo = str(FOLDER.parents[1])                 # this checkout's analysis package, also in the kernel
     env = {**os.environ, "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join([repo] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
@@ -165,8 +142,27 @@ def main(argv=None) -> int:
                 "ANALYSIS_CLAIMS": args.claims and str(Path(args.claims).resolve()),
                 "ANALYSIS_N_BOOT": None if args.n_boot is None else str(args.n_boot)}
     env.update({k: v for k, v in settings.items() if v is not None})
-    if args.uri is not None:
+    if args.uri is not None:                      # a --uri reads the store, not a table the environment names
         env.pop("ANALYSIS_TABLE", None)
+    # what each notebook's load() will read (analysis.notebooks.source of the kernels' settings: the
+    # options, else the ANALYSIS_* environment), checked before any kernel starts
+    from experiments.store.track import StoreError
+
+    from ..runs import RunsError, open_source, read_table
+    try:
+        for tables, uri, experiment, sweep in dict.fromkeys(source(env, DEFAULT_SWEEP[n]) for n in names):
+            if tables:                            # as analysis.report reads them; named as given
+                read_table(args.table or tables)
+            else:
+                open_source(uri, experiment, sweep or None)
+    except (RunsError, StoreError, FileNotFoundError) as exc:
+        print(f"Cannot read the runs: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    if problem := out_problem(out):
+        print(f"Could not write --out {args.out}: {problem}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     try:
         from nbclient.exceptions import CellExecutionError
     except ImportError as exc:
